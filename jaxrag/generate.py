@@ -1,0 +1,210 @@
+"""Batched generation under jit: prefill once, then decode in jitted chunks with a donated KV cache.
+
+Prompts are left-padded into one [B,P] batch (ragged lengths fine); batch size and prompt length are bucketed
+so a rollout loop whose batch shrinks does not recompile every step. Sampling: greedy (temperature 0),
+temperature, top-k, top-p. A row stops at EOS / stop ids (checked on device every step) or at a stop string
+(checked on the host between chunks: strings need detokenization). Deterministic for a given PRNG key.
+
+Returned per row: generated ids (including the stop token / the tokens that complete a stop string), the
+log-prob of each generated token under the model's unmodified distribution (temperature 1, no truncation:
+what the training losses recompute), the length, and the finish reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrag.models.config import ModelConfig
+from jaxrag.models.transformer import Params, forward_cached, init_cache
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    max_new_tokens: int = 64
+    stop_ids: tuple[int, ...] = ()  # besides the model's EOS ids
+
+
+@dataclasses.dataclass
+class Completions:
+    tokens: np.ndarray  # [B,N] int32, zeros after `lengths`
+    logprobs: np.ndarray  # [B,N] float32, zeros after `lengths`
+    lengths: np.ndarray  # [B] int32
+    finish_reason: list[str]  # "eos" | "stop" | "length"
+
+    def row(self, i: int) -> tuple[list[int], list[float]]:
+        n = int(self.lengths[i])
+        return self.tokens[i, :n].tolist(), self.logprobs[i, :n].tolist()
+
+
+def bucket(n: int, minimum: int = 8) -> int:
+    """Next power of two >= n (at least `minimum`): the set of compiled shapes stays small."""
+    return max(minimum, 1 << max(0, (n - 1).bit_length()))
+
+
+def _filter_logits(logits: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:
+    logits = logits / temperature
+    if top_k > 0:
+        kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if top_p < 1.0:
+        sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly before each sorted token
+        cutoff = jnp.min(jnp.where(before < top_p, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+        logits = jnp.where(logits < cutoff, -jnp.inf, logits)
+    return logits
+
+
+def _pick(logits, key, sp: SamplingParams):
+    if sp.temperature == 0.0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(key, _filter_logits(logits, sp.temperature, sp.top_k, sp.top_p)).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(5,))
+def _prefill(cfg: ModelConfig, params, tokens, positions, valid, cache):
+    logits, cache = forward_cached(cfg, params, tokens, positions, valid, cache)
+    return logits[:, -1], cache
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4, 5))
+def _decode_chunk(cfg: ModelConfig, sp: SamplingParams, chunk: int, params, cache, state, stop_ids, key):
+    """Up to `chunk` decode steps for every row not done; stops early once all rows are done."""
+    n_max = state["tokens"].shape[1]
+    t_end = jnp.minimum(state["t"] + chunk, n_max)
+
+    def cond(s):
+        return (s["t"] < t_end) & ~jnp.all(s["done"])
+
+    def body(s):
+        cache, st = s["cache"], dict(s)
+        logits = st["logits"]
+        tok = _pick(logits, jax.random.fold_in(key, st["t"]), sp)
+        logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tok[:, None], axis=-1)[:, 0]
+        live = ~st["done"]
+        tok = jnp.where(live, tok, 0)
+        st["tokens"] = st["tokens"].at[:, st["t"]].set(tok)
+        st["logprobs"] = st["logprobs"].at[:, st["t"]].set(jnp.where(live, logp, 0.0))
+        st["lengths"] = st["lengths"] + live.astype(jnp.int32)
+        hit_eos = live & jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
+        st["stopped"] = st["stopped"] | hit_eos
+        st["done"] = st["done"] | hit_eos
+        logits, cache = forward_cached(cfg, params, tok[:, None], st["position"][:, None], live[:, None], cache)
+        st["logits"] = logits[:, 0]
+        st["position"] = st["position"] + 1
+        st["t"] = st["t"] + 1
+        st["cache"] = cache
+        return st
+
+    out = jax.lax.while_loop(cond, body, dict(state, cache=cache))
+    cache = out.pop("cache")
+    return cache, out
+
+
+def _left_pad(prompts: Sequence[Sequence[int]], batch: int, length: int):
+    tokens = np.zeros((batch, length), np.int32)
+    valid = np.zeros((batch, length), bool)
+    for i, p in enumerate(prompts):
+        if len(p):
+            tokens[i, length - len(p):] = p
+            valid[i, length - len(p):] = True
+    positions = np.maximum(np.cumsum(valid, axis=1) - 1, 0).astype(np.int32)
+    return tokens, positions, valid
+
+
+def _first_stop(tokenizer, ids: list[int], start: int, stop_strings: Sequence[str]) -> int | None:
+    """Smallest n > start such that decode(ids[:n]) contains a stop string, else None."""
+    text = tokenizer.decode(ids)
+    if not any(s in text for s in stop_strings):
+        return None
+    for n in range(start + 1, len(ids) + 1):
+        if any(s in tokenizer.decode(ids[:n]) for s in stop_strings):
+            return n
+    return len(ids)
+
+
+def sample(
+    cfg: ModelConfig,
+    params: Params,
+    prompts: Sequence[Sequence[int]],
+    sp: SamplingParams,
+    key: jax.Array,
+    stop_strings: Sequence[str] | None = None,
+    tokenizer=None,
+    chunk: int | None = None,
+) -> Completions:
+    """Generate for a batch of token-id prompts. See the module docstring for what comes back."""
+    if not prompts:
+        return Completions(np.zeros((0, sp.max_new_tokens), np.int32), np.zeros((0, sp.max_new_tokens), np.float32), np.zeros(0, np.int32), [])
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("sample: every prompt needs at least one token (add a BOS token)")
+    if stop_strings and tokenizer is None:
+        raise ValueError("sample: stop_strings need a tokenizer to detokenize")
+    B, N = len(prompts), sp.max_new_tokens
+    B_pad = bucket(B, 1)
+    P = bucket(max(len(p) for p in prompts), 16)
+    if P + N > cfg.max_seq_len:
+        P_max = cfg.max_seq_len - N
+        if max(len(p) for p in prompts) > P_max:
+            raise ValueError(f"sample: prompt of {max(len(p) for p in prompts)} tokens + {N} new exceeds max_seq_len={cfg.max_seq_len}")
+        P = P_max
+    tokens, positions, valid = _left_pad(prompts, B_pad, P)
+    cache = init_cache(cfg, B_pad, P + N)
+    logits, cache = _prefill(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
+    eos = tuple(cfg.eos_ids) + tuple(getattr(tokenizer, "eos_ids", ()) or ()) + tuple(sp.stop_ids)
+    stop_ids = jnp.asarray(eos if eos else (-1,), jnp.int32)
+    state = {
+        "logits": logits,
+        "tokens": jnp.zeros((B_pad, N), jnp.int32),
+        "logprobs": jnp.zeros((B_pad, N), jnp.float32),
+        "lengths": jnp.zeros((B_pad,), jnp.int32),
+        "position": jnp.asarray(valid.sum(1), jnp.int32),
+        "done": jnp.asarray(np.arange(B_pad) >= B),  # padding rows start done
+        "stopped": jnp.zeros((B_pad,), bool),
+        "t": jnp.zeros((), jnp.int32),
+    }
+    chunk = chunk or (16 if stop_strings else N)
+    string_stopped = np.zeros(B_pad, bool)
+    cut = np.full(B_pad, -1)
+    checked = np.zeros(B_pad, np.int64)
+    while True:
+        cache, state = _decode_chunk(cfg, sp, chunk, params, cache, state, stop_ids, key)
+        t = int(state["t"])
+        if stop_strings:
+            toks, lens, done = np.asarray(state["tokens"]), np.asarray(state["lengths"]), np.array(state["done"])
+            for i in range(B):
+                if string_stopped[i] or lens[i] == checked[i]:
+                    continue
+                n = _first_stop(tokenizer, toks[i, : lens[i]].tolist(), int(checked[i]), stop_strings)
+                checked[i] = lens[i]
+                if n is not None:
+                    string_stopped[i], cut[i], done[i] = True, n, True
+            state["done"] = jnp.asarray(done)
+        if t >= N or bool(np.all(np.asarray(state["done"]))):
+            break
+    toks = np.array(state["tokens"])[:B]
+    logps = np.array(state["logprobs"])[:B]
+    lens = np.asarray(state["lengths"])[:B].copy()
+    stopped = np.asarray(state["stopped"])[:B]
+    reasons = []
+    for i in range(B):
+        if string_stopped[i]:
+            lens[i] = min(lens[i], cut[i])
+            stopped_by_id = stopped[i] and lens[i] == cut[i] and toks[i, lens[i] - 1] in eos
+            reasons.append("eos" if stopped_by_id else "stop")
+        elif stopped[i]:
+            reasons.append("stop" if toks[i, lens[i] - 1] in sp.stop_ids and toks[i, lens[i] - 1] not in cfg.eos_ids else "eos")
+        else:
+            reasons.append("length")
+        toks[i, lens[i]:] = 0
+        logps[i, lens[i]:] = 0.0
+    return Completions(toks, logps, lens.astype(np.int32), reasons)

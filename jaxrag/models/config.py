@@ -1,0 +1,169 @@
+"""ModelConfig: one frozen dataclass for Llama-3.x and Qwen2/2.5, and its Hugging Face config.json dialects.
+
+transformers 4.x writes `rope_theta` and `rope_scaling` at the top level (how the published Llama-3.1 and
+Qwen2.5 checkpoints are written); 5.x writes `rope_parameters` (with `rope_theta` inside). Both load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+
+
+class ConfigError(ValueError):
+    """A Hugging Face config.json that jaxrag cannot represent faithfully."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    model_type: str = "llama"
+    vocab_size: int = 32000
+    d_model: int = 512
+    n_layers: int = 8
+    n_heads: int = 8
+    n_kv_heads: int = 2
+    head_dim: int = 64
+    d_ff: int = 1536
+    rms_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    # None, or a dict: {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    # "original_max_position_embeddings"} or {"rope_type": "linear", "factor"}. Stored as a sorted tuple of
+    # items so the dataclass stays hashable (jit static argument).
+    rope_scaling: tuple | None = None
+    max_seq_len: int = 2048
+    qkv_bias: bool = False  # Qwen2: bias on q/k/v projections
+    o_bias: bool = False  # Llama with attention_bias=True: bias on o_proj too
+    tie_embeddings: bool = False
+    param_dtype: str = "float32"
+    dtype: str = "float32"  # compute dtype for matmuls; norms, softmax, logits are float32
+    bos_id: int | None = None
+    eos_ids: tuple[int, ...] = ()
+    pad_id: int | None = None
+
+    def __post_init__(self):
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ConfigError(f"unknown model_type {self.model_type!r}; supported: {SUPPORTED_MODEL_TYPES}")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if isinstance(self.rope_scaling, dict):
+            object.__setattr__(self, "rope_scaling", tuple(sorted(self.rope_scaling.items())))
+        if isinstance(self.eos_ids, (list, int)):
+            object.__setattr__(self, "eos_ids", tuple([self.eos_ids] if isinstance(self.eos_ids, int) else self.eos_ids))
+        scaling = self.rope_scaling_dict
+        if scaling is not None and scaling.get("rope_type", "default") not in SUPPORTED_ROPE_TYPES:
+            raise ConfigError(f"unsupported rope_type {scaling.get('rope_type')!r}; supported: {SUPPORTED_ROPE_TYPES}")
+
+    @property
+    def rope_scaling_dict(self) -> dict | None:
+        return None if self.rope_scaling is None else dict(self.rope_scaling)
+
+    def replace(self, **kw) -> "ModelConfig":
+        return dataclasses.replace(self, **kw)
+
+    def num_params(self) -> int:
+        attn = self.d_model * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
+        mlp = 3 * self.d_model * self.d_ff
+        per_layer = attn + mlp + 2 * self.d_model
+        head = 0 if self.tie_embeddings else self.vocab_size * self.d_model
+        return self.vocab_size * self.d_model + self.n_layers * per_layer + self.d_model + head
+
+    # ----------------------------------------------------------------- Hugging Face config.json <-> ModelConfig
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> "ModelConfig":
+        model_type = d.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ConfigError(f"{source}: unknown model_type {model_type!r}; jaxrag loads {SUPPORTED_MODEL_TYPES}")
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+            if key not in d:
+                raise ConfigError(f"{source}: missing key {key!r}")
+        if d.get("hidden_act", "silu") != "silu":
+            raise ConfigError(f"{source}: hidden_act {d['hidden_act']!r} is not supported (only 'silu')")
+        if d.get("mlp_bias", False):
+            raise ConfigError(f"{source}: mlp_bias=True is not supported")
+        if model_type == "qwen2" and d.get("use_sliding_window", False):
+            raise ConfigError(f"{source}: use_sliding_window=True is not supported")
+        rope = d.get("rope_parameters")  # transformers 5.x dialect
+        if rope is not None:
+            rope = dict(rope)
+            theta = rope.pop("rope_theta", d.get("rope_theta", 10000.0))
+        else:  # transformers 4.x dialect
+            theta = d.get("rope_theta", 10000.0)
+            rope = dict(d["rope_scaling"]) if d.get("rope_scaling") else None
+        if rope is not None:
+            rope_type = rope.pop("type", None) or rope.get("rope_type", "default")
+            rope["rope_type"] = rope_type
+            rope.pop("partial_rotary_factor", None)
+            if rope_type == "default":
+                rope = None
+        n_heads = d["num_attention_heads"]
+        eos = d.get("eos_token_id")
+        attn_bias = bool(d.get("attention_bias", False))
+        return cls(
+            model_type=model_type,
+            vocab_size=d["vocab_size"],
+            d_model=d["hidden_size"],
+            n_layers=d["num_hidden_layers"],
+            n_heads=n_heads,
+            n_kv_heads=d.get("num_key_value_heads") or n_heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // n_heads,
+            d_ff=d["intermediate_size"],
+            rms_eps=d.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            rope_scaling=rope,
+            max_seq_len=d.get("max_position_embeddings", 2048),
+            qkv_bias=True if model_type == "qwen2" else attn_bias,
+            o_bias=attn_bias if model_type == "llama" else False,
+            tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+            bos_id=d.get("bos_token_id"),
+            eos_ids=() if eos is None else eos,
+            pad_id=d.get("pad_token_id"),
+        )
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A config.json in the transformers 4.x dialect (which 5.x also reads)."""
+        arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[self.model_type]
+        d = {
+            "architectures": [arch],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.d_model,
+            "intermediate_size": self.d_ff,
+            "num_hidden_layers": self.n_layers,
+            "num_attention_heads": self.n_heads,
+            "num_key_value_heads": self.n_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling_dict,
+            "max_position_embeddings": self.max_seq_len,
+            "tie_word_embeddings": self.tie_embeddings,
+            "bos_token_id": self.bos_id,
+            "eos_token_id": (list(self.eos_ids) if len(self.eos_ids) != 1 else self.eos_ids[0]) or None,
+            "pad_token_id": self.pad_id,
+            "torch_dtype": self.param_dtype,
+        }
+        if self.model_type == "llama":
+            d["attention_bias"] = self.o_bias
+            d["mlp_bias"] = False
+            if self.qkv_bias != self.o_bias:
+                raise ConfigError("a llama config has either biases on q/k/v/o (attention_bias) or none")
+        else:
+            d["use_sliding_window"] = False
+        return d
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path)
+        try:
+            d = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such file") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+        return cls.from_hf_dict(d, source=str(path))

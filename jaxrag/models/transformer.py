@@ -1,0 +1,293 @@
+"""The Llama-3.x / Qwen2 decoder as pure functions over a params pytree.
+
+Layer weights are stacked over layers (leading axis L) and run with `lax.scan`, so compile time does not grow
+with depth. Shapes: B batch, T query length, S key length (cache slots), D d_model, H query heads, K kv heads,
+G = H // K, Dh head_dim, F d_ff, V vocab.
+
+Masks: `segment_ids[B,T]`, 0 = padding; a token attends causally to earlier tokens of the same segment (so
+packed sequences and left/right padding both work). `positions[B,T]` feed RoPE and are independent of the
+index in the row, which is what left-padded batches and packed sequences need.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrag.models.config import ModelConfig
+
+Params = dict[str, Any]
+NEG_INF = -1e30
+
+
+# --------------------------------------------------------------------------------------------- parameters
+def param_shapes(cfg: ModelConfig) -> Params:
+    L, D, H, K, Dh, F, V = cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size
+    layers = {
+        "attn_norm": (L, D),
+        "wq": (L, D, H, Dh),
+        "wk": (L, D, K, Dh),
+        "wv": (L, D, K, Dh),
+        "wo": (L, H, Dh, D),
+        "mlp_norm": (L, D),
+        "w_gate": (L, D, F),
+        "w_up": (L, D, F),
+        "w_down": (L, F, D),
+    }
+    if cfg.qkv_bias:
+        layers.update(bq=(L, H, Dh), bk=(L, K, Dh), bv=(L, K, Dh))
+    if cfg.o_bias:
+        layers.update(bo=(L, D))
+    shapes = {"embed": (V, D), "layers": layers, "final_norm": (D,)}
+    if not cfg.tie_embeddings:
+        shapes["lm_head"] = (D, V)
+    return shapes
+
+
+_LOGICAL = {
+    "embed": ("vocab", "embed"),
+    "attn_norm": ("layers", "embed"),
+    "mlp_norm": ("layers", "embed"),
+    "wq": ("layers", "embed", "heads", "head_dim"),
+    "wk": ("layers", "embed", "kv_heads", "head_dim"),
+    "wv": ("layers", "embed", "kv_heads", "head_dim"),
+    "wo": ("layers", "heads", "head_dim", "embed"),
+    "bq": ("layers", "heads", "head_dim"),
+    "bk": ("layers", "kv_heads", "head_dim"),
+    "bv": ("layers", "kv_heads", "head_dim"),
+    "bo": ("layers", "embed"),
+    "w_gate": ("layers", "embed", "mlp"),
+    "w_up": ("layers", "embed", "mlp"),
+    "w_down": ("layers", "mlp", "embed"),
+    "final_norm": ("embed",),
+    "lm_head": ("embed", "vocab"),
+}
+
+
+def param_logical_axes(cfg: ModelConfig) -> Params:
+    """Same tree as the params; each leaf a tuple of logical axis names (see jaxrag.sharding.DEFAULT_RULES)."""
+    shapes = param_shapes(cfg)
+    return {
+        k: ({n: _LOGICAL[n] for n in v} if isinstance(v, dict) else _LOGICAL[k]) for k, v in shapes.items()
+    }
+
+
+def init_params(cfg: ModelConfig, key: jax.Array, std: float = 0.02) -> Params:
+    """Random init: normal(std) for matrices, ones for norms, zeros for biases."""
+    dtype = jnp.dtype(cfg.param_dtype)
+
+    def make(name, shape, k):
+        if "norm" in name:
+            return jnp.ones(shape, dtype)
+        if name in ("bq", "bk", "bv", "bo"):
+            return jnp.zeros(shape, dtype)
+        return (std * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
+
+    shapes = param_shapes(cfg)
+    k_top, k_layers = jax.random.split(key)
+    layer_keys = jax.random.split(k_layers, len(shapes["layers"]))
+    top_keys = jax.random.split(k_top, len(shapes))
+    params = {n: make(n, s, k) for (n, s), k in zip(shapes.items(), top_keys) if n != "layers"}
+    params["layers"] = {n: make(n, s, k) for (n, s), k in zip(shapes["layers"].items(), layer_keys)}
+    return params
+
+
+# ------------------------------------------------------------------------------------------------ pieces
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (w.astype(jnp.float32) * y).astype(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+    """Inverse frequencies [Dh/2], with Llama-3.1 'llama3' or 'linear' scaling when configured."""
+    dh = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, dh, 2, dtype=np.float64) / dh))
+    s = cfg.rope_scaling_dict
+    if s is None:
+        return inv.astype(np.float32)
+    if s["rope_type"] == "linear":
+        return (inv / s["factor"]).astype(np.float32)
+    # llama3: low frequencies divided by `factor`, high ones kept, a smooth ramp in between.
+    factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_len = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > old_len / lo, inv / factor, inv)
+    smooth = (old_len / wavelen - lo) / (hi - lo)
+    ramp = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / hi) & (wavelen <= old_len / lo)
+    return np.where(medium, ramp, scaled).astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """x [B,T,N,Dh], positions [B,T]; the rotate-half convention of the Hugging Face checkpoints."""
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B,T,Dh/2]
+    cos = jnp.concatenate([jnp.cos(angles)] * 2, axis=-1)[:, :, None, :]
+    sin = jnp.concatenate([jnp.sin(angles)] * 2, axis=-1)[:, :, None, :]
+    x32 = x.astype(jnp.float32)
+    x1, x2 = jnp.split(x32, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention. q [B,T,H,Dh], k/v [B,S,K,Dh], mask [B,T,S] (True = may attend) -> [B,T,H,Dh]."""
+    B, T, H, Dh = q.shape
+    K = k.shape[2]
+    q = q.reshape(B, T, K, H // K, Dh)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) / math.sqrt(Dh)
+    scores = jnp.where(mask[:, None, None], scores, NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(B, T, H, Dh)
+
+
+def _project_qkv(cfg, lp, h, positions, inv_freq):
+    q = jnp.einsum("btd,dhk->bthk", h, lp["wq"])
+    k = jnp.einsum("btd,dhk->bthk", h, lp["wk"])
+    v = jnp.einsum("btd,dhk->bthk", h, lp["wv"])
+    if cfg.qkv_bias:
+        q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
+    return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+
+
+def _attn_out_and_mlp(cfg, lp, x, attn):
+    out = jnp.einsum("bthk,hkd->btd", attn, lp["wo"])
+    if cfg.o_bias:
+        out = out + lp["bo"]
+    x = x + out
+    h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
+    gate = jnp.einsum("btd,df->btf", h, lp["w_gate"])
+    up = jnp.einsum("btd,df->btf", h, lp["w_up"])
+    return x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, lp["w_down"])
+
+
+def _cast_layer(cfg, lp):
+    dt = jnp.dtype(cfg.dtype)
+    return {n: (w if "norm" in n else w.astype(dt)) for n, w in lp.items()}
+
+
+def _embed(cfg, params, tokens):
+    return jnp.take(params["embed"], tokens, axis=0).astype(jnp.dtype(cfg.dtype))
+
+
+def logits_from_hidden(cfg: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:
+    """hidden [..., D] (after the final norm) -> float32 logits [..., V]."""
+    dt = jnp.dtype(cfg.dtype)
+    head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+    return jnp.einsum("...d,dv->...v", hidden.astype(dt), head.astype(dt), preferred_element_type=jnp.float32)
+
+
+# ------------------------------------------------------------------------------------- full-sequence pass
+def attention_mask(segment_ids: jax.Array) -> jax.Array:
+    """[B,T] segment ids (0 = pad) -> [B,T,T] causal, same-segment mask."""
+    T = segment_ids.shape[1]
+    causal = jnp.tril(jnp.ones((T, T), bool))
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return causal[None] & same & (segment_ids[:, None, :] != 0)
+
+
+def forward_hidden(cfg: ModelConfig, params: Params, tokens, positions=None, segment_ids=None, *, remat=False):
+    """tokens [B,T] -> final-normed hidden states [B,T,D] in the compute dtype."""
+    B, T = tokens.shape
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    if segment_ids is None:
+        segment_ids = jnp.ones((B, T), jnp.int32)
+    mask = attention_mask(segment_ids)
+    inv_freq = jnp.asarray(rope_inv_freq(cfg))
+
+    def layer(x, lp):
+        lp = _cast_layer(cfg, lp)
+        h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
+        q, k, v = _project_qkv(cfg, lp, h, positions, inv_freq)
+        return _attn_out_and_mlp(cfg, lp, x, attention(q, k, v, mask)), None
+
+    if remat:
+        layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
+    x, _ = jax.lax.scan(layer, _embed(cfg, params, tokens), params["layers"])
+    return rms_norm(x, params["final_norm"], cfg.rms_eps)
+
+
+def forward(cfg: ModelConfig, params: Params, tokens, positions=None, segment_ids=None, *, return_hidden=False, remat=False):
+    """tokens [B,T] -> float32 logits [B,T,V] (and the final hidden states [B,T,D] if return_hidden)."""
+    hidden = forward_hidden(cfg, params, tokens, positions, segment_ids, remat=remat)
+    logits = logits_from_hidden(cfg, params, hidden)
+    return (logits, hidden) if return_hidden else logits
+
+
+# --------------------------------------------------------------------------------------------- KV cache
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict:
+    """k/v [L,B,S,K,Dh], valid [B,S] (slot holds a real token), index (next slot to write)."""
+    dt = jnp.dtype(dtype or cfg.dtype)
+    shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
+    return {
+        "k": jnp.zeros(shape, dt),
+        "v": jnp.zeros(shape, dt),
+        "valid": jnp.zeros((batch, max_len), bool),
+        "index": jnp.zeros((), jnp.int32),
+    }
+
+
+def forward_cached(cfg: ModelConfig, params: Params, tokens, positions, token_valid, cache):
+    """Run T new tokens per row through the model, writing their keys/values at cache slots [index, index+T).
+
+    tokens/positions/token_valid [B,T]. A new token at slot s attends to valid slots <= s. Prefill (T = prompt
+    length) and decode (T = 1) are this one function. Returns (logits [B,T,V] float32, new cache).
+    """
+    B, T = tokens.shape
+    S = cache["k"].shape[2]
+    start = cache["index"]
+    valid = jax.lax.dynamic_update_slice(cache["valid"], token_valid.astype(bool), (0, start))
+    slots = jnp.arange(S)
+    query_slots = start + jnp.arange(T)
+    mask = (slots[None, :] <= query_slots[:, None])[None] & valid[:, None, :]  # [B,T,S]
+    inv_freq = jnp.asarray(rope_inv_freq(cfg))
+
+    def layer(x, inputs):
+        lp, k_cache, v_cache = inputs
+        lp = _cast_layer(cfg, lp)
+        h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
+        q, k, v = _project_qkv(cfg, lp, h, positions, inv_freq)
+        k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, start, 0, 0))
+        v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, start, 0, 0))
+        x = _attn_out_and_mlp(cfg, lp, x, attention(q, k_cache.astype(q.dtype), v_cache.astype(q.dtype), mask))
+        return x, (k_cache, v_cache)
+
+    x, (k_new, v_new) = jax.lax.scan(layer, _embed(cfg, params, tokens), (params["layers"], cache["k"], cache["v"]))
+    hidden = rms_norm(x, params["final_norm"], cfg.rms_eps)
+    new_cache = {"k": k_new, "v": v_new, "valid": valid, "index": start + T}
+    return logits_from_hidden(cfg, params, hidden), new_cache
+
+
+def prefill(cfg: ModelConfig, params: Params, tokens, positions, token_valid, cache):
+    """Prompt pass: returns (logits of the last column [B,V], cache). Prompts are left-padded."""
+    logits, cache = forward_cached(cfg, params, tokens, positions, token_valid, cache)
+    return logits[:, -1], cache
+
+
+def decode_step(cfg: ModelConfig, params: Params, token, position, cache):
+    """One token per row: token/position [B] -> (logits [B,V], cache)."""
+    logits, cache = forward_cached(
+        cfg, params, token[:, None], position[:, None], jnp.ones_like(token, bool)[:, None], cache
+    )
+    return logits[:, 0], cache
+
+
+# ----------------------------------------------------------------------------------------------- critic
+def critic_init(cfg: ModelConfig, key: jax.Array) -> Params:
+    """Scalar reward/value head on the backbone's final hidden state."""
+    return {"w": (jax.random.normal(key, (cfg.d_model,), jnp.float32) / math.sqrt(cfg.d_model)), "b": jnp.zeros((), jnp.float32)}
+
+
+def critic_scores(cfg: ModelConfig, params: Params, head: Params, tokens, positions=None, segment_ids=None, read_index=None, *, remat=False):
+    """Scalar score per row read at `read_index[B]` (default: the last column) -> [B] float32."""
+    hidden = forward_hidden(cfg, params, tokens, positions, segment_ids, remat=remat).astype(jnp.float32)
+    if read_index is None:
+        read_index = jnp.full((tokens.shape[0],), tokens.shape[1] - 1)
+    h = jnp.take_along_axis(hidden, read_index[:, None, None].astype(jnp.int32), axis=1)[:, 0]
+    return h @ head["w"] + head["b"]

@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny random Hugging Face checkpoints built and saved by transformers itself."""
+
+import os
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+
+
+def _tiny_hf(kind: str, path):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed({"llama3": 0, "llama_tied": 1, "qwen2": 2}[kind])
+    common = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if kind == "llama3":
+        cfg = LlamaConfig(**common, rope_theta=500000.0, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64})
+        model = LlamaForCausalLM(cfg)
+    elif kind == "llama_tied":
+        cfg = LlamaConfig(**{**common, "num_key_value_heads": 4}, tie_word_embeddings=True)
+        model = LlamaForCausalLM(cfg)
+    else:
+        cfg = Qwen2Config(**common, rope_theta=1000000.0, tie_word_embeddings=False)
+        model = Qwen2ForCausalLM(cfg)
+        with torch.no_grad():  # random (non-zero) q/k/v biases so the test sees them
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.5)
+    model = model.eval()
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="session", params=["llama3", "llama_tied", "qwen2"])
+def hf_checkpoint(request, tmp_path_factory):
+    """(kind, torch model, checkpoint dir) for each architecture variant."""
+    path = tmp_path_factory.mktemp(request.param)
+    model = _tiny_hf(request.param, path)
+    return request.param, model, path
