@@ -42,3 +42,10 @@ def hf_checkpoint(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     model = _tiny_hf(request.param, path)
     return request.param, model, path
+
+
+@pytest.fixture(scope="session")
+def llama3_checkpoint(tmp_path_factory):
+    """The Llama-3.1-style tiny checkpoint alone (error-case tests need just one)."""
+    path = tmp_path_factory.mktemp("llama3_only")
+    return _tiny_hf("llama3", path), path

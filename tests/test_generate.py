@@ -1,0 +1,98 @@
+"""Sampler behaviour: determinism, sampling filters, stop ids/strings, finish reasons, ragged prompts, bucketing."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrag.generate import SamplingParams, _filter_logits, bucket, sample
+from jaxrag.models import ModelConfig, forward, init_params
+
+CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=128)
+PARAMS = init_params(CFG, jax.random.PRNGKey(0), std=0.5)  # large std: peaked, varied distributions
+PROMPTS = [[1, 5, 9], [1, 7, 3, 3, 12, 40, 2, 8], [1, 20]]
+
+
+class CharTokenizer:
+    """id i <-> chr(ord('a') + i % 26): enough to test stop strings."""
+    eos_ids = ()
+
+    def decode(self, ids):
+        return "".join(chr(ord("a") + int(i) % 26) for i in ids)
+
+
+def test_deterministic_for_a_key_and_different_across_keys():
+    sp = SamplingParams(temperature=1.0, max_new_tokens=12)
+    a = sample(CFG, PARAMS, PROMPTS, sp, jax.random.PRNGKey(1))
+    b = sample(CFG, PARAMS, PROMPTS, sp, jax.random.PRNGKey(1))
+    c = sample(CFG, PARAMS, PROMPTS, sp, jax.random.PRNGKey(2))
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    assert not np.array_equal(a.tokens, c.tokens)
+
+
+def test_top_k_1_is_greedy_and_logprobs_are_the_models():
+    greedy = sample(CFG, PARAMS, PROMPTS, SamplingParams(max_new_tokens=10), jax.random.PRNGKey(0))
+    topk1 = sample(CFG, PARAMS, PROMPTS, SamplingParams(temperature=1.0, top_k=1, max_new_tokens=10), jax.random.PRNGKey(5))
+    np.testing.assert_array_equal(greedy.tokens, topk1.tokens)
+    # the recorded log-probs are the full-sequence model's log-softmax at each generated token
+    seq = PROMPTS[1] + greedy.tokens[1].tolist()
+    logits = np.asarray(forward(CFG, PARAMS, np.array([seq])))[0]
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+    want = [logp[len(PROMPTS[1]) - 1 + t, tok] for t, tok in enumerate(greedy.tokens[1])]
+    np.testing.assert_allclose(greedy.logprobs[1], want, atol=1e-4)
+
+
+def test_filters_keep_exactly_the_top_k_and_nucleus():
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], np.float32))
+    k2 = np.asarray(_filter_logits(logits, 1.0, 2, 1.0))
+    assert np.isfinite(k2[0]).tolist() == [True, True, False, False]
+    p = np.asarray(_filter_logits(logits, 1.0, 0, 0.7))  # 0.5 < 0.7, 0.5+0.3 >= 0.7 -> keep 2
+    assert np.isfinite(p[0]).tolist() == [True, True, False, False]
+    p = np.asarray(_filter_logits(logits, 1.0, 0, 0.85))
+    assert np.isfinite(p[0]).tolist() == [True, True, True, False]
+
+
+def test_eos_and_stop_ids_end_rows_with_reasons():
+    free = sample(CFG, PARAMS, PROMPTS, SamplingParams(max_new_tokens=10), jax.random.PRNGKey(0))
+    first = int(free.tokens[0, 3])  # make row 0's 4th generated token an EOS
+    cfg = CFG.replace(eos_ids=(first,))
+    out = sample(cfg, PARAMS, PROMPTS, SamplingParams(max_new_tokens=10), jax.random.PRNGKey(0))
+    n0 = list(free.tokens[0]).index(first) + 1
+    assert out.lengths[0] == n0 and out.finish_reason[0] == "eos"
+    assert out.tokens[0, n0:].sum() == 0 and out.logprobs[0, n0:].sum() == 0
+    out = sample(CFG, PARAMS, PROMPTS, SamplingParams(max_new_tokens=10, stop_ids=(first,)), jax.random.PRNGKey(0))
+    assert out.lengths[0] == n0 and out.finish_reason[0] == "stop"
+    for i in range(1, 3):
+        if first not in free.tokens[i].tolist():
+            assert out.finish_reason[i] == "length" and out.lengths[i] == 10
+
+
+def test_stop_strings_cut_at_the_completing_token():
+    tok = CharTokenizer()
+    free = sample(CFG, PARAMS, PROMPTS, SamplingParams(max_new_tokens=24), jax.random.PRNGKey(0))
+    text = tok.decode(free.tokens[2])
+    stop = text[9:11]  # a 2-char string first completed somewhere after position 10
+    first = text.find(stop) + 2
+    out = sample(CFG, PARAMS, PROMPTS, SamplingParams(max_new_tokens=24), jax.random.PRNGKey(0),
+                 stop_strings=[stop], tokenizer=tok, chunk=4)
+    assert out.finish_reason[2] == "stop" and out.lengths[2] == first
+    assert tok.decode(out.tokens[2, : out.lengths[2]]).endswith(stop)
+    np.testing.assert_array_equal(out.tokens[2, :first], free.tokens[2, :first])
+
+
+def test_ragged_prompts_match_one_by_one_and_batch_is_bucketed():
+    sp = SamplingParams(max_new_tokens=8)
+    batch = sample(CFG, PARAMS, PROMPTS, sp, jax.random.PRNGKey(0))
+    for i, p in enumerate(PROMPTS):
+        alone = sample(CFG, PARAMS, [p], sp, jax.random.PRNGKey(0))
+        np.testing.assert_array_equal(alone.tokens[0], batch.tokens[i])
+    assert [bucket(n, 1) for n in (1, 3, 4, 5, 9)] == [1, 4, 4, 8, 16]
+
+
+def test_bad_requests_fail_clearly():
+    with pytest.raises(ValueError, match="at least one token"):
+        sample(CFG, PARAMS, [[1], []], SamplingParams(), jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match="exceeds max_seq_len=128"):
+        sample(CFG, PARAMS, [[1] * 100], SamplingParams(max_new_tokens=64), jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match="need a tokenizer"):
+        sample(CFG, PARAMS, [[1]], SamplingParams(), jax.random.PRNGKey(0), stop_strings=["x"])
+    assert sample(CFG, PARAMS, [], SamplingParams(), jax.random.PRNGKey(0)).tokens.shape[0] == 0
