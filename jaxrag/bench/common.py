@@ -1,0 +1,41 @@
+"""Shared helpers for benchmarks: timing, a markdown table, the JSON record under results/bench/."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+
+def time_it(fn: Callable[[], object], repeats: int = 3, warmup: int = 1) -> float:
+    """Median wall seconds of fn() over `repeats` runs after `warmup` runs (fn must block until done)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    def fmt(v):
+        return f"{v:,.3g}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_result(name: str, payload: dict, out_dir: str | Path = "results/bench") -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = dict(payload, machine={"cpus": os.cpu_count(), "platform": platform.platform(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2))
+    return path
