@@ -1,0 +1,83 @@
+"""SmartSearch (004 App. A): <think>…</think> then <search>q</search> (the environment appends
+<result>…</result>) or <answer>… \\boxed{a} </answer>. The prompt continues the assistant's transcript."""
+import dataclasses
+import re
+
+from jaxrag.env.agents import base
+from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Action, State
+from jaxrag.env.parsing import canon, find_tag, tag_positions
+
+SYSTEM = ("You are a helpful assistant that can solve the given question step by step with the help of the "
+          "wikipedia search tool. Given a question, you need to first think about the reasoning process in the "
+          "mind and then provide the answer. During thinking, you can invoke the wikipedia search tool to search "
+          "for fact information about specific topics if needed. The reasoning process and answer are enclosed "
+          "within <think> </think> and <answer> </answer> tags respectively, and the search query and result are "
+          "enclosed within <search> </search> and <result> </result> tags respectively. For example, <think> This "
+          "is the reasoning process. </think> <search> search query here </search> <result> search result here "
+          "</result> <think> This is the reasoning process. </think> <answer> The final answer is \\boxed{answer "
+          "here} </answer>. In the last part of the answer, the final exact answer is enclosed within \\boxed{} "
+          "with latex format.")
+
+
+def boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} (nested braces balanced; \\text{x} unwrapped; unclosed: to the end)."""
+    i = text.rfind("\\boxed{")
+    if i < 0:
+        return None
+    j, depth = i + len("\\boxed{"), 1
+    k = j
+    while k < len(text) and depth:
+        depth += {"{": 1, "}": -1}.get(text[k], 0)
+        k += 1
+    body = text[j:k - 1] if depth == 0 else text[j:]
+    body = re.sub(r"\\text\{([^{}]*)\}", r"\1", body)
+    return canon(body)
+
+
+@dataclasses.dataclass
+class SmartSearch(base.Agent):
+    name = "smartsearch"
+    chat_stop = ("</search>", "</answer>")
+
+    def result_block(self, state_docs) -> str:
+        return "\n".join(f'"{d.title}" {self.clip(d.text)}' for d in self.shown(state_docs))
+
+    def render_chat(self, state: State) -> str:
+        transcript = "".join(f"{self.format_chat(s.action)}\n<result>\n{self.result_block(s.docs)}\n</result>\n"
+                             for s in state.searches)
+        return self.chat(SYSTEM, f"Question: {base.question_block(state)}", prefix=transcript)
+
+    def render_plain(self, state: State) -> str:
+        out = [base.plain_question(state)]
+        for s in state.searches:
+            out.append(self.format_plain(s.action) + "\n")
+            out.append("result: " + " | ".join(f"{canon(d.title)}: {self.clip(d.text)}" for d in self.shown(s.docs)) + "\n")
+        return "".join(out)
+
+    def parse_chat(self, text: str) -> Action:
+        tags = tag_positions(text, ("search", "answer"))
+        think = find_tag(text, "think")
+        extra = {"think": think} if think else {}
+        if tags:
+            _, tag = tags[-1]
+            body = find_tag(text, tag) or ""
+            if tag == "search":
+                return Action(QUERY, body, text, extra) if body else Action.invalid(text, "empty <search>")
+            value = boxed(body)
+            value = value if value else re.sub(r"^the final answer is\s*", "", body, flags=re.I)
+            return Action(ANSWER, canon(value), text, extra) if canon(value) else Action.invalid(text, "empty <answer>")
+        value = boxed(text)
+        if value:
+            return Action(ANSWER, value, text, extra)
+        return Action.invalid(text, "no <search>, <answer> or \\boxed{}")
+
+    def format_chat(self, action: Action) -> str:
+        if action.kind == INVALID:
+            return action.raw
+        think = f"<think> {action.extra['think']} </think>\n" if action.extra.get("think") else ""
+        if action.kind == QUERY:
+            return f"{think}<search> {action.text} </search>"
+        return f"{think}<answer> The final answer is \\boxed{{{action.text}}} </answer>"
+
+
+AGENT = SmartSearch

@@ -1,0 +1,157 @@
+"""Answer and trajectory metrics (METHODS.md §6).
+
+Answer scores take a prediction and a list of golden answers and return the max over the golds.
+Normalization: NFKC, lowercase, '_' -> space, delete punctuation (any Unicode P* char), drop articles
+(a, an, the), collapse whitespace.
+"""
+from __future__ import annotations
+
+import collections
+import re
+import unicodedata
+from typing import Iterable, Sequence
+
+import numpy as np
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+LETTERS = "ABCDEFGHIJ"
+
+
+def normalize_answer(s: str) -> str:
+    s = unicodedata.normalize("NFKC", s or "").lower().replace("_", " ")
+    s = "".join(ch for ch in s if not unicodedata.category(ch).startswith("P"))
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def _golds(gold: str | Sequence[str]) -> list[str]:
+    return [gold] if isinstance(gold, str) else list(gold)
+
+
+def exact_match(pred: str | None, gold: str | Sequence[str]) -> float:
+    if pred is None:
+        return 0.0
+    p = normalize_answer(pred)
+    return float(any(p == normalize_answer(g) for g in _golds(gold)))
+
+
+def cover_exact_match(pred: str | None, gold: str | Sequence[str]) -> float:
+    """CEM: a normalized golden answer occurs in the normalized prediction (as a token span)."""
+    if pred is None:
+        return 0.0
+    p = f" {normalize_answer(pred)} "
+    return float(any(normalize_answer(g) and f" {normalize_answer(g)} " in p for g in _golds(gold)))
+
+
+def _f1(pred: str, gold: str) -> float:
+    p, g = normalize_answer(pred), normalize_answer(gold)
+    special = ("yes", "no", "noanswer")
+    if (p in special or g in special) and p != g:
+        return 0.0
+    pt, gt = p.split(), g.split()
+    common = collections.Counter(pt) & collections.Counter(gt)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    prec, rec = same / len(pt), same / len(gt)
+    return 2 * prec * rec / (prec + rec)
+
+
+def f1_score(pred: str | None, gold: str | Sequence[str]) -> float:
+    if pred is None:
+        return 0.0
+    return max((_f1(pred, g) for g in _golds(gold)), default=0.0)
+
+
+def choice_letter(pred: str | None, choices: Sequence[str]) -> str | None:
+    """The option letter a prediction names: the option's text, 'C', '(C)', 'C. text', 'Answer: C'."""
+    if not pred or not pred.strip():
+        return None
+    letters = LETTERS[:len(choices)] if choices else "ABCD"
+    bare = re.fullmatch(rf"\W*\(?([{letters}])\)?[.:)]?\W*", pred.strip(), re.I)
+    if bare:
+        return bare.group(1).upper()
+    n = normalize_answer(pred)
+    for letter, text in zip(letters, choices):
+        if n and n == normalize_answer(text):
+            return letter
+    s = pred.strip().strip("*_`#> ")
+    m = re.match(rf"^(?:(?:the\s+)?(?:final\s+|correct\s+)?(?:answer|option)(?:\s+is)?\W*)\(?([{letters}])\)?(?=$|\W)",
+                 s, re.I)
+    if m is None:
+        m = re.match(rf"^\(?([{letters}])\)?(?=$|[\s.:)\],;])", s)
+    return m.group(1).upper() if m else None
+
+
+def gold_letter(gold: str | Sequence[str], choices: Sequence[str]) -> str | None:
+    for g in _golds(gold):
+        if len(g.strip()) == 1 and g.strip().upper() in LETTERS[:max(len(choices), 4)]:
+            return g.strip().upper()
+        for letter, text in zip(LETTERS, choices):
+            if normalize_answer(g) == normalize_answer(text):
+                return letter
+    return None
+
+
+def choice_accuracy(pred: str | None, gold: str | Sequence[str], choices: Sequence[str]) -> float:
+    """Multiple-choice accuracy: the predicted option letter equals the gold one (gold: letter or text)."""
+    g = gold_letter(gold, choices)
+    return float(g is not None and choice_letter(pred, choices) == g)
+
+
+def search_count_stats(counts: Iterable[int]) -> dict:
+    """RAG-Gym Table 5: min / max / mean number of search queries per question."""
+    c = np.asarray(list(counts), dtype=np.float64)
+    if c.size == 0:
+        return {"min": 0.0, "max": 0.0, "mean": 0.0}
+    return {"min": float(c.min()), "max": float(c.max()), "mean": float(c.mean())}
+
+
+def search_efficiency(f1s: Sequence[float], searches: Sequence[int]) -> float:
+    """SmartSearch SE = mean_i F1_i / T_i. Episodes without a search count with T_i = 1."""
+    if not len(f1s):
+        return 0.0
+    return float(np.mean([f / max(t, 1) for f, t in zip(f1s, searches)]))
+
+
+def search_quality(correct: Sequence[bool], query_good: Sequence[Sequence[bool]]) -> dict:
+    """SmartSearch Perfect (correct, all queries good), Partial (incorrect, some good query), SQ = sum."""
+    n = len(correct)
+    if n == 0:
+        return {"perfect": 0.0, "partial": 0.0, "sq": 0.0}
+    perfect = sum(bool(c) and all(g) for c, g in zip(correct, query_good)) / n
+    partial = sum((not c) and any(g) for c, g in zip(correct, query_good)) / n
+    return {"perfect": perfect, "partial": partial, "sq": perfect + partial}
+
+
+# ARENA: format and relevance (same rules as the reward, METHODS.md §5).
+_ARENA_ORDER = re.compile(r"<relevance>.*?</relevance>.*?<analysis>.*?</analysis>.*?<answer>.*?</answer>",
+                          re.S | re.I)
+
+
+def arena_format_score(text: str) -> float:
+    """1 if <relevance>, <analysis>, <answer> are all present, closed and in this order."""
+    return float(bool(_ARENA_ORDER.search(text or "")))
+
+
+def arena_relevance_score(pred_ids: Iterable[int], gold_ids: Iterable[int]) -> float:
+    """1 if the cited ids equal the gold supporting ids, 0.5 if they overlap, 0 otherwise."""
+    p, g = set(pred_ids), set(gold_ids)
+    if p and p == g:
+        return 1.0
+    return 0.5 if p & g else 0.0
+
+
+def arena_reward(text: str, answer: str | None, gold: Sequence[str], pred_ids: Iterable[int],
+                 gold_ids: Iterable[int], bonus: float = 10.0) -> dict:
+    fmt = arena_format_score(text)
+    acc = exact_match(answer, gold)
+    rel = arena_relevance_score(pred_ids, gold_ids)
+    b = bonus if (fmt == 1 and acc == 1 and rel == 1) else 0.0
+    return {"format": fmt, "accuracy": acc, "relevance": rel, "bonus": b, "total": fmt + acc + rel + b}
+
+
+def invalid_rate(num_invalid: Sequence[int], num_steps: Sequence[int]) -> float:
+    """Share of generated actions that parsed to Invalid."""
+    steps = sum(num_steps)
+    return float(sum(num_invalid) / steps) if steps else 0.0

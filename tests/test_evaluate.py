@@ -1,0 +1,72 @@
+import csv
+import io
+
+import ml_collections
+import pytest
+
+from fakes import BENCH, OverlapRetriever, ScriptedPolicy, load_passages
+from jaxrag.data.qa import load_qa
+from jaxrag.env.agents import get_agent
+from jaxrag.env.mdp import read_episodes
+from jaxrag.evaluate import eval_stage, evaluate, results_table
+
+GOLD = {}
+
+
+def oracle_policy(pcfg=None, workdir=None):
+    """Answers with the gold for questions it knows (first golden answer, or the option letter for MC)."""
+    def respond(prompt, j):
+        for q, a in GOLD.items():
+            if q in prompt:
+                return f"answer: {a}"
+        return "answer: no idea"
+    return ScriptedPolicy(respond)
+
+
+def small_retriever(rcfg=None, workdir=None):
+    return OverlapRetriever(load_passages(limit=300))
+
+
+def test_evaluate_function_api(tmp_path):
+    exs = load_qa(BENCH / "bamboogle_test.jsonl", "first:4")
+    GOLD.update({exs[0].question: exs[0].golden_answers[0], exs[1].question: exs[1].golden_answers[0] + " indeed"})
+    eps, m = evaluate(oracle_policy(), small_retriever(), get_agent("direct", mode="plain"), exs,
+                      out_path=tmp_path / "e.jsonl", batch_size=2)
+    assert m["n"] == 4 and m["em"] == pytest.approx(0.25) and m["f1"] > 0.25 and m["answered"] == 1.0
+    assert m["searches_max"] == 0 and m["episodes_per_s"] > 0 and m["timing"]["policy_calls"] == 2
+    assert read_episodes(tmp_path / "e.jsonl") == eps
+
+
+def test_table_layout_like_rag_gym():
+    res = {"ReAct": {"HotpotQA": {"n": 2, "em": 0.5, "f1": 0.75}, "MedQA": {"n": 2, "em": 0, "f1": 0, "acc": 0.5}},
+           "RAG": {"HotpotQA": {"n": 2, "em": 0.0, "f1": 0.25}}}
+    md, c = results_table(res)
+    rows = list(csv.reader(io.StringIO(c)))
+    assert rows[0] == ["Method", "HotpotQA EM", "HotpotQA F1", "MedQA Acc", "Avg EM", "Avg F1", "Avg"]
+    assert rows[1] == ["ReAct", "50.0", "75.0", "50.0", "50.0", "75.0", "62.5"]
+    assert rows[2][3] == "" and "| RAG | 0.00 | 25.00 | - |" in md
+
+
+def test_eval_stage_from_config(tmp_path):
+    med = load_qa(BENCH / "medqa_usmle_4opt_test_1273.jsonl", "first:3")
+    hp = load_qa(BENCH / "hotpotqa_dev_500.jsonl", "last:2")
+    GOLD.update({med[0].question: med[0].answer_letter, hp[0].question: hp[0].golden_answers[0]})
+    c = ml_collections.ConfigDict()
+    c.stages = ["eval"]
+    c.eval = ml_collections.ConfigDict({
+        "fn": "jaxrag.evaluate:eval_stage",
+        "agents": [{"name": "direct", "opts": {"mode": "plain"}}, {"name": "rag", "method": "RAG", "opts": {"mode": "plain"}}],
+        "datasets": [{"name": "HotpotQA", "path": str(BENCH / "hotpotqa_dev_500.jsonl"), "select": "last:2"},
+                     {"name": "MedQA", "path": str(BENCH / "medqa_usmle_4opt_test_1273.jsonl"), "select": "first:3"}],
+        "policy": {"fn": "test_evaluate:oracle_policy"},
+        "retriever": {"fn": "test_evaluate:small_retriever"},
+        "rollout": {"k": 2, "max_steps": 3},
+    })
+    res = eval_stage(c, tmp_path)
+    assert (tmp_path / "eval" / "DONE").exists()
+    assert res["direct"]["MedQA"]["acc"] == pytest.approx(1 / 3) and res["RAG"]["HotpotQA"]["em"] == pytest.approx(0.5)
+    eps = read_episodes(tmp_path / "eval" / "RAG__HotpotQA.episodes.jsonl")
+    assert len(eps) == 2 and eps[0].steps[0].action.kind == "query" and len(eps[0].steps[0].docs) == 2
+    table = (tmp_path / "eval" / "table.md").read_text()
+    assert "MedQA Acc" in table and "| direct | 50.00 | 50.00 | 33.33 | 50.00 | 50.00 | 41.67 |" in table
+    assert len((tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()) == 4

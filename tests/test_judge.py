@@ -1,0 +1,83 @@
+"""LLM judge against a fake OpenAI-compatible server on loopback, including malformed replies."""
+import http.server
+import json
+import threading
+
+import pytest
+
+from jaxrag.judge import JudgeError, OpenAIJudge, judge_from_config, parse_yes_no
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    replies: list = []
+    seen: list = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).seen.append((self.path, self.headers.get("Authorization"), body))
+        status, payload = type(self).replies.pop(0) if type(self).replies else (200, "yes")
+        data = payload if isinstance(payload, bytes) else json.dumps(
+            {"choices": [{"message": {"role": "assistant", "content": payload}}]}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture()
+def server():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    _Handler.replies, _Handler.seen = [], []
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_yes_no_and_request_shape(server, monkeypatch):
+    monkeypatch.setenv("JUDGE_KEY", "sekrit")
+    j = OpenAIJudge(server, "gpt-4o", api_key_env="JUDGE_KEY", backoff_s=0.0)
+    _Handler.replies = [(200, "Yes."), (200, "no")]
+    assert j.judge_answer(["Paris"], "It is Paris") is True
+    assert j.judge_answer(["Paris"], "Lyon") is False
+    path, auth, body = _Handler.seen[0]
+    assert path == "/v1/chat/completions" and auth == "Bearer sekrit"
+    assert body["model"] == "gpt-4o" and body["temperature"] == 0.0
+    assert '["Paris"]' in body["messages"][0]["content"] and "It is Paris" in body["messages"][0]["content"]
+
+
+def test_retries_then_succeeds_on_malformed_and_5xx(server):
+    j = OpenAIJudge(server, "m", retries=4, backoff_s=0.0)
+    _Handler.replies = [(200, b"{not json"), (500, b"oops"), (200, b'{"choices": []}'), (200, "yes")]
+    assert j.judge_answer(["a"], "a") is True
+    assert len(_Handler.seen) == 4
+
+
+def test_gives_up_with_a_clear_error(server):
+    j = OpenAIJudge(server, "m", retries=2, backoff_s=0.0)
+    _Handler.replies = [(200, b"garbage"), (200, b"garbage")]
+    with pytest.raises(JudgeError, match="malformed reply"):
+        j.chat([{"role": "user", "content": "x"}])
+    _Handler.replies = [(401, b"{}")]
+    with pytest.raises(JudgeError, match="HTTP 401"):
+        j.chat([{"role": "user", "content": "x"}])
+    _Handler.replies = [(200, b"garbage"), (200, b"garbage")]
+    assert j.judge_answer(["a"], "a") is None           # unreachable verdict: None, not a crash
+
+
+def test_unreachable_and_timeout():
+    j = OpenAIJudge("http://127.0.0.1:9/v1", "m", retries=1, timeout_s=0.5)
+    assert j.judge_answer(["a"], "a") is None
+    assert j.judge_answer(["a"], None) is False
+
+
+def test_parse_yes_no_and_config():
+    assert parse_yes_no("**Yes**, it matches") is True and parse_yes_no("No.") is False
+    assert parse_yes_no("maybe") is None and parse_yes_no("") is None
+    assert judge_from_config({"base_url": ""}) is None
+    assert judge_from_config({"base_url": "http://x/v1", "model": "m", "retries": 5}).retries == 5

@@ -1,0 +1,70 @@
+import pytest
+
+from jaxrag import metrics as M
+
+
+@pytest.mark.parametrize("s,want", [
+    ("The Eiffel Tower!", "eiffel tower"), ("  an  apple,  a day ", "apple day"), ("snake_case_name", "snake case name"),
+    ("Café «Bar»", "café bar"), ("ＡＢＣ", "abc"), ("1,000.5", "10005"), ("Theatre the", "theatre"),
+    ("", ""), ("¿Qué?", "qué"),
+])
+def test_normalize(s, want):
+    assert M.normalize_answer(s) == want
+
+
+def test_exact_match_max_over_golds_and_none():
+    assert M.exact_match("the Beatles", ["Rolling Stones", "Beatles"]) == 1.0
+    assert M.exact_match("Beatles band", ["Beatles"]) == 0.0
+    assert M.exact_match(None, ["x"]) == 0.0
+    assert M.exact_match("May 29, 1932", "may 29 1932") == 1.0
+
+
+def test_f1_values():
+    # pred tokens: [barack, obama] vs gold [obama] -> p=1/2, r=1 -> 2/3
+    assert M.f1_score("Barack Obama", ["Obama"]) == pytest.approx(2 / 3)
+    assert M.f1_score("Barack Obama", ["Michelle", "Barack Hussein Obama"]) == pytest.approx(2 * 1 * (2 / 3) / (1 + 2 / 3))
+    assert M.f1_score("the", ["a"]) == 0.0          # both normalize to empty
+    assert M.f1_score("yes", ["no"]) == 0.0
+    assert M.f1_score("no way", ["no"]) == 0.0      # yes/no special case
+    assert M.f1_score("1 1 2", ["1 2 2"]) == pytest.approx(2 / 3)  # multiset overlap 2 of 3 each
+
+
+def test_cover_exact_match_is_token_span():
+    assert M.cover_exact_match("It was 1,000 people", ["1000"]) == 1.0
+    assert M.cover_exact_match("Paris, France", ["paris"]) == 1.0
+    assert M.cover_exact_match("Parisian", ["paris"]) == 0.0
+    assert M.cover_exact_match("x", [""]) == 0.0
+
+
+def test_choice_accuracy_letters_and_texts():
+    ch = ["Inhibition of proteasome", "Cross-linking of DNA", "Generation of free radicals", "Microtubules"]
+    for pred in ["B", "(B)", "B.", "b)", "Answer: B", "The answer is B", "**B**", "cross-linking of DNA", "B. Cross-linking"]:
+        assert M.choice_accuracy(pred, ["Cross-linking of DNA"], ch) == 1.0, pred
+    for pred in ["A", "C", "Bx", "", None, "a dog"]:
+        assert M.choice_accuracy(pred, ["Cross-linking of DNA"], ch) == 0.0, pred
+    assert M.choice_accuracy("D", "D", ch) == 1.0
+
+
+def test_search_stats_se_sq():
+    assert M.search_count_stats([0, 9, 3]) == {"min": 0.0, "max": 9.0, "mean": 4.0}
+    assert M.search_efficiency([1.0, 0.5, 0.0], [2, 0, 5]) == pytest.approx((0.5 + 0.5 + 0) / 3)
+    q = M.search_quality([True, True, False, False], [[True, True], [True, False], [False, True], [False]])
+    assert q == {"perfect": 0.25, "partial": 0.25, "sq": 0.5}
+
+
+def test_arena_scores():
+    good = "<relevance>[1, 3]</relevance>\n<analysis>x</analysis>\n<answer>Paris</answer>"
+    assert M.arena_format_score(good) == 1.0
+    assert M.arena_format_score("<analysis>x</analysis><relevance>[1]</relevance><answer>a</answer>") == 0.0
+    assert M.arena_format_score("<relevance>[1]</relevance><answer>a</answer>") == 0.0
+    assert M.arena_relevance_score([1, 3], [3, 1]) == 1.0
+    assert M.arena_relevance_score([1, 2], [3, 1]) == 0.5
+    assert M.arena_relevance_score([], [1]) == 0.0
+    r = M.arena_reward(good, "Paris", ["paris"], [1, 3], [1, 3])
+    assert r["total"] == 13.0 and r["bonus"] == 10.0
+    assert M.arena_reward(good, "Lyon", ["paris"], [1, 3], [1, 3])["total"] == 2.0
+
+
+def test_invalid_rate():
+    assert M.invalid_rate([1, 0, 2], [2, 3, 5]) == pytest.approx(0.3)
+    assert M.invalid_rate([], []) == 0.0
