@@ -1,0 +1,57 @@
+"""orbax checkpoints of the train state + a JSON meta record (step, data position), keep-N, async saves.
+
+A checkpoint that cannot be read back (corrupt or partial files) raises CheckpointCorrupt naming its directory;
+nothing is deleted, so older good checkpoints stay where they are (restore one with `step=`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orbax.checkpoint as ocp
+
+
+class CheckpointCorrupt(RuntimeError):
+    pass
+
+
+class Checkpointer:
+    def __init__(self, directory: str | Path, keep: int = 3, async_save: bool = True):
+        self.directory = Path(directory).absolute()
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
+        self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self.manager.all_steps())
+
+    def save(self, step: int, state, meta: dict) -> None:
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+        self.manager.save(step, args=args, force=True)
+
+    def restore(self, abstract_state, step: int | None = None) -> tuple[dict, dict]:
+        step = self.latest_step() if step is None else step
+        where = self.directory / str(step)
+        if step is None or step not in self.manager.all_steps():
+            raise FileNotFoundError(f"no checkpoint for step {step} under {self.directory}")
+        try:
+            out = self.manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+            state, meta = out["state"], out["meta"]
+        except Exception as e:  # orbax raises many types (ValueError, FileNotFoundError, tensorstore errors)
+            raise CheckpointCorrupt(
+                f"checkpoint {where} is corrupt or partial and was left untouched "
+                f"(other steps: {[s for s in self.all_steps() if s != step]}): {type(e).__name__}: {str(e)[:300]}"
+            ) from e
+        if not isinstance(meta, dict) or "data_position" not in meta:
+            raise CheckpointCorrupt(f"checkpoint {where}: meta record lacks 'data_position': {meta!r}")
+        return state, meta
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()

@@ -1,0 +1,131 @@
+"""The trainer's configuration (an ml_collections ConfigDict with every key and its type) and its validation.
+
+Defaults follow METHODS.md §4 where the papers publish a setting. The dict is locked: a misspelled key fails at
+once; `validate` checks values before any compute and names the offending key.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from jaxrag import losses
+
+LOSSES = ("sft", "dpo", "bt", "grpo", "ppo")
+
+
+def default_train_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.loss = "sft"  # sft | dpo | bt (critic / PRM, Bradley–Terry) | grpo | ppo
+    c.seed = 0
+    c.steps = 100
+    c.batch_size = 8  # global: examples (sft), pairs (dpo, bt), prompts x group_size rows (grpo), rows (ppo)
+    c.grad_accum = 1  # microbatches per step (batch_size must be divisible)
+    c.seq_buckets = (64, 128, 256, 512)
+    c.mesh = (-1, 1, 1)  # (data, fsdp, tensor); -1 = all remaining devices
+    c.compute_dtype = "float32"  # model matmul dtype (bfloat16 for mixed precision); params stay param_dtype
+    c.remat = False  # rematerialize each layer in the backward pass
+
+    c.optimizer = ml_collections.ConfigDict()
+    c.optimizer.lr = 1e-5
+    c.optimizer.warmup_steps = 0
+    c.optimizer.min_lr_ratio = 0.0  # cosine decays to lr * min_lr_ratio at `steps`
+    c.optimizer.weight_decay = 0.0
+    c.optimizer.b1 = 0.9
+    c.optimizer.b2 = 0.999
+    c.optimizer.eps = 1e-8
+    c.optimizer.clip_norm = 1.0  # 0 = no clipping
+
+    c.lora = ml_collections.ConfigDict()
+    c.lora.enabled = False
+    c.lora.rank = 8
+    c.lora.alpha = 16.0
+    c.lora.dropout = 0.0
+    c.lora.targets = ("q", "k", "v")
+
+    c.sft = ml_collections.ConfigDict({"reduction": "token"})
+    c.dpo = ml_collections.ConfigDict({"beta": 0.1, "label_smoothing": 0.0, "loss_type": "sigmoid"})
+    c.bt = ml_collections.ConfigDict({"center_coef": 0.0})
+    c.grpo = ml_collections.ConfigDict({
+        "group_size": 4, "clip_eps": 0.2, "beta": 0.04, "kl_estimator": "k2",
+        "aggregation": "seq_mean_token_mean", "kl_clamp": 0.0,  # 0 = no clamp
+        "adv_eps": 1e-4, "std_ddof": 1,
+    })
+    c.ppo = ml_collections.ConfigDict({
+        "clip_eps": 0.2, "value_clip_eps": 0.2, "vf_coef": 0.5, "gamma": 1.0, "lam": 0.95, "whiten": True,
+    })
+
+    c.checkpoint = ml_collections.ConfigDict({"enabled": True, "every_steps": 50, "keep": 3, "async_save": True})
+    c.log_every = 1
+    c.progress = True  # tqdm bar
+    c.lock()
+    return c
+
+
+def _fail(key: str, msg: str):
+    raise ValueError(f"train config: {key}: {msg}")
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+    if c.loss not in LOSSES:
+        _fail("loss", f"{c.loss!r} is not one of {LOSSES}")
+    for key in ("steps", "batch_size", "grad_accum"):
+        if int(c[key]) < 1:
+            _fail(key, f"must be >= 1, got {c[key]}")
+    if c.batch_size % c.grad_accum:
+        _fail("grad_accum", f"batch_size {c.batch_size} is not divisible by grad_accum {c.grad_accum}")
+    if len(tuple(c.mesh)) != 3:
+        _fail("mesh", f"needs 3 entries (data, fsdp, tensor), got {tuple(c.mesh)}")
+    if c.compute_dtype not in ("float32", "bfloat16", "float16"):
+        _fail("compute_dtype", f"{c.compute_dtype!r} is not float32/bfloat16/float16")
+    if not c.seq_buckets or any(int(b) < 2 for b in c.seq_buckets):
+        _fail("seq_buckets", f"needs lengths >= 2, got {tuple(c.seq_buckets)}")
+    if c.optimizer.lr <= 0:
+        _fail("optimizer.lr", f"must be > 0, got {c.optimizer.lr}")
+    if c.optimizer.warmup_steps < 0 or c.optimizer.warmup_steps > c.steps:
+        _fail("optimizer.warmup_steps", f"must be in [0, steps={c.steps}], got {c.optimizer.warmup_steps}")
+    if c.lora.enabled:
+        from jaxrag.models.lora import TARGETS
+        bad = [t for t in c.lora.targets if t not in TARGETS]
+        if bad:
+            _fail("lora.targets", f"unknown {bad}; choose from {tuple(TARGETS)}")
+        if c.lora.rank < 1:
+            _fail("lora.rank", f"must be >= 1, got {c.lora.rank}")
+        if not 0.0 <= c.lora.dropout < 1.0:
+            _fail("lora.dropout", f"must be in [0, 1), got {c.lora.dropout}")
+    if c.sft.reduction not in losses.SFT_REDUCTIONS:
+        _fail("sft.reduction", f"{c.sft.reduction!r} is not one of {losses.SFT_REDUCTIONS}")
+    if c.dpo.loss_type not in losses.DPO_LOSS_TYPES:
+        _fail("dpo.loss_type", f"{c.dpo.loss_type!r} is not one of {losses.DPO_LOSS_TYPES}")
+    if c.dpo.beta <= 0:
+        _fail("dpo.beta", f"must be > 0, got {c.dpo.beta}")
+    if c.grpo.kl_estimator not in losses.KL_ESTIMATORS:
+        _fail("grpo.kl_estimator", f"{c.grpo.kl_estimator!r} is not one of {losses.KL_ESTIMATORS}")
+    if c.grpo.aggregation not in losses.GRPO_AGGREGATIONS:
+        _fail("grpo.aggregation", f"{c.grpo.aggregation!r} is not one of {losses.GRPO_AGGREGATIONS}")
+    if c.loss == "grpo" and c.batch_size % c.grpo.group_size:
+        _fail("batch_size", f"{c.batch_size} rows do not split into groups of grpo.group_size={c.grpo.group_size}")
+    if c.checkpoint.every_steps < 1 or c.checkpoint.keep < 1:
+        _fail("checkpoint", "every_steps and keep must be >= 1")
+
+
+def resolve(overrides: dict | ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
+    """Defaults updated by `overrides` (nested dict / ConfigDict); unknown keys and wrong types raise."""
+    c = default_train_config()
+    if overrides is not None:
+        _update(c, overrides, "")
+    validate(c)
+    return c
+
+
+def _update(c: ml_collections.ConfigDict, upd, prefix: str) -> None:
+    for k, v in upd.items():
+        key = f"{prefix}{k}"
+        if k not in c:
+            raise KeyError(f"train config: unknown key {key!r}")
+        if isinstance(c[k], ml_collections.ConfigDict):
+            _update(c[k], v, key + ".")
+        else:
+            try:
+                c[k] = tuple(v) if isinstance(c[k], tuple) and isinstance(v, (list, tuple)) else v
+            except TypeError as e:
+                raise TypeError(f"train config: {key}: {e}") from None

@@ -1,0 +1,63 @@
+"""jaxrag.main: stages run in order with DONE markers; bad configs fail before any compute."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_collections
+import pytest
+
+from jaxrag.main import StageError, plan, run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args, cwd=ROOT):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "jaxrag.main", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_plan_errors_name_the_key():
+    c = ml_collections.ConfigDict({"stages": ["a"]})
+    with pytest.raises(StageError, match="no 'a' section"):
+        plan(c)
+    c.a = ml_collections.ConfigDict({"fn": "jaxrag.nope:f"})
+    with pytest.raises(StageError, match=r"config.a.fn: cannot import module 'jaxrag.nope'"):
+        plan(c)
+    c.a.fn = "jaxrag.train.stages:no_such"
+    with pytest.raises(StageError, match="has no function 'no_such'"):
+        plan(c)
+
+
+def test_stage_config_checked_before_any_stage_runs(tmp_path):
+    import configs.train_sft as mod
+
+    c = mod.get_config()
+    with c.sft.train.unlocked():
+        c.sft.train.loss = "dpoo"
+    with pytest.raises(ValueError, match="loss"):
+        run(c, tmp_path)
+    assert not (tmp_path / "data").exists()  # the data stage before it did not run
+
+
+def test_unknown_override_and_wrong_type_fail_fast(tmp_path):
+    p = cli("--config=configs/train_sft.py", f"--workdir={tmp_path}", "--config.sft.train.optimizer.lrr=1")
+    assert p.returncode != 0 and "lrr" in p.stderr
+    p = cli("--config=configs/train_sft.py", f"--workdir={tmp_path}", "--config.sft.train.steps=abc")
+    assert p.returncode != 0 and "steps" in p.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_runs_stages_writes_done_and_skips_on_rerun(tmp_path):
+    args = ("--config=configs/train_sft.py", f"--workdir={tmp_path}", "--config.sft.train.steps=2",
+            "--config.sft.train.progress=False")
+    p = cli(*args)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for stage in ("data", "sft"):
+        assert (tmp_path / stage / "DONE").exists()
+    assert (tmp_path / "sft" / "model" / "config.json").exists()
+    assert len((tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()) == 2
+    p = cli(*args)
+    assert p.returncode == 0 and p.stdout.count("skipping") == 2
