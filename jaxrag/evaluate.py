@@ -141,26 +141,42 @@ def _plain(v):
     return v.to_dict() if hasattr(v, "to_dict") else v
 
 
+def _resolve(p, workdir) -> Path:
+    p = Path(p)
+    return p if p.is_absolute() else Path(workdir) / p
+
+
 def load_policy(pcfg, workdir: str | Path):
-    """Default policy builder: a local HF checkpoint dir (`path`, relative to workdir or absolute) -> JaxPolicy."""
+    """Default policy builder: a local HF checkpoint dir -> JaxPolicy. Keys: `path` (relative to workdir or
+    absolute), optional `tokenizer` (a separate tokenizer dir / *.model; default: `path`), `dtype`,
+    `max_prompt_tokens`, `top_k`, `top_p`."""
     from jaxrag.models.hf import load_hf
     from jaxrag.policy import JaxPolicy
     from jaxrag.tokenizer import load_tokenizer
-    path = Path(pcfg["path"])
-    path = path if path.is_absolute() else Path(workdir) / path
-    cfg, params = load_hf(path)
-    return JaxPolicy(cfg, params, load_tokenizer(path), max_prompt_tokens=pcfg.get("max_prompt_tokens"))
+    if not pcfg.get("path"):
+        raise ValueError("eval.policy needs 'path' (a Hugging Face checkpoint dir) or 'fn'")
+    path = _resolve(pcfg["path"], workdir)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"eval.policy.path: {path} is not a checkpoint dir (no config.json)")
+    tok_path = _resolve(pcfg["tokenizer"], workdir) if pcfg.get("tokenizer") else path
+    cfg, params = load_hf(path, dtype=pcfg.get("dtype"))
+    tok = load_tokenizer(tok_path)
+    if tok.vocab_size > cfg.vocab_size:
+        raise ValueError(f"eval.policy: tokenizer {tok_path} has {tok.vocab_size} tokens but the model in {path} "
+                         f"has vocab_size {cfg.vocab_size}")
+    return JaxPolicy(cfg, params, tok, top_k=pcfg.get("top_k", 0), top_p=pcfg.get("top_p", 1.0),
+                     max_prompt_tokens=pcfg.get("max_prompt_tokens"))
 
 
 def load_index(rcfg, workdir: str | Path):
     """Default retriever builder: `index_dir` (built index) or `corpus` (a JSONL: BM25 built in memory)."""
     from jaxrag import retrieval
     if rcfg.get("index_dir"):
-        p = Path(rcfg["index_dir"])
-        p = p if p.is_absolute() else Path(workdir) / p
-        return retrieval.load_retriever(p, kind=rcfg.get("kind", "bm25"), backend=rcfg.get("backend", "bm25s"))
+        return retrieval.load_retriever(_resolve(rcfg["index_dir"], workdir), kind=rcfg.get("kind", "bm25"),
+                                        backend=rcfg.get("backend", "bm25s"))
     if rcfg.get("corpus"):
-        return retrieval.build_bm25(retrieval.load_corpus(rcfg["corpus"]), backend=rcfg.get("backend", "bm25s"))
+        corpus = _resolve(rcfg["corpus"], workdir)
+        return retrieval.build_bm25(retrieval.load_corpus(corpus), backend=rcfg.get("backend", "bm25s"))
     raise ValueError("eval.retriever needs 'index_dir' or 'corpus'")
 
 

@@ -1,33 +1,45 @@
 """Rollout engine throughput: episodes/s vs batch size, and the share of time in generation / retrieval / host.
 
-python -m jaxrag.bench.rollout [--jax] [--episodes 64]
-Policies measured in the same run: a fake with a fixed per-call latency + per-token cost (models a device
-that saturates with batch), and with --jax a tiny random JaxPolicy (byte tokenizer). Retrieval: BM25
-(bm25s) over the multihop contexts corpus. Agent: plain ReAct, 2 searches then an answer per episode.
-Writes results/bench/rollout.json.
+    python -m jaxrag.bench.rollout [--jax] [--episodes 64] [--batches 1,2,4,8,16,32,64]
+
+Policies measured in the same run:
+- fake: a fixed per-call latency + per-token cost (models a device that saturates with batch);
+- with --jax, the real JaxPolicy (jitted sampler, KV cache, host stop-string checks) over a small random Llama
+  (2 layers, d_model 128, byte tokenizer). A random model's text is garbage (every episode would end Invalid
+  at step 1), so its completions are generated and paid for, then replaced by a scripted ReAct line: every
+  episode is 2 searches then an answer, for every policy.
+Retrieval: BM25 (bm25s) over the multihop contexts corpus (11k passages). Agent: plain ReAct, k=5.
+Shares: gen = inside policy.generate (tok = the part of it in the tokenizer: encode, decode, stop strings),
+ret = retriever.search, host = the rest of the engine (render, parse, bookkeeping).
+Each batch size is warmed up (jit compiles for its shapes) before it is timed.
+The fake's per-token cost is fixed; the JaxPolicy's row shows what the CPU/accelerator really does. Writes results/bench/rollout.json.
 """
 from __future__ import annotations
 
 import argparse
-import json
+import logging
 import time
 from pathlib import Path
 
+from jaxrag.bench.common import table, write_result
 from jaxrag.data.qa import load_qa
 from jaxrag.env.agents import get_agent
 from jaxrag.env.rollout import RolloutConfig, rollout
 
 BENCH = Path("/work/shared/benchmarks")
+SEARCHES = 2
 
 
 class _C:
-    def __init__(self, text):
-        self.text, self.token_ids, self.logprobs, self.finish_reason = text, [0] * 8, [-1.0] * 8, "stop"
+    def __init__(self, text, token_ids=(0,) * 8):
+        self.text, self.token_ids, self.finish_reason = text, list(token_ids), "stop"
+        self.logprobs = [-1.0] * len(self.token_ids)
 
 
 def _script(prompt: str) -> str:
+    """Plain ReAct: search twice (question words + hop number), then answer."""
     n = prompt.count("\nsearch: ")
-    return f"search: {prompt.splitlines()[0][10:60]} part {n}" if n < 2 else "answer: unknown"
+    return f"search: {prompt.splitlines()[0][10:60]} part {n}" if n < SEARCHES else "answer: unknown"
 
 
 class LatencyPolicy:
@@ -41,73 +53,121 @@ class LatencyPolicy:
         return [[_C(_script(p)) for _ in range(n)] for p in prompts]
 
 
+class ByteTok:
+    """UTF-8 bytes as tokens (0 pad, 1 bos, 2 eos); counts the seconds spent in it."""
+    pad_id, bos_id, eos_id, vocab_size, eos_ids = 0, 1, 2, 259, (2,)
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def encode(self, t, add_bos=False):
+        t0 = time.perf_counter()
+        ids = ([1] if add_bos else []) + [b + 3 for b in t.encode()]
+        self.seconds += time.perf_counter() - t0
+        return ids
+
+    def decode(self, ids):
+        t0 = time.perf_counter()
+        text = bytes(int(i) - 3 for i in ids if int(i) >= 3).decode(errors="replace")
+        self.seconds += time.perf_counter() - t0
+        return text
+
+    def chat(self, m, add_generation_prompt=True):
+        return "\n\n".join(x["content"] for x in m)
+
+
 class ScriptedJax:
-    """Runs the tiny JaxPolicy for its cost, answers with the script (so episodes have a fixed length)."""
+    """The real JaxPolicy generates `new_tokens` per prompt (paid in full), the script supplies the action."""
 
-    def __init__(self, pol):
-        self.pol = pol
+    def __init__(self, pol, new_tokens: int):
+        self.pol, self.new_tokens, self.generated, self.prefilled = pol, new_tokens, 0, 0
 
-    def generate(self, prompts, **kw):
-        self.pol.generate(prompts, **{**kw, "max_new_tokens": 16})
-        return [[_C(_script(p))] for p in prompts]
+    def generate(self, prompts, *, n=1, temperature=0.0, max_new_tokens=32, stop=None, seed=0):
+        out = self.pol.generate(prompts, n=n, temperature=temperature, max_new_tokens=self.new_tokens, stop=stop,
+                                seed=seed)
+        self.generated += sum(len(c.token_ids) for row in out for c in row)
+        self.prefilled += sum(len(row[0].prompt_ids) for row in out)
+        return [[_C(_script(p), c.token_ids) for c in row] for p, row in zip(prompts, out)]
 
 
-def _tiny_jax():
+def tiny_jax(d_model=128, n_layers=2, max_seq_len=512, max_prompt_tokens=480):
     import jax
     from jaxrag.models.config import ModelConfig
     from jaxrag.models.transformer import init_params
     from jaxrag.policy import JaxPolicy
 
-    class ByteTok:
-        pad_id, bos_id, eos_id, vocab_size, eos_ids = 0, 1, 2, 259, (2,)
+    cfg = ModelConfig(vocab_size=259, d_model=d_model, n_layers=n_layers, n_heads=4, n_kv_heads=2,
+                      head_dim=d_model // 4, d_ff=4 * d_model, max_seq_len=max_seq_len, bos_id=1, eos_ids=(2,),
+                      pad_id=0)
+    return JaxPolicy(cfg, init_params(cfg, jax.random.PRNGKey(0)), ByteTok(), max_prompt_tokens=max_prompt_tokens)
 
-        def encode(self, t, add_bos=False):
-            return ([1] if add_bos else []) + [b + 3 for b in t.encode()]
 
-        def decode(self, ids):
-            return bytes(int(i) - 3 for i in ids if int(i) >= 3).decode(errors="replace")
-
-        def chat(self, m, add_generation_prompt=True):
-            return "\n\n".join(x["content"] for x in m)
-    cfg = ModelConfig(vocab_size=259, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,
-                      max_seq_len=512, bos_id=1, eos_ids=(2,), pad_id=0)
-    return JaxPolicy(cfg, init_params(cfg, jax.random.PRNGKey(0)), ByteTok(), max_prompt_tokens=480)
+def measure(pol, retriever, agent, examples, batch: int, tok=None) -> dict:
+    """Warm up on the `batch` shortest and longest questions (compiles every shape bucket the timed run meets),
+    then time all `examples` at this batch size."""
+    by_len = sorted(examples, key=lambda ex: len(ex.question))
+    warm = by_len if 2 * batch >= len(by_len) else by_len[:batch] + by_len[-batch:]
+    rollout(pol, retriever, agent, warm, RolloutConfig(k=5, batch_size=batch))
+    st: dict = {}
+    tok_before = tok.seconds if tok is not None else 0.0
+    gen_before, pre_before = getattr(pol, "generated", 0), getattr(pol, "prefilled", 0)
+    rollout(pol, retriever, agent, examples, RolloutConfig(k=5, batch_size=batch), stats=st)
+    tot = st["total_s"]
+    row = {"batch": batch, "episodes_per_s": len(examples) / tot, "total_s": tot,
+           "generate_share": st["generate_s"] / tot, "retrieve_share": st["retrieve_s"] / tot,
+           "host_share": st["host_s"] / tot, "policy_calls": st["policy_calls"], "queries": st["queries"],
+           "retrieve_ms_per_query": 1e3 * st["retrieve_s"] / max(st["queries"], 1)}
+    if tok is not None:
+        row["tokenizer_share"] = (tok.seconds - tok_before) / tot
+    if hasattr(pol, "generated"):
+        row["new_tokens_per_s"] = (pol.generated - gen_before) / st["generate_s"]
+        row["prompt_tokens_per_s"] = (pol.prefilled - pre_before) / st["generate_s"]
+    return row
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--batches", default="1,2,4,8,16,32,64")
-    ap.add_argument("--jax", action="store_true")
+    ap.add_argument("--jax", action="store_true", help="also measure the real JaxPolicy (small random model)")
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--new-tokens", type=int, default=16, help="tokens the JaxPolicy generates per action")
     args = ap.parse_args(argv)
+    logging.getLogger("jaxrag.policy").setLevel(logging.ERROR)   # one "prompt truncated" line per long prompt
     from jaxrag.retrieval import build_bm25, load_corpus
+
+    t0 = time.perf_counter()
     retriever = build_bm25(load_corpus(BENCH / "corpus_multihop_contexts.jsonl"), backend="bm25s")
     examples = load_qa(BENCH / "hotpotqa_dev_500.jsonl", f"first:{args.episodes}")
-    retriever.search([ex.question for ex in examples[:8]], 5)     # warm up numba before timing
+    retriever.search([ex.question for ex in examples[:8]], 5)     # numba compiles before any timing
+    print(f"BM25 over {len(retriever.passages) if hasattr(retriever, 'passages') else '?'} passages: "
+          f"{time.perf_counter() - t0:.1f}s (build + numba compile)")
     agent = get_agent("react", mode="plain", max_docs=2, max_doc_chars=200)
-    policies = {"fake(20ms+10us/tok)": LatencyPolicy()}
+    batches = [int(x) for x in args.batches.split(",")]
+    policies = {"fake(20ms+10us/tok)": (LatencyPolicy(), None)}
     if args.jax:
-        policies["tiny-jax"] = ScriptedJax(_tiny_jax())
+        pol = tiny_jax(args.d_model, args.layers)
+        policies[f"jax(L{args.layers},d{args.d_model},{args.new_tokens}tok)"] = (ScriptedJax(pol, args.new_tokens),
+                                                                               pol.tokenizer)
     rows = []
-    for pname, pol in policies.items():
-        if pname == "tiny-jax":   # warm up compiles for every bucket
-            rollout(pol, retriever, agent, examples, RolloutConfig(k=5, batch_size=max(int(b) for b in args.batches.split(","))))
-        for b in [int(x) for x in args.batches.split(",")]:
-            st = {}
-            rollout(pol, retriever, agent, examples, RolloutConfig(k=5, batch_size=b), stats=st)
-            tot = st["total_s"]
-            rows.append({"policy": pname, "batch": b, "episodes_per_s": len(examples) / tot,
-                         "generate_share": st["generate_s"] / tot, "retrieve_share": st["retrieve_s"] / tot,
-                         "host_share": st["host_s"] / tot, "policy_calls": st["policy_calls"]})
-    base = {r["policy"]: r["episodes_per_s"] for r in rows if r["batch"] == rows[0]["batch"]}
-    print(f"{'policy':22s} {'batch':>5s} {'ep/s':>8s} {'x b=1':>6s} {'gen%':>6s} {'ret%':>6s} {'host%':>6s}")
+    for pname, (pol, tok) in policies.items():
+        for b in batches:
+            r = {"policy": pname, **measure(pol, retriever, agent, examples, b, tok)}
+            rows.append(r)
+            print(f"  {pname} batch {b}: {r['episodes_per_s']:.1f} ep/s", flush=True)
+    base = {}
     for r in rows:
+        base.setdefault(r["policy"], r["episodes_per_s"])
         r["speedup_vs_smallest_batch"] = r["episodes_per_s"] / base[r["policy"]]
-        print(f"{r['policy']:22s} {r['batch']:5d} {r['episodes_per_s']:8.1f} {r['speedup_vs_smallest_batch']:6.1f} "
-              f"{100 * r['generate_share']:6.1f} {100 * r['retrieve_share']:6.1f} {100 * r['host_share']:6.1f}")
-    out = Path("results/bench/rollout.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"episodes": len(examples), "agent": "react/plain", "k": 5, "rows": rows}, indent=1))
+        r.update({f"{k}%": 100 * r[f"{k}_share"] for k in ("generate", "tokenizer", "retrieve", "host")
+                  if f"{k}_share" in r})
+    cols = ["policy", "batch", "episodes_per_s", "speedup_vs_smallest_batch", "generate%", "tokenizer%",
+            "retrieve%", "host%", "retrieve_ms_per_query", "prompt_tokens_per_s", "new_tokens_per_s", "policy_calls"]
+    print(table(rows, cols))
+    out = write_result("rollout", {"episodes": len(examples), "agent": "react/plain", "k": 5,
+                                   "searches_per_episode": SEARCHES, "new_tokens": args.new_tokens,
+                                   "model": {"d_model": args.d_model, "n_layers": args.layers}, "rows": rows})
     print(f"wrote {out}")
 
 
