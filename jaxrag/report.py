@@ -4,6 +4,7 @@
 {split: {"all"|by_type[t]|by_hops[h]: {"n","em","f1","se","searches": {min,max,mean},"invalid_rate"}}}}}}.
 `curves` maps a training stage name to its metrics.jsonl rows ({"kind": "train"|"eval", "time_s", "loss", ...}).
 """
+
 from __future__ import annotations
 
 import csv
@@ -14,89 +15,129 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLUMNS = ("system", "split", "type", "n", "em", "f1", "se", "searches_min", "searches_mean", "searches_max",
-           "invalid_rate")
+COLUMNS = (
+    "system",
+    "split",
+    "type",
+    "n",
+    "em",
+    "f1",
+    "se",
+    "searches_min",
+    "searches_mean",
+    "searches_max",
+    "invalid_rate",
+)
 
 
 def table_rows(results: dict) -> list[dict]:
-  rows = []
-  for sysname, sysres in results["systems"].items():
-    for split, r in sysres["splits"].items():
-      groups = [("all", r["all"])] + sorted(r["by_type"].items())
-      for qtype, g in groups:
-        rows.append({"system": sysname, "split": split, "type": qtype, "n": g["n"], "em": g["em"], "f1": g["f1"],
-                     "se": g["se"], "searches_min": g["searches"]["min"], "searches_mean": g["searches"]["mean"],
-                     "searches_max": g["searches"]["max"], "invalid_rate": g["invalid_rate"]})
-  return rows
+    rows = []
+    for sysname, sysres in results["systems"].items():
+        for split, r in sysres["splits"].items():
+            groups = [("all", r["all"])] + sorted(r["by_type"].items())
+            for qtype, g in groups:
+                rows.append(
+                    {
+                        "system": sysname,
+                        "split": split,
+                        "type": qtype,
+                        "n": g["n"],
+                        "em": g["em"],
+                        "f1": g["f1"],
+                        "se": g["se"],
+                        "searches_min": g["searches"]["min"],
+                        "searches_mean": g["searches"]["mean"],
+                        "searches_max": g["searches"]["max"],
+                        "invalid_rate": g["invalid_rate"],
+                    }
+                )
+    return rows
 
 
 def markdown_table(rows: list[dict]) -> str:
-  fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)
-  lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-  lines += ["| " + " | ".join(fmt(r[c]) for c in COLUMNS) + " |" for r in rows]
-  return "\n".join(lines)
+    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines)
 
 
 def write_csv(rows: list[dict], path: str) -> None:
-  with open(path, "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=COLUMNS)
-    w.writeheader()
-    w.writerows(rows)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
 
 
 def plot_training_curves(curves: dict[str, list[dict]], path: str) -> None:
-  """Left: training loss vs seconds; right: held-out teacher-forced share of sequences with all actions right."""
-  fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-  for stage, rows in curves.items():
-    tr = [r for r in rows if r.get("kind") == "train"]
-    a.plot([r["time_s"] for r in tr], [r["loss"] for r in tr], label=stage)
-    for split in sorted({r["split"] for r in rows if r.get("kind") == "eval"}):
-      ev = [r for r in rows if r.get("kind") == "eval" and r["split"] == split]
-      b.plot([r["time_s"] for r in ev], [r["all_actions_right"] for r in ev], marker="o", ms=3,
-             label=f"{stage} / {split}")
-  a.set(xlabel="training seconds", ylabel="SFT loss (action tokens)", yscale="log", title="training loss")
-  b.set(xlabel="training seconds", ylabel="share of trajectories", ylim=(0, 1),
-        title="teacher-forced: every action token right")
-  for ax in (a, b):
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+    """Left: training loss vs seconds; right: held-out teacher-forced share of sequences with all actions right."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for stage, rows in curves.items():
+        tr = [r for r in rows if r.get("kind") == "train"]
+        a.plot([r["time_s"] for r in tr], [r["loss"] for r in tr], label=stage)
+        for split in sorted({r["split"] for r in rows if r.get("kind") == "eval"}):
+            ev = [r for r in rows if r.get("kind") == "eval" and r["split"] == split]
+            b.plot(
+                [r["time_s"] for r in ev],
+                [r["all_actions_right"] for r in ev],
+                marker="o",
+                ms=3,
+                label=f"{stage} / {split}",
+            )
+    a.set(xlabel="training seconds", ylabel="SFT loss (action tokens)", yscale="log", title="training loss")
+    b.set(
+        xlabel="training seconds",
+        ylabel="share of trajectories",
+        ylim=(0, 1),
+        title="teacher-forced: every action token right",
+    )
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot_accuracy_by_hops(results: dict, path: str) -> None:
-  """EM per hop count, one panel per split, one bar group per hop count."""
-  systems = list(results["systems"])
-  splits = sorted({s for r in results["systems"].values() for s in r["splits"]})
-  fig, axes = plt.subplots(1, max(1, len(splits)), figsize=(5.5 * max(1, len(splits)), 4), squeeze=False)
-  width = 0.8 / max(1, len(systems))
-  for ax, split in zip(axes[0], splits):
-    hops = sorted({h for r in results["systems"].values() for h in r["splits"].get(split, {}).get("by_hops", {})},
-                  key=int)
-    for i, sysname in enumerate(systems):
-      by = results["systems"][sysname]["splits"].get(split, {}).get("by_hops", {})
-      ax.bar([j + i * width for j in range(len(hops))], [by.get(h, {}).get("em", 0.0) for h in hops], width,
-             label=sysname)
-    ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(hops))], [f"{h} hop" for h in hops])
-    ax.set(ylim=(0, 1), ylabel="EM", title=f"EM by hop count ({split})")
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+    """EM per hop count, one panel per split, one bar group per hop count."""
+    systems = list(results["systems"])
+    splits = sorted({s for r in results["systems"].values() for s in r["splits"]})
+    fig, axes = plt.subplots(1, max(1, len(splits)), figsize=(5.5 * max(1, len(splits)), 4), squeeze=False)
+    width = 0.8 / max(1, len(systems))
+    for ax, split in zip(axes[0], splits):
+        hops = sorted(
+            {h for r in results["systems"].values() for h in r["splits"].get(split, {}).get("by_hops", {})}, key=int
+        )
+        for i, sysname in enumerate(systems):
+            by = results["systems"][sysname]["splits"].get(split, {}).get("by_hops", {})
+            ax.bar(
+                [j + i * width for j in range(len(hops))],
+                [by.get(h, {}).get("em", 0.0) for h in hops],
+                width,
+                label=sysname,
+            )
+        ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(hops))], [f"{h} hop" for h in hops])
+        ax.set(ylim=(0, 1), ylabel="EM", title=f"EM by hop count ({split})")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def write_report(results: dict, curves: dict[str, list[dict]], out_dir: str, title: str = "Results") -> list[str]:
-  """results.md, results.csv, training_curves.png, accuracy_by_hops.png under out_dir; returns the paths."""
-  os.makedirs(out_dir, exist_ok=True)
-  rows = table_rows(results)
-  paths = [os.path.join(out_dir, n) for n in ("results.md", "results.csv", "training_curves.png",
-                                               "accuracy_by_hops.png")]
-  with open(paths[0], "w") as f:
-    f.write(f"# {title}\n\nk = {results.get('k')} retrieved passages per search; EM/F1 against the gold answer; SE = "
-            f"mean F1 / searches; invalid = share of actions that did not parse.\n\n{markdown_table(rows)}\n")
-  write_csv(rows, paths[1])
-  plot_training_curves(curves, paths[2])
-  plot_accuracy_by_hops(results, paths[3])
-  return paths
+    """results.md, results.csv, training_curves.png, accuracy_by_hops.png under out_dir; returns the paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    rows = table_rows(results)
+    paths = [
+        os.path.join(out_dir, n) for n in ("results.md", "results.csv", "training_curves.png", "accuracy_by_hops.png")
+    ]
+    with open(paths[0], "w") as f:
+        f.write(
+            f"# {title}\n\nk = {results.get('k')} retrieved passages per search; EM/F1 against the gold answer; SE = "
+            f"mean F1 / searches; invalid = share of actions that did not parse.\n\n{markdown_table(rows)}\n"
+        )
+    write_csv(rows, paths[1])
+    plot_training_curves(curves, paths[2])
+    plot_accuracy_by_hops(results, paths[3])
+    return paths

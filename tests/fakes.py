@@ -13,8 +13,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
+from jaxrag.paths import BENCHMARKS
 
-BENCH = Path("/work/shared/benchmarks")
+BENCH = BENCHMARKS
 CORPUS = BENCH / "corpus_multihop_contexts.jsonl"
 
 try:

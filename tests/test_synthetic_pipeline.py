@@ -1,5 +1,6 @@
 """End to end: the synthetic pipeline at --config.scale=tiny (CI). Asserts that outputs exist and agree with each
 other (not a score threshold)."""
+
 import csv
 import json
 import os
@@ -16,89 +17,90 @@ CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "synthetic", "
 
 
 def _config():
-  import importlib.util
-  spec = importlib.util.spec_from_file_location("synthetic_pipeline", CONFIG)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  c = mod.get_config()
-  c.scale = "tiny"
-  return c
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("synthetic_pipeline", CONFIG)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    c = mod.get_config()
+    c.scale = "tiny"
+    return c
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp("synthetic")
-  config = _config()
-  ran = jmain.run(config, workdir)
-  return config, str(workdir), ran
+    workdir = tmp_path_factory.mktemp("synthetic")
+    config = _config()
+    ran = jmain.run(config, workdir)
+    return config, str(workdir), ran
 
 
 def test_every_stage_ran_and_reruns_skip(run):
-  config, workdir, ran = run
-  assert ran == list(config.stages)
-  for name in config.stages:
-    assert os.path.exists(os.path.join(workdir, name, "DONE")), name
-  assert jmain.run(config, workdir) == []
+    config, workdir, ran = run
+    assert ran == list(config.stages)
+    for name in config.stages:
+        assert os.path.exists(os.path.join(workdir, name, "DONE")), name
+    assert jmain.run(config, workdir) == []
 
 
 def test_world_teacher_and_model_outputs_agree(run):
-  config, workdir, _ = run
-  stats = json.load(open(os.path.join(workdir, "world", "stats.json")))
-  corpus = export.read_jsonl(os.path.join(workdir, "world", "corpus.jsonl"))
-  assert len(corpus) == stats["passages"]
-  for split in ("train", "dev", "test", "heldout"):
-    qs = export.read_jsonl(os.path.join(workdir, "world", f"questions_{split}.jsonl"))
-    assert sum(v for k, v in stats["questions"].items() if k.startswith(split + "/")) == len(qs)
-    teacher = os.path.join(workdir, "teacher", f"episodes_{split}.jsonl")
-    assert os.path.exists(teacher) == (split in config.teacher.splits)
-    assert split != "test" or not os.path.exists(teacher)  # never the test split
-    if os.path.exists(teacher):
-      assert [e.qid for e in read_episodes(teacher)] == [q["id"] for q in qs]
-  assert os.path.exists(os.path.join(workdir, "tokenizer", "spm.model"))
-  for stage in ("sft", "sft_re2search"):
-    summary = json.load(open(os.path.join(workdir, stage, "summary.json")))
-    rows = export.read_jsonl(os.path.join(workdir, stage, "metrics.jsonl"))
-    assert summary["agent"] == config[stage].agent and summary["steps"] >= 1
-    evals = [r for r in rows if r["kind"] == "eval"]
-    assert {r["split"] for r in evals} == {"dev", "heldout"}
-    assert all(0.0 <= r["all_actions_right"] <= 1.0 and 0.0 <= r["action_token_acc"] <= 1.0 for r in evals)
-    assert max(r["step"] for r in rows) == summary["steps"]
-    assert os.path.getsize(os.path.join(workdir, stage, "params.npz")) > 0
+    config, workdir, _ = run
+    stats = json.load(open(os.path.join(workdir, "world", "stats.json")))
+    corpus = export.read_jsonl(os.path.join(workdir, "world", "corpus.jsonl"))
+    assert len(corpus) == stats["passages"]
+    for split in ("train", "dev", "test", "heldout"):
+        qs = export.read_jsonl(os.path.join(workdir, "world", f"questions_{split}.jsonl"))
+        assert sum(v for k, v in stats["questions"].items() if k.startswith(split + "/")) == len(qs)
+        teacher = os.path.join(workdir, "teacher", f"episodes_{split}.jsonl")
+        assert os.path.exists(teacher) == (split in config.teacher.splits)
+        assert split != "test" or not os.path.exists(teacher)  # never the test split
+        if os.path.exists(teacher):
+            assert [e.qid for e in read_episodes(teacher)] == [q["id"] for q in qs]
+    assert os.path.exists(os.path.join(workdir, "tokenizer", "spm.model"))
+    for stage in ("sft", "sft_re2search"):
+        summary = json.load(open(os.path.join(workdir, stage, "summary.json")))
+        rows = export.read_jsonl(os.path.join(workdir, stage, "metrics.jsonl"))
+        assert summary["agent"] == config[stage].agent and summary["steps"] >= 1
+        evals = [r for r in rows if r["kind"] == "eval"]
+        assert {r["split"] for r in evals} == {"dev", "heldout"}
+        assert all(0.0 <= r["all_actions_right"] <= 1.0 and 0.0 <= r["action_token_acc"] <= 1.0 for r in evals)
+        assert max(r["step"] for r in rows) == summary["steps"]
+        assert os.path.getsize(os.path.join(workdir, stage, "params.npz")) > 0
 
 
 def test_eval_results_match_episode_files(run):
-  config, workdir, _ = run
-  s = settings(config, "eval")
-  results = json.load(open(os.path.join(workdir, "eval", "results.json")))
-  assert results["seed"] == config.seed
-  for spec in s["systems"]:
-    name, agent, model = parse_system(spec)
-    assert results["systems"][name]["agent"] == agent and results["systems"][name]["model"] == model
-    for split in s["splits"]:
-      r = results["systems"][name]["splits"][split]
-      n_q = len(export.read_jsonl(os.path.join(workdir, "world", f"questions_{split}.jsonl")))
-      eps = read_episodes(os.path.join(workdir, "eval", f"episodes_{name}_{split}.jsonl"))
-      assert r["all"]["n"] == len(eps) == min(n_q, s["max_questions"] or n_q)
-      assert sum(g["n"] for g in r["by_type"].values()) == len(eps) == sum(g["n"] for g in r["by_hops"].values())
-      assert r["all"]["em"] == pytest.approx(sum(exact_match(e.answer, e.gold) for e in eps) / len(eps))
-      assert 0.0 <= r["all"]["invalid_rate"] <= 1.0
-      assert all(len(e.steps) <= s["max_steps"] for e in eps)
-      if agent == "direct":
-        assert r["all"]["searches"]["max"] == 0
-      if agent == "rag":
-        assert r["all"]["searches"]["min"] == r["all"]["searches"]["max"] == 1
+    config, workdir, _ = run
+    s = settings(config, "eval")
+    results = json.load(open(os.path.join(workdir, "eval", "results.json")))
+    assert results["seed"] == config.seed
+    for spec in s["systems"]:
+        name, agent, model = parse_system(spec)
+        assert results["systems"][name]["agent"] == agent and results["systems"][name]["model"] == model
+        for split in s["splits"]:
+            r = results["systems"][name]["splits"][split]
+            n_q = len(export.read_jsonl(os.path.join(workdir, "world", f"questions_{split}.jsonl")))
+            eps = read_episodes(os.path.join(workdir, "eval", f"episodes_{name}_{split}.jsonl"))
+            assert r["all"]["n"] == len(eps) == min(n_q, s["max_questions"] or n_q)
+            assert sum(g["n"] for g in r["by_type"].values()) == len(eps) == sum(g["n"] for g in r["by_hops"].values())
+            assert r["all"]["em"] == pytest.approx(sum(exact_match(e.answer, e.gold) for e in eps) / len(eps))
+            assert 0.0 <= r["all"]["invalid_rate"] <= 1.0
+            assert all(len(e.steps) <= s["max_steps"] for e in eps)
+            if agent == "direct":
+                assert r["all"]["searches"]["max"] == 0
+            if agent == "rag":
+                assert r["all"]["searches"]["min"] == r["all"]["searches"]["max"] == 1
 
 
 def test_report_files(run):
-  config, workdir, _ = run
-  s = settings(config, "eval")
-  results = json.load(open(os.path.join(workdir, "eval", "results.json")))
-  out = os.path.join(workdir, "report")
-  rows = list(csv.DictReader(open(os.path.join(out, "results.csv"))))
-  expected = sum(1 + len(sp["by_type"]) for sysr in results["systems"].values() for sp in sysr["splits"].values())
-  assert len(rows) == expected and len(results["systems"]) == len(s["systems"])
-  md = open(os.path.join(out, "results.md")).read()
-  assert md.count("\n|") == expected + 2  # header, separator, rows
-  for png in ("training_curves.png", "accuracy_by_hops.png"):
-    with open(os.path.join(out, png), "rb") as f:
-      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    config, workdir, _ = run
+    s = settings(config, "eval")
+    results = json.load(open(os.path.join(workdir, "eval", "results.json")))
+    out = os.path.join(workdir, "report")
+    rows = list(csv.DictReader(open(os.path.join(out, "results.csv"))))
+    expected = sum(1 + len(sp["by_type"]) for sysr in results["systems"].values() for sp in sysr["splits"].values())
+    assert len(rows) == expected and len(results["systems"]) == len(s["systems"])
+    md = open(os.path.join(out, "results.md")).read()
+    assert md.count("\n|") == expected + 2  # header, separator, rows
+    for png in ("training_curves.png", "accuracy_by_hops.png"):
+        with open(os.path.join(out, png), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -25,8 +25,9 @@ from jaxrag.bench.common import table, write_result
 from jaxrag.data.qa import load_qa
 from jaxrag.env.agents import get_agent
 from jaxrag.env.rollout import RolloutConfig, rollout
+from jaxrag.paths import BENCHMARKS
 
-BENCH = Path("/work/shared/benchmarks")
+BENCH = BENCHMARKS
 SEARCHES = 2
 
 

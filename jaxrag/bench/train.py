@@ -4,13 +4,15 @@
 
 Peer: a hand-written DPO step (policy + frozen reference forward, sigmoid loss, AdamW) on transformers'
 LlamaForCausalLM of the same size, measured in the same run (TRL is not installed in this environment);
-torch runs on 1 thread (on the shared 2-core machine 2 threads oversubscribed and ran ~20x slower).
+torch gets as many threads as JAX uses (all cores; `--torch-threads` to change). Run it on a quiet machine: with
+another job on the cores, multi-threaded torch oversubscribes and slows down far more than XLA does.
 Prints a table and writes results/bench/train.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import jax
@@ -61,7 +63,7 @@ def time_jax(loss: str, batch: dict, steps: int) -> dict:
             "first_step_s": compile_s}
 
 
-def time_torch_dpo(batch: dict, steps: int) -> dict | None:
+def time_torch_dpo(batch: dict, steps: int, torch_threads: int) -> dict | None:
     try:
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -69,7 +71,7 @@ def time_torch_dpo(batch: dict, steps: int) -> dict | None:
         print(f"[bench] PyTorch peer unavailable: {e}")
         return None
     torch.manual_seed(0)
-    torch.set_num_threads(1)  # 2 shared cores: more threads oversubscribe (12.9 s/step measured at 2)
+    torch.set_num_threads(torch_threads)
     hf = LlamaConfig(vocab_size=CFG.vocab_size, hidden_size=CFG.d_model, intermediate_size=CFG.d_ff,
                      num_hidden_layers=CFG.n_layers, num_attention_heads=CFG.n_heads,
                      num_key_value_heads=CFG.n_kv_heads, head_dim=CFG.head_dim, max_position_embeddings=CFG.max_seq_len)
@@ -106,17 +108,18 @@ def time_torch_dpo(batch: dict, steps: int) -> dict | None:
         step()
         times.append(time.perf_counter() - t0)
     step_s = float(np.median(times))
-    return {"impl": f"torch {torch.__version__} (hand-written DPO)", "loss": "dpo", "step_s": step_s,
+    return {"impl": f"torch {torch.__version__} (hand-written DPO, {torch_threads} threads)", "loss": "dpo", "step_s": step_s,
             "tokens_per_s": batch_tokens(batch) / step_s, "first_step_s": first}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--torch-threads", type=int, default=os.cpu_count())
     a = ap.parse_args()
     b = batches(np.random.default_rng(0))
     rows = [time_jax(loss, b[loss], a.steps) for loss in ("sft", "dpo", "grpo")]
-    peer = time_torch_dpo(b["dpo"], a.steps)
+    peer = time_torch_dpo(b["dpo"], a.steps, a.torch_threads)
     if peer is not None:
         rows.append(peer)
         jax_dpo = next(r for r in rows if r["impl"] == "jaxrag" and r["loss"] == "dpo")

@@ -10,6 +10,16 @@ from jaxrag.retrieval.hybrid import CachedRetriever, HybridRetriever, rrf
 from jaxrag.retrieval.index import load_retriever
 
 __all__ = [
-    "Hit", "Retriever", "Passage", "CorpusError", "RetrievalIndexError", "build_bm25", "load_retriever", "iter_corpus",
-    "load_corpus", "rrf", "HybridRetriever", "CachedRetriever",
+    "Hit",
+    "Retriever",
+    "Passage",
+    "CorpusError",
+    "RetrievalIndexError",
+    "build_bm25",
+    "load_retriever",
+    "iter_corpus",
+    "load_corpus",
+    "rrf",
+    "HybridRetriever",
+    "CachedRetriever",
 ]

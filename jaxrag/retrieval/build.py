@@ -22,64 +22,80 @@ from jaxrag.retrieval.index import MANIFEST
 log = logging.getLogger("jaxrag.retrieval.build")
 
 
-def build_all(corpus: str | Path, out: str | Path, bm25: tuple[str, ...] = BACKENDS, dense: bool = True,
-              encoder_path: str | None = None, max_len: int = 256, batch_size: int = 128,
-              ann: AnnConfig = AnnConfig(), max_passages: int | None = None) -> dict:
-  out = Path(out)
-  out.mkdir(parents=True, exist_ok=True)
-  metrics = out / "build_metrics.jsonl"
-  metrics.write_text("")
+def build_all(
+    corpus: str | Path,
+    out: str | Path,
+    bm25: tuple[str, ...] = BACKENDS,
+    dense: bool = True,
+    encoder_path: str | None = None,
+    max_len: int = 256,
+    batch_size: int = 128,
+    ann: AnnConfig = AnnConfig(),
+    max_passages: int | None = None,
+) -> dict:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = out / "build_metrics.jsonl"
+    metrics.write_text("")
 
-  def record(step: str, t0: float, **extra) -> None:
-    row = {"step": step, "seconds": round(time.perf_counter() - t0, 3), **extra}
-    log.info("%s", row)
-    with metrics.open("a") as f:
-      f.write(json.dumps(row) + "\n")
-
-  t0 = time.perf_counter()
-  passages = load_corpus(corpus, max_passages)
-  write_corpus(passages, out / "corpus.jsonl")
-  record("corpus", t0, n_passages=len(passages))
-  for backend in bm25:
-    if backend not in BACKENDS:
-      raise ValueError(f"unknown BM25 backend {backend!r}; choose from {BACKENDS}")
-    t0 = time.perf_counter()
-    (out / backend).mkdir(exist_ok=True)
-    if backend == "bm25s":
-      Bm25sScorer.build(passages, show_progress=True).save(out / backend)
-    else:
-      LuceneScorer.build(passages, out / backend)
-    record(f"bm25_{backend}", t0)
-  if dense:
-    from jaxrag.retrieval.dense import TextEncoder, build_dense
+    def record(step: str, t0: float, **extra) -> None:
+        row = {"step": step, "seconds": round(time.perf_counter() - t0, 3), **extra}
+        log.info("%s", row)
+        with metrics.open("a") as f:
+            f.write(json.dumps(row) + "\n")
 
     t0 = time.perf_counter()
-    encoder = TextEncoder.load(encoder_path, max_len=max_len, batch_size=batch_size)
-    build_dense(passages, encoder, out / "dense", ann)
-    record("dense", t0, passages_per_s=round(len(passages) / (time.perf_counter() - t0), 1))
-  manifest = {"corpus": str(Path(corpus).resolve()), "n_passages": len(passages), "bm25": list(bm25),
-              "dense": dense}
-  (out / MANIFEST).write_text(json.dumps(manifest, indent=2))  # written last: its presence marks a full build
-  return manifest
+    passages = load_corpus(corpus, max_passages)
+    write_corpus(passages, out / "corpus.jsonl")
+    record("corpus", t0, n_passages=len(passages))
+    for backend in bm25:
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown BM25 backend {backend!r}; choose from {BACKENDS}")
+        t0 = time.perf_counter()
+        (out / backend).mkdir(exist_ok=True)
+        if backend == "bm25s":
+            Bm25sScorer.build(passages, show_progress=True).save(out / backend)
+        else:
+            LuceneScorer.build(passages, out / backend)
+        record(f"bm25_{backend}", t0)
+    if dense:
+        from jaxrag.retrieval.dense import TextEncoder, build_dense
+
+        t0 = time.perf_counter()
+        encoder = TextEncoder.load(encoder_path, max_len=max_len, batch_size=batch_size)
+        build_dense(passages, encoder, out / "dense", ann)
+        record("dense", t0, passages_per_s=round(len(passages) / (time.perf_counter() - t0), 1))
+    manifest = {"corpus": str(Path(corpus).resolve()), "n_passages": len(passages), "bm25": list(bm25), "dense": dense}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2))  # written last: its presence marks a full build
+    return manifest
 
 
 def main(argv: list[str] | None = None) -> None:
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--corpus", required=True)
-  p.add_argument("--out", required=True)
-  p.add_argument("--bm25", default=",".join(BACKENDS), help="comma-separated backends (empty for none)")
-  p.add_argument("--no-dense", action="store_true")
-  p.add_argument("--encoder", default=None, help="local HF encoder dir (default: all-MiniLM-L6-v2 wheel)")
-  p.add_argument("--max-len", type=int, default=256)
-  p.add_argument("--batch-size", type=int, default=128)
-  p.add_argument("--ann", default="auto", choices=["auto", "exact", "scann"])
-  p.add_argument("--max-passages", type=int, default=None)
-  a = p.parse_args(argv)
-  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-  manifest = build_all(a.corpus, a.out, tuple(b for b in a.bm25.split(",") if b), not a.no_dense, a.encoder,
-                       a.max_len, a.batch_size, AnnConfig(kind=a.ann), a.max_passages)
-  print(json.dumps(manifest))
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--bm25", default=",".join(BACKENDS), help="comma-separated backends (empty for none)")
+    p.add_argument("--no-dense", action="store_true")
+    p.add_argument("--encoder", default=None, help="local HF encoder dir (default: all-MiniLM-L6-v2 wheel)")
+    p.add_argument("--max-len", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--ann", default="auto", choices=["auto", "exact", "scann"])
+    p.add_argument("--max-passages", type=int, default=None)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    manifest = build_all(
+        a.corpus,
+        a.out,
+        tuple(b for b in a.bm25.split(",") if b),
+        not a.no_dense,
+        a.encoder,
+        a.max_len,
+        a.batch_size,
+        AnnConfig(kind=a.ann),
+        a.max_passages,
+    )
+    print(json.dumps(manifest))
 
 
 if __name__ == "__main__":
-  main()
+    main()

@@ -10,95 +10,97 @@ from typing import Iterable, Iterator
 
 
 class CorpusError(ValueError):
-  """A corpus file that cannot be read; the message names the file and line."""
+    """A corpus file that cannot be read; the message names the file and line."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Passage:
-  doc_id: str
-  title: str
-  text: str
+    doc_id: str
+    title: str
+    text: str
 
-  def full_text(self) -> str:
-    """Title and text as one string: what BM25 indexes and the encoder reads."""
-    return f"{self.title}\n{self.text}" if self.title else self.text
+    def full_text(self) -> str:
+        """Title and text as one string: what BM25 indexes and the encoder reads."""
+        return f"{self.title}\n{self.text}" if self.title else self.text
 
 
 def _split_flashrag(contents: str) -> tuple[str, str]:
-  title, _, text = contents.partition("\n")
-  title = title.strip()
-  if len(title) >= 2 and title[0] == title[-1] == '"':
-    title = title[1:-1]
-  return title, text.strip()
+    title, _, text = contents.partition("\n")
+    title = title.strip()
+    if len(title) >= 2 and title[0] == title[-1] == '"':
+        title = title[1:-1]
+    return title, text.strip()
 
 
 def parse_record(record: object, where: str) -> Passage:
-  """One decoded JSON record -> Passage; `where` is "file:line" for errors."""
-  if not isinstance(record, dict):
-    raise CorpusError(f"{where}: expected a JSON object, got {type(record).__name__}")
-  if "id" not in record:
-    raise CorpusError(f"{where}: missing key 'id'")
-  doc_id = str(record["id"])
-  body_key = "contents" if "contents" in record else "text" if "text" in record else None
-  if body_key is None:
-    raise CorpusError(f"{where}: record {doc_id!r} has neither 'contents' nor 'text'")
-  body = record[body_key]
-  if not isinstance(body, str):
-    raise CorpusError(f"{where}: key {body_key!r} of record {doc_id!r} is not a string")
-  if "title" in record:
-    title = record["title"]
-    if not isinstance(title, str):
-      raise CorpusError(f"{where}: key 'title' of record {doc_id!r} is not a string")
-    return Passage(doc_id, title.strip(), body.strip())
-  if body_key == "contents":
-    return Passage(doc_id, *_split_flashrag(body))
-  return Passage(doc_id, "", body.strip())
+    """One decoded JSON record -> Passage; `where` is "file:line" for errors."""
+    if not isinstance(record, dict):
+        raise CorpusError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if "id" not in record:
+        raise CorpusError(f"{where}: missing key 'id'")
+    doc_id = str(record["id"])
+    body_key = "contents" if "contents" in record else "text" if "text" in record else None
+    if body_key is None:
+        raise CorpusError(f"{where}: record {doc_id!r} has neither 'contents' nor 'text'")
+    body = record[body_key]
+    if not isinstance(body, str):
+        raise CorpusError(f"{where}: key {body_key!r} of record {doc_id!r} is not a string")
+    if "title" in record:
+        title = record["title"]
+        if not isinstance(title, str):
+            raise CorpusError(f"{where}: key 'title' of record {doc_id!r} is not a string")
+        return Passage(doc_id, title.strip(), body.strip())
+    if body_key == "contents":
+        return Passage(doc_id, *_split_flashrag(body))
+    return Passage(doc_id, "", body.strip())
 
 
 def iter_corpus(path: str | Path) -> Iterator[Passage]:
-  """Stream passages from a JSONL file; blank lines are skipped, duplicate ids raise CorpusError."""
-  path = Path(path)
-  if not path.is_file():
-    raise FileNotFoundError(f"corpus file not found: {path}")
-  seen: dict[str, int] = {}
-  with path.open(encoding="utf-8") as f:
-    for line_no, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      where = f"{path}:{line_no}"
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise CorpusError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
-      passage = parse_record(record, where)
-      if passage.doc_id in seen:
-        raise CorpusError(f"{where}: duplicate id {passage.doc_id!r} (first seen on line {seen[passage.doc_id]})")
-      seen[passage.doc_id] = line_no
-      yield passage
+    """Stream passages from a JSONL file; blank lines are skipped, duplicate ids raise CorpusError."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"corpus file not found: {path}")
+    seen: dict[str, int] = {}
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise CorpusError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
+            passage = parse_record(record, where)
+            if passage.doc_id in seen:
+                raise CorpusError(
+                    f"{where}: duplicate id {passage.doc_id!r} (first seen on line {seen[passage.doc_id]})"
+                )
+            seen[passage.doc_id] = line_no
+            yield passage
 
 
 def load_corpus(path: str | Path, max_passages: int | None = None) -> list[Passage]:
-  passages = []
-  for p in iter_corpus(path):
-    if max_passages is not None and len(passages) >= max_passages:
-      break
-    passages.append(p)
-  return passages
+    passages = []
+    for p in iter_corpus(path):
+        if max_passages is not None and len(passages) >= max_passages:
+            break
+        passages.append(p)
+    return passages
 
 
 def check_unique(passages: Iterable[Passage]) -> list[Passage]:
-  """In-memory passages (e.g. a synthetic world) with the same duplicate-id check as files."""
-  out, seen = [], set()
-  for i, p in enumerate(passages):
-    if p.doc_id in seen:
-      raise CorpusError(f"passages[{i}]: duplicate id {p.doc_id!r}")
-    seen.add(p.doc_id)
-    out.append(p)
-  return out
+    """In-memory passages (e.g. a synthetic world) with the same duplicate-id check as files."""
+    out, seen = [], set()
+    for i, p in enumerate(passages):
+        if p.doc_id in seen:
+            raise CorpusError(f"passages[{i}]: duplicate id {p.doc_id!r}")
+        seen.add(p.doc_id)
+        out.append(p)
+    return out
 
 
 def write_corpus(passages: Iterable[Passage], path: str | Path) -> None:
-  """Normalized copy ({"id", "title", "text"}) stored beside an index, so hits carry title and text."""
-  with Path(path).open("w", encoding="utf-8") as f:
-    for p in passages:
-      f.write(json.dumps({"id": p.doc_id, "title": p.title, "text": p.text}, ensure_ascii=False) + "\n")
+    """Normalized copy ({"id", "title", "text"}) stored beside an index, so hits carry title and text."""
+    with Path(path).open("w", encoding="utf-8") as f:
+        for p in passages:
+            f.write(json.dumps({"id": p.doc_id, "title": p.title, "text": p.text}, ensure_ascii=False) + "\n")

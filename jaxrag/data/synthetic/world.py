@@ -4,6 +4,7 @@ Every fact is stated by exactly one passage (one sentence, title = subject name)
 templates. Distractor relations (visits, film casts, rivals) add passages that share names and words with the
 facts questions ask about; people draw first names and surnames from shared pools, so names overlap too.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,129 +47,149 @@ TEMPLATES = {
 
 @dataclasses.dataclass(frozen=True)
 class Entity:
-  id: str
-  type: str  # person | film | city | country | company
-  name: str
-  heldout: bool = False
+    id: str
+    type: str  # person | film | city | country | company
+    name: str
+    heldout: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
 class Fact:
-  subject: str  # entity id
-  relation: str
-  object: str  # entity id, or the literal year
-  passage_id: str
+    subject: str  # entity id
+    relation: str
+    object: str  # entity id, or the literal year
+    passage_id: str
 
 
 @dataclasses.dataclass(frozen=True)
 class Passage:
-  id: str
-  title: str
-  contents: str
-  subject: str
-  relation: str
-  object: str
-  distractor: bool
+    id: str
+    title: str
+    contents: str
+    subject: str
+    relation: str
+    object: str
+    distractor: bool
 
 
 @dataclasses.dataclass
 class World:
-  seed: int
-  entities: dict[str, Entity]
-  facts: dict[tuple[str, str], Fact]  # (subject id, relation) -> fact
-  passages: list[Passage]
+    seed: int
+    entities: dict[str, Entity]
+    facts: dict[tuple[str, str], Fact]  # (subject id, relation) -> fact
+    passages: list[Passage]
 
-  def name(self, ref: str) -> str:
-    """Surface form of an object: an entity's name, or the literal itself (years)."""
-    return self.entities[ref].name if ref in self.entities else ref
+    def name(self, ref: str) -> str:
+        """Surface form of an object: an entity's name, or the literal itself (years)."""
+        return self.entities[ref].name if ref in self.entities else ref
 
-  def of_type(self, type_: str, heldout: bool | None = None) -> list[Entity]:
-    return [e for e in self.entities.values() if e.type == type_ and (heldout is None or e.heldout == heldout)]
+    def of_type(self, type_: str, heldout: bool | None = None) -> list[Entity]:
+        return [e for e in self.entities.values() if e.type == type_ and (heldout is None or e.heldout == heldout)]
 
-  def passage(self, pid: str) -> Passage:
-    return self._by_id[pid]
+    def passage(self, pid: str) -> Passage:
+        return self._by_id[pid]
 
-  def __post_init__(self):
-    self._by_id = {p.id: p for p in self.passages}
+    def __post_init__(self):
+        self._by_id = {p.id: p for p in self.passages}
 
 
 def _pick(rng, items: list) -> object:
-  return items[int(rng.integers(len(items)))]
+    return items[int(rng.integers(len(items)))]
 
 
-def generate_world(seed: int = 0, n_countries: int = 10, n_cities: int = 50, n_persons: int = 300,
-                   n_films: int = 150, n_companies: int = 60, heldout_frac: float = 0.1,
-                   p_distractor: float = 0.5) -> World:
-  """A seeded world. Held-out people, films and companies only relate to each other (and shared places), so
-  questions about them are about entirely new names."""
-  for key, n in dict(n_countries=n_countries, n_cities=n_cities, n_persons=n_persons, n_films=n_films,
-                     n_companies=n_companies).items():
-    if n < 2:
-      raise ValueError(f"generate_world: {key}={n} must be >= 2")
-  if not 0.0 <= heldout_frac < 0.5:
-    raise ValueError(f"generate_world: heldout_frac={heldout_frac} must be in [0, 0.5)")
-  rng = np.random.default_rng(seed)
-  taken: set[str] = set()
-  countries = names.unique_names(lambda: names.country_name(rng), n_countries, taken)
-  cities = names.unique_names(lambda: names.city_name(rng), n_cities, taken)
-  firsts = names.unique_names(lambda: names.word(rng), max(8, n_persons // 6), taken)
-  lasts = names.unique_names(lambda: names.word(rng), max(8, n_persons // 5), taken)
-  persons = names.unique_names(lambda: names.person_name(rng, firsts, lasts), n_persons, taken)
-  films = names.unique_names(lambda: names.film_name(rng), n_films, taken)
-  companies = names.unique_names(lambda: names.company_name(rng), n_companies, taken)
+def generate_world(
+    seed: int = 0,
+    n_countries: int = 10,
+    n_cities: int = 50,
+    n_persons: int = 300,
+    n_films: int = 150,
+    n_companies: int = 60,
+    heldout_frac: float = 0.1,
+    p_distractor: float = 0.5,
+) -> World:
+    """A seeded world. Held-out people, films and companies only relate to each other (and shared places), so
+    questions about them are about entirely new names."""
+    for key, n in dict(
+        n_countries=n_countries, n_cities=n_cities, n_persons=n_persons, n_films=n_films, n_companies=n_companies
+    ).items():
+        if n < 2:
+            raise ValueError(f"generate_world: {key}={n} must be >= 2")
+    if not 0.0 <= heldout_frac < 0.5:
+        raise ValueError(f"generate_world: heldout_frac={heldout_frac} must be in [0, 0.5)")
+    rng = np.random.default_rng(seed)
+    taken: set[str] = set()
+    countries = names.unique_names(lambda: names.country_name(rng), n_countries, taken)
+    cities = names.unique_names(lambda: names.city_name(rng), n_cities, taken)
+    firsts = names.unique_names(lambda: names.word(rng), max(8, n_persons // 6), taken)
+    lasts = names.unique_names(lambda: names.word(rng), max(8, n_persons // 5), taken)
+    persons = names.unique_names(lambda: names.person_name(rng, firsts, lasts), n_persons, taken)
+    films = names.unique_names(lambda: names.film_name(rng), n_films, taken)
+    companies = names.unique_names(lambda: names.company_name(rng), n_companies, taken)
 
-  entities: dict[str, Entity] = {}
+    entities: dict[str, Entity] = {}
 
-  def add(type_: str, name_list: list[str], can_hold_out: bool) -> list[str]:
-    n_held = max(2, int(round(heldout_frac * len(name_list)))) if can_hold_out and heldout_frac > 0 else 0
-    ids = []
-    for i, nm in enumerate(name_list):
-      eid = f"{type_}{i}"
-      entities[eid] = Entity(eid, type_, nm, heldout=i >= len(name_list) - n_held)
-      ids.append(eid)
-    return ids
+    def add(type_: str, name_list: list[str], can_hold_out: bool) -> list[str]:
+        n_held = max(2, int(round(heldout_frac * len(name_list)))) if can_hold_out and heldout_frac > 0 else 0
+        ids = []
+        for i, nm in enumerate(name_list):
+            eid = f"{type_}{i}"
+            entities[eid] = Entity(eid, type_, nm, heldout=i >= len(name_list) - n_held)
+            ids.append(eid)
+        return ids
 
-  country_ids = add("country", countries, False)
-  city_ids = add("city", cities, False)
-  person_ids = add("person", persons, True)
-  film_ids = add("film", films, True)
-  company_ids = add("company", companies, True)
+    country_ids = add("country", countries, False)
+    city_ids = add("city", cities, False)
+    person_ids = add("person", persons, True)
+    film_ids = add("film", films, True)
+    company_ids = add("company", companies, True)
 
-  def pool(ids: list[str], heldout: bool) -> list[str]:
-    return [i for i in ids if entities[i].heldout == heldout]
+    def pool(ids: list[str], heldout: bool) -> list[str]:
+        return [i for i in ids if entities[i].heldout == heldout]
 
-  triples: list[tuple[str, str, str]] = []
-  for c in city_ids:
-    triples.append((c, "in_country", _pick(rng, country_ids)))
-  for p in person_ids:
-    h = entities[p].heldout
-    born = _pick(rng, city_ids)
-    triples += [(p, "born_in", born), (p, "birth_year", str(int(rng.integers(1900, 2000)))),
-                (p, "works_for", _pick(rng, pool(company_ids, h)))]
-    if rng.random() < p_distractor:
-      triples.append((p, "visited", _pick(rng, [c for c in city_ids if c != born])))
-  for f in film_ids:
-    h = entities[f].heldout
-    director = _pick(rng, pool(person_ids, h))
-    triples += [(f, "directed_by", director), (f, "released_in", str(int(rng.integers(1930, 2020))))]
-    actors = [p for p in pool(person_ids, h) if p != director]
-    if rng.random() < p_distractor and actors:
-      triples.append((f, "starring", _pick(rng, actors)))
-  for co in company_ids:
-    h = entities[co].heldout
-    triples += [(co, "based_in", _pick(rng, city_ids)), (co, "founded_by", _pick(rng, pool(person_ids, h)))]
-    rivals = [c for c in pool(company_ids, h) if c != co]
-    if rng.random() < p_distractor and rivals:
-      triples.append((co, "rival_of", _pick(rng, rivals)))
+    triples: list[tuple[str, str, str]] = []
+    for c in city_ids:
+        triples.append((c, "in_country", _pick(rng, country_ids)))
+    for p in person_ids:
+        h = entities[p].heldout
+        born = _pick(rng, city_ids)
+        triples += [
+            (p, "born_in", born),
+            (p, "birth_year", str(int(rng.integers(1900, 2000)))),
+            (p, "works_for", _pick(rng, pool(company_ids, h))),
+        ]
+        if rng.random() < p_distractor:
+            triples.append((p, "visited", _pick(rng, [c for c in city_ids if c != born])))
+    for f in film_ids:
+        h = entities[f].heldout
+        director = _pick(rng, pool(person_ids, h))
+        triples += [(f, "directed_by", director), (f, "released_in", str(int(rng.integers(1930, 2020))))]
+        actors = [p for p in pool(person_ids, h) if p != director]
+        if rng.random() < p_distractor and actors:
+            triples.append((f, "starring", _pick(rng, actors)))
+    for co in company_ids:
+        h = entities[co].heldout
+        triples += [(co, "based_in", _pick(rng, city_ids)), (co, "founded_by", _pick(rng, pool(person_ids, h)))]
+        rivals = [c for c in pool(company_ids, h) if c != co]
+        if rng.random() < p_distractor and rivals:
+            triples.append((co, "rival_of", _pick(rng, rivals)))
 
-  order = rng.permutation(len(triples))  # passage ids carry no information about the entity
-  facts, passages = {}, []
-  for n, i in enumerate(order):
-    s, rel, o = triples[i]
-    pid = f"syn{n}"
-    template = _pick(rng, list(TEMPLATES[rel]))
-    obj_name = entities[o].name if o in entities else o
-    passages.append(Passage(pid, entities[s].name, template.format(s=entities[s].name, o=obj_name), s, rel, o,
-                            rel in DISTRACTOR_RELATIONS))
-    facts[(s, rel)] = Fact(s, rel, o, pid)
-  return World(seed, entities, facts, passages)
+    order = rng.permutation(len(triples))  # passage ids carry no information about the entity
+    facts, passages = {}, []
+    for n, i in enumerate(order):
+        s, rel, o = triples[i]
+        pid = f"syn{n}"
+        template = _pick(rng, list(TEMPLATES[rel]))
+        obj_name = entities[o].name if o in entities else o
+        passages.append(
+            Passage(
+                pid,
+                entities[s].name,
+                template.format(s=entities[s].name, o=obj_name),
+                s,
+                rel,
+                o,
+                rel in DISTRACTOR_RELATIONS,
+            )
+        )
+        facts[(s, rel)] = Fact(s, rel, o, pid)
+    return World(seed, entities, facts, passages)
