@@ -98,26 +98,30 @@ def plot_training_curves(curves: dict[str, list[dict]], path: str) -> None:
     plt.close(fig)
 
 
+def _type_order(t: str):
+    return (0, int(t[0])) if t[:1].isdigit() else (1, t)  # "1hop", "2hop", "3hop", then "comparison"
+
+
 def plot_accuracy_by_hops(results: dict, path: str) -> None:
-    """EM per hop count, one panel per split, one bar group per hop count."""
+    """EM per question type (1/2/3 hops, comparison), one panel per split, one bar group per type.
+
+    Comparison questions also take two hops, but mixing them into the 2-hop bar would hide both numbers."""
     systems = list(results["systems"])
     splits = sorted({s for r in results["systems"].values() for s in r["splits"]})
     fig, axes = plt.subplots(1, max(1, len(splits)), figsize=(5.5 * max(1, len(splits)), 4), squeeze=False)
     width = 0.8 / max(1, len(systems))
     for ax, split in zip(axes[0], splits):
-        hops = sorted(
-            {h for r in results["systems"].values() for h in r["splits"].get(split, {}).get("by_hops", {})}, key=int
+        types = sorted(
+            {t for r in results["systems"].values() for t in r["splits"].get(split, {}).get("by_type", {})},
+            key=_type_order,
         )
         for i, sysname in enumerate(systems):
-            by = results["systems"][sysname]["splits"].get(split, {}).get("by_hops", {})
-            ax.bar(
-                [j + i * width for j in range(len(hops))],
-                [by.get(h, {}).get("em", 0.0) for h in hops],
-                width,
-                label=sysname,
-            )
-        ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(hops))], [f"{h} hop" for h in hops])
-        ax.set(ylim=(0, 1), ylabel="EM", title=f"EM by hop count ({split})")
+            by = results["systems"][sysname]["splits"].get(split, {}).get("by_type", {})
+            ax.bar([j + i * width for j in range(len(types))], [by.get(t, {}).get("em", 0.0) for t in types], width,
+                   label=sysname)
+        labels = [t.replace("hop", " hop") for t in types]
+        ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(types))], labels)
+        ax.set(ylim=(0, 1), ylabel="EM", title=f"EM by hop count and type ({split})")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()

@@ -1,6 +1,7 @@
 """End to end: the synthetic pipeline at --config.scale=tiny (CI). Asserts that outputs exist and agree with each
 other (not a score threshold)."""
 
+import collections
 import csv
 import json
 import os
@@ -78,9 +79,12 @@ def test_eval_results_match_episode_files(run):
         assert results["systems"][name]["agent"] == agent and results["systems"][name]["model"] == model
         for split in s["splits"]:
             r = results["systems"][name]["splits"][split]
-            n_q = len(export.read_jsonl(os.path.join(workdir, "world", f"questions_{split}.jsonl")))
+            qs = export.read_jsonl(os.path.join(workdir, "world", f"questions_{split}.jsonl"))
+            types = collections.Counter(q["metadata"]["type"] for q in qs)
+            per_type = -(-s["max_questions"] // len(types))  # evaluation is stratified by question type
             eps = read_episodes(os.path.join(workdir, "eval", f"episodes_{name}_{split}.jsonl"))
-            assert r["all"]["n"] == len(eps) == min(n_q, s["max_questions"] or n_q)
+            assert r["all"]["n"] == len(eps) == sum(min(n, per_type) for n in types.values())
+            assert {t: g["n"] for t, g in r["by_type"].items()} == {t: min(n, per_type) for t, n in types.items()}
             assert sum(g["n"] for g in r["by_type"].values()) == len(eps) == sum(g["n"] for g in r["by_hops"].values())
             assert r["all"]["em"] == pytest.approx(sum(exact_match(e.answer, e.gold) for e in eps) / len(eps))
             assert 0.0 <= r["all"]["invalid_rate"] <= 1.0
