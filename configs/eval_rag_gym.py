@@ -3,6 +3,7 @@
 python -m jaxrag.main --config=configs/eval_rag_gym.py --workdir=runs/eval --config.eval.policy.path=/path/to/hf_dir
 """
 import ml_collections
+
 from jaxrag.paths import BENCHMARKS
 
 B = str(BENCHMARKS)

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
+
 from jaxrag.paths import BENCHMARKS
 
 BENCH = BENCHMARKS
@@ -156,6 +157,7 @@ class ByteTokenizer:
 def tiny_jax_policy(seed: int = 0, max_seq_len: int = 384):
     """A JaxPolicy over a tiny random Llama with the byte tokenizer (garbage in, garbage out)."""
     import jax
+
     from jaxrag.models.config import ModelConfig
     from jaxrag.models.transformer import init_params
     from jaxrag.policy import JaxPolicy

@@ -33,7 +33,7 @@ def _write(tmp_path, lines):
 
 def test_errors_name_file_line_key(tmp_path):
     ok = json.dumps({"id": "1", "question": "q?", "golden_answers": ["a"]})
-    with pytest.raises(QADataError, match=r"d\.jsonl:2: bad JSON"):
+    with pytest.raises(QADataError, match=r"d\.jsonl:2: malformed JSON"):
         load_qa(_write(tmp_path, [ok, "{oops"]))
     with pytest.raises(QADataError, match=r"d\.jsonl:2: missing key 'golden_answers'"):
         load_qa(_write(tmp_path, [ok, json.dumps({"id": "2", "question": "q"})]))

@@ -1,15 +1,14 @@
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from jaxrag.models.encoder import embed, load_encoder
+from jaxrag.paths import BENCHMARKS
 from jaxrag.retrieval.corpus import load_corpus
 from jaxrag.retrieval.dense import TextEncoder, default_encoder_path, model_prefixes
-from jaxrag.paths import BENCHMARKS
 
 CORPUS = BENCHMARKS / "corpus_multihop_contexts.jsonl"
 

@@ -1,15 +1,14 @@
 import json
 import logging
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from jaxrag.paths import BENCHMARKS
 from jaxrag.retrieval import Hit, build_bm25
 from jaxrag.retrieval.bm25 import K1, B, analyze
 from jaxrag.retrieval.corpus import Passage, load_corpus
-from jaxrag.paths import BENCHMARKS
 
 BENCH = BENCHMARKS
 TOY = [

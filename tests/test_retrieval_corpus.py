@@ -1,10 +1,9 @@
 import json
-from pathlib import Path
 
 import pytest
 
-from jaxrag.retrieval.corpus import CorpusError, Passage, check_unique, iter_corpus, load_corpus, write_corpus
 from jaxrag.paths import BENCHMARKS
+from jaxrag.retrieval.corpus import CorpusError, Passage, check_unique, iter_corpus, load_corpus, write_corpus
 
 REAL = BENCHMARKS / "corpus_multihop_contexts.jsonl"
 

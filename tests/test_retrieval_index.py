@@ -1,13 +1,12 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from jaxrag.paths import BENCHMARKS
 from jaxrag.retrieval import RetrievalIndexError, load_retriever
 from jaxrag.retrieval.build import main as build_main
-from jaxrag.paths import BENCHMARKS
 
 CORPUS = BENCHMARKS / "corpus_multihop_contexts.jsonl"
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -27,11 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from jaxrag.bench.common import table, write_result
+from jaxrag.paths import BENCHMARKS
 from jaxrag.retrieval.ann import AnnConfig, ExactIndex, ScannIndex
 from jaxrag.retrieval.bm25 import build_bm25
 from jaxrag.retrieval.corpus import Passage, load_corpus
 from jaxrag.retrieval.hybrid import rrf
-from jaxrag.paths import BENCHMARKS
 
 BENCH = BENCHMARKS
 DATASETS = {
@@ -98,8 +97,8 @@ def corpus_embeddings(passages: list[Passage], encoder) -> tuple[np.ndarray, dic
 
 
 def quality(passages, questions, encoder) -> dict:
-    from jaxrag.retrieval.dense import DenseScorer
     from jaxrag.retrieval.base import ScorerRetriever
+    from jaxrag.retrieval.dense import DenseScorer
 
     log(f"quality: {len(passages)} passages, " + ", ".join(f"{k}={len(v)}" for k, v in questions.items()))
     t0 = time.perf_counter()

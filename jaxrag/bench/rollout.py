@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from pathlib import Path
 
 from jaxrag.bench.common import table, write_result
 from jaxrag.data.qa import load_qa
@@ -93,6 +92,7 @@ class ScriptedJax:
 
 def tiny_jax(d_model=128, n_layers=2, max_seq_len=512, max_prompt_tokens=480):
     import jax
+
     from jaxrag.models.config import ModelConfig
     from jaxrag.models.transformer import init_params
     from jaxrag.policy import JaxPolicy

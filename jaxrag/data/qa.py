@@ -6,12 +6,12 @@ Splits are strings: "all", "first:N", "last:N", "range:A:B" (python slice), "sam
 """
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from jaxrag.jsonl import iter_jsonl
 from jaxrag.metrics import LETTERS
 
 REQUIRED = ("id", "question", "golden_answers")
@@ -115,19 +115,11 @@ def load_qa(path: str | Path, select_spec: str | None = None, *, dataset: str = 
     if not path.exists():
         raise QADataError(f"{path}: no such file")
     out, seen = [], {}
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise QADataError(f"{where}: bad JSON: {e.msg} (column {e.colno})") from None
-            ex = example_from_record(rec, where, dataset or path.stem)
-            if ex.id in seen:
-                raise QADataError(f"{where}: duplicate id {ex.id!r} (first at line {seen[ex.id]})")
-            seen[ex.id] = lineno
-            out.append(ex)
+    for where, rec in iter_jsonl(path, QADataError):
+        ex = example_from_record(rec, where, dataset or path.stem)
+        if ex.id in seen:
+            raise QADataError(f"{where}: duplicate id {ex.id!r} (first at line {seen[ex.id]})")
+        seen[ex.id] = where.rsplit(":", 1)[1]
+        out.append(ex)
     out = select(out, select_spec)
     return out[:limit] if limit is not None else out

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from jaxrag.jsonl import iter_jsonl
+
 QUERY, ANSWER, INVALID = "query", "answer", "invalid"
 ACTION_KINDS = (QUERY, ANSWER, INVALID)
 
@@ -143,14 +145,11 @@ def write_episodes(path: str | Path, episodes: Iterable[Episode], append: bool =
 
 def read_episodes(path: str | Path) -> list[Episode]:
     out = []
-    with Path(path).open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(Episode.from_json(json.loads(line)))
-            except (json.JSONDecodeError, TypeError, KeyError, ValueError) as e:
-                raise ValueError(f"{path}:{lineno}: not an Episode record: {e}") from e
+    for where, record in iter_jsonl(path):
+        try:
+            out.append(Episode.from_json(record))
+        except (TypeError, KeyError, ValueError) as e:
+            raise ValueError(f"{where}: not an Episode record: {e}") from e
     return out
 
 

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from jaxrag.jsonl import iter_jsonl
+
 
 class CorpusError(ValueError):
     """A corpus file that cannot be read; the message names the file and line."""
@@ -60,23 +62,13 @@ def iter_corpus(path: str | Path) -> Iterator[Passage]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"corpus file not found: {path}")
-    seen: dict[str, int] = {}
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise CorpusError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
-            passage = parse_record(record, where)
-            if passage.doc_id in seen:
-                raise CorpusError(
-                    f"{where}: duplicate id {passage.doc_id!r} (first seen on line {seen[passage.doc_id]})"
-                )
-            seen[passage.doc_id] = line_no
-            yield passage
+    seen: dict[str, str] = {}
+    for where, record in iter_jsonl(path, CorpusError):
+        passage = parse_record(record, where)
+        if passage.doc_id in seen:
+            raise CorpusError(f"{where}: duplicate id {passage.doc_id!r} (first seen on line {seen[passage.doc_id]})")
+        seen[passage.doc_id] = where.rsplit(":", 1)[1]
+        yield passage
 
 
 def load_corpus(path: str | Path, max_passages: int | None = None) -> list[Passage]:

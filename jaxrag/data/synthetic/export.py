@@ -8,6 +8,7 @@ import os
 
 from jaxrag.data.synthetic.questions import SPLITS, by_split
 from jaxrag.data.synthetic.world import World
+from jaxrag.jsonl import iter_jsonl
 
 
 def corpus_records(world: World) -> list[dict]:
@@ -25,16 +26,7 @@ def write_jsonl(path: str, records) -> int:
 
 
 def read_jsonl(path: str) -> list[dict]:
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: invalid JSON ({e.msg})") from None
-    return out
+    return [record for _, record in iter_jsonl(path)]
 
 
 def export_world(world: World, questions: list[dict], out_dir: str) -> dict[str, str]:
