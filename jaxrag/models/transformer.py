@@ -135,35 +135,46 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention. q [B,T,H,Dh], k/v [B,S,K,Dh], mask [B,T,S] (True = may attend) -> [B,T,H,Dh]."""
+    """Grouped-query attention. q [B,T,H,Dh], k/v [B,S,K,Dh], mask [B,T,S] (True = may attend) -> [B,T,H,Dh].
+
+    The G = H/K query heads that share a kv head are stacked along the query axis, so both products are batched
+    GEMMs over (B, K) with M = G*T (about 1.3x faster forward+backward on XLA:CPU than a 5-D einsum)."""
     B, T, H, Dh = q.shape
-    K = k.shape[2]
-    q = q.reshape(B, T, K, H // K, Dh)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) / math.sqrt(Dh)
-    scores = jnp.where(mask[:, None, None], scores, NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-    return out.reshape(B, T, H, Dh)
+    S, K = k.shape[1], k.shape[2]
+    G = H // K
+    q = q.reshape(B, T, K, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, Dh)
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B,K,S,Dh]
+    scores = jnp.matmul(q, k.swapaxes(-1, -2), preferred_element_type=jnp.float32) / math.sqrt(Dh)
+    scores = jnp.where(mask[:, None, None], scores.reshape(B, K, G, T, S), NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(B, K, G * T, S)
+    out = jnp.matmul(probs, v).reshape(B, K, G, T, Dh)
+    return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
+
+
+def dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
+    """Contract the last `n_in` axes of x with the first `n_in` of w as one 2-D matmul over flattened leading axes.
+
+    Same values as the einsum; XLA:CPU runs the flattened GEMMs (and their transposes in the backward pass) far
+    faster than 3-D/4-D dot_generals: 1.6x on a SwiGLU MLP's forward+backward at d_model 512 (bench.model)."""
+    lead, inner, out = x.shape[: x.ndim - n_in], w.shape[:n_in], w.shape[n_in:]
+    y = x.reshape(-1, math.prod(inner)) @ w.reshape(math.prod(inner), -1)
+    return y.reshape(*lead, *out)
 
 
 def _project_qkv(cfg, lp, h, positions, inv_freq):
-    q = jnp.einsum("btd,dhk->bthk", h, lp["wq"])
-    k = jnp.einsum("btd,dhk->bthk", h, lp["wk"])
-    v = jnp.einsum("btd,dhk->bthk", h, lp["wv"])
+    q, k, v = dense(h, lp["wq"]), dense(h, lp["wk"]), dense(h, lp["wv"])  # [B,T,H|K,Dh]
     if cfg.qkv_bias:
         q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
     return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
 
 
 def _attn_out_and_mlp(cfg, lp, x, attn):
-    out = jnp.einsum("bthk,hkd->btd", attn, lp["wo"])
+    out = dense(attn, lp["wo"], n_in=2)
     if cfg.o_bias:
         out = out + lp["bo"]
     x = x + out
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
-    gate = jnp.einsum("btd,df->btf", h, lp["w_gate"])
-    up = jnp.einsum("btd,df->btf", h, lp["w_up"])
-    return x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, lp["w_down"])
+    return x + dense(jax.nn.silu(dense(h, lp["w_gate"])) * dense(h, lp["w_up"]), lp["w_down"])
 
 
 def _cast_layer(cfg, lp):
@@ -179,7 +190,9 @@ def logits_from_hidden(cfg: ModelConfig, params: Params, hidden: jax.Array) -> j
     """hidden [..., D] (after the final norm) -> float32 logits [..., V]."""
     dt = jnp.dtype(cfg.dtype)
     head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
-    return jnp.einsum("...d,dv->...v", hidden.astype(dt), head.astype(dt), preferred_element_type=jnp.float32)
+    lead = hidden.shape[:-1]
+    logits = jnp.dot(hidden.astype(dt).reshape(-1, hidden.shape[-1]), head.astype(dt), preferred_element_type=jnp.float32)
+    return logits.reshape(*lead, -1)
 
 
 # ------------------------------------------------------------------------------------- full-sequence pass
