@@ -1,6 +1,6 @@
 """Agents: rendering, parsing of messy generations, and the format/parse inverse (property-based)."""
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from jaxrag.env.agents import available, get_agent
 from jaxrag.env.mdp import Action, Doc, State, Step

@@ -3,7 +3,6 @@ import pytest
 
 from fakes import OverlapRetriever, Passage, QueuePolicy, ScriptedPolicy
 from jaxrag.env.agents import get_agent
-from jaxrag.env.mdp import Doc
 from jaxrag.env.rollout import RolloutConfig, candidates, rollout
 
 PASSAGES = [Passage(f"p{i}", f"Title {i}", f"fact number {i} about topic{i % 3}") for i in range(30)]

@@ -1,6 +1,5 @@
 """The synthetic world: determinism, split disjointness, gold chains, JSONL export, tokenizer."""
 
-import json
 
 import pytest
 

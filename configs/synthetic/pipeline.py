@@ -61,7 +61,7 @@ def get_config():
         pack=True,
         # A step budget (deterministic); the time budget is a safety cap for slower machines.
         time_budget_s=600.0,
-        max_steps=1200,
+        max_steps=1500,
         warmup_steps=50,
         max_len=256,
         eval_every_s=60.0,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from jaxrag.env.agents.base import Agent

@@ -12,7 +12,7 @@ mask over A's input rows per step and layer) instead of per token as in PEFT: a 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp

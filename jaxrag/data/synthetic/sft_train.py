@@ -109,7 +109,6 @@ def train_sft(
     rng = np.random.default_rng(seed)
     n = len(train["tokens"])
     history, log = [], open(metrics_path, "w") if metrics_path else None
-    start = time.perf_counter()
     train_time, last_eval, tokens_seen, step = 0.0, -1e9, 0, 0
     bar = tqdm(total=int(max_steps), unit="step", desc="sft", disable=not progress, mininterval=2.0)
 
