@@ -11,16 +11,26 @@ from pathlib import Path
 from typing import Callable
 
 
-def time_it(fn: Callable[[], object], repeats: int = 3, warmup: int = 1) -> float:
-    """Median wall seconds of fn() over `repeats` runs after `warmup` runs (fn must block until done)."""
-    for _ in range(warmup):
-        fn()
+def durations(fn: Callable[[], object], n: int) -> list[float]:
+    """Wall seconds of n successive calls of fn (fn must block until its work is done)."""
     times = []
-    for _ in range(repeats):
+    for _ in range(n):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+def time_it(fn: Callable[[], object], repeats: int = 3, warmup: int = 1) -> float:
+    """Median wall seconds of fn() over `repeats` runs after `warmup` runs."""
+    durations(fn, warmup)
+    return statistics.median(durations(fn, repeats))
+
+
+def time_first_and_median(fn: Callable[[], object], repeats: int = 3) -> tuple[float, float]:
+    """(seconds of the first call, compilation included; median seconds of the `repeats` calls after it)."""
+    times = durations(fn, 1 + repeats)
+    return times[0], statistics.median(times[1:])
 
 
 def table(rows: list[dict], columns: list[str]) -> str:

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import jax
 import numpy as np
 
 from jaxrag import sharding as shd
-from jaxrag.bench.common import table, write_result
+from jaxrag.bench.common import table, time_first_and_median, write_result
 from jaxrag.models import ModelConfig, init_params
 from jaxrag.train import config as tconfig
 from jaxrag.train.batching import Group, PreferencePair, SFTExample, batch_tokens, group_batch, pair_batch, sft_batch
@@ -48,17 +47,13 @@ def time_jax(loss: str, batch: dict, steps: int) -> dict:
     state = init_state(put(tr.trainable, tr.state_sh["trainable"]), tr.tx, 0, tr.state_sh)
     frozen = put(tr.frozen, tr.frozen_sh)
     dev_batch = shd.shard_batch(tr.mesh, batch)
-    t0 = time.perf_counter()
-    state, m = tr.step_fn(state, frozen, dev_batch)
-    jax.block_until_ready(m)
-    compile_s = time.perf_counter() - t0
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        state, m = tr.step_fn(state, frozen, dev_batch)
+    carry = {"state": state}
+
+    def step():  # the step donates its state: keep the newest one
+        carry["state"], m = tr.step_fn(carry["state"], frozen, dev_batch)
         jax.block_until_ready(m)
-        times.append(time.perf_counter() - t0)
-    step_s = float(np.median(times))
+
+    compile_s, step_s = time_first_and_median(step, steps)
     return {"impl": "jaxrag", "loss": loss, "step_s": step_s, "tokens_per_s": batch_tokens(batch) / step_s,
             "first_step_s": compile_s}
 
@@ -99,15 +94,7 @@ def time_torch_dpo(batch: dict, steps: int, torch_threads: int) -> dict | None:
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
         opt.step()
 
-    t0 = time.perf_counter()
-    step()
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    step_s = float(np.median(times))
+    first, step_s = time_first_and_median(step, steps)
     return {"impl": f"torch {torch.__version__} (hand-written DPO, {torch_threads} threads)", "loss": "dpo", "step_s": step_s,
             "tokens_per_s": batch_tokens(batch) / step_s, "first_step_s": first}
 
