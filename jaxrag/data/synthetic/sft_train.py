@@ -17,21 +17,15 @@ from tqdm import tqdm
 from jaxrag import sharding as shd
 from jaxrag.models import forward
 from jaxrag.train import config as tconfig
+from jaxrag.train.batching import pick_bucket
 from jaxrag.train.loop import build
 from jaxrag.train.state import init_state, put
-
-
-def bucket_length(n: int, buckets) -> int:
-    for b in sorted(buckets):
-        if n <= b:
-            return b
-    raise ValueError(f"sequence of {n} tokens exceeds the largest bucket {max(buckets)}")
 
 
 def batch_from(arrays: dict, rows: np.ndarray, buckets) -> dict:
     """Rows of the [N, T] arrays, trimmed to the smallest bucket holding the longest row (with positions)."""
     seg = arrays["segment_ids"][rows]
-    t = bucket_length(int((seg > 0).sum(1).max()), buckets)
+    t = pick_bucket(int((seg > 0).sum(1).max()), buckets, "SFT batch")
     out = {k: arrays[k][rows, :t] for k in ("tokens", "loss_mask", "segment_ids")}
     if "positions" in arrays:  # packed rows: positions restart in every segment
         out["positions"] = arrays["positions"][rows, :t]
