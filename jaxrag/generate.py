@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrag.models.config import ModelConfig
-from jaxrag.models.transformer import Params, forward_cached, init_cache
+from jaxrag.models.transformer import Params, forward_cached, init_cache, prefill
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,10 +70,7 @@ def _pick(logits, key, sp: SamplingParams):
     return jax.random.categorical(key, _filter_logits(logits, sp.temperature, sp.top_k, sp.top_p)).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(5,))
-def _prefill(cfg: ModelConfig, params, tokens, positions, valid, cache):
-    logits, cache = forward_cached(cfg, params, tokens, positions, valid, cache)
-    return logits[:, -1], cache
+_prefill = jax.jit(prefill, static_argnums=(0,), donate_argnums=(5,))  # -> (last-column logits [B,V], cache)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4, 5))
