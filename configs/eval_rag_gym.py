@@ -13,7 +13,7 @@ def get_config():
     c = ml_collections.ConfigDict()
     c.stages = ["eval"]
     c.eval = ml_collections.ConfigDict({
-        "fn": "jaxrag.evaluate:eval_stage",
+        "fn": "jaxrag.pipelines.eval:eval_stage",
         "agents": [{"name": n} for n in ("direct", "cot", "rag", "react", "search_o1", "re2search")],
         "datasets": [
             {"name": "HotpotQA", "path": f"{B}/hotpotqa_dev_500.jsonl", "select": "last:250"},
@@ -21,8 +21,8 @@ def get_config():
             {"name": "Bamboogle", "path": f"{B}/bamboogle_test.jsonl", "select": "all"},
             {"name": "MedQA", "path": f"{B}/medqa_usmle_4opt_test_1273.jsonl", "select": "all"},
         ],
-        "policy": {"fn": "jaxrag.evaluate:load_policy", "path": "", "max_prompt_tokens": None},
-        "retriever": {"fn": "jaxrag.evaluate:load_index", "corpus": f"{B}/corpus_multihop_contexts.jsonl",
+        "policy": {"fn": "jaxrag.pipelines.eval:load_policy", "path": "", "max_prompt_tokens": None},
+        "retriever": {"fn": "jaxrag.pipelines.eval:load_index", "corpus": f"{B}/corpus_multihop_contexts.jsonl",
                       "index_dir": "", "kind": "bm25", "backend": "bm25s"},
         "rollout": {"k": 32, "max_steps": 10, "batch_size": 32, "temperature": 0.0, "max_new_tokens": 512},
         "judge": {"base_url": "", "model": "gpt-4o", "api_key_env": "OPENAI_API_KEY"},

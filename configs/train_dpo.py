@@ -8,12 +8,12 @@ from configs.common.train import tiny_model, toy_data, train_stage
 def get_config():
     c = ml_collections.ConfigDict()
     c.stages = ["data", "sft", "dpo"]
-    c.model = ml_collections.ConfigDict({"arch": tiny_model()})
+    c.model = tiny_model()
     c.data = toy_data()
-    c.sft = train_stage("jaxrag.train.stages:sft_stage", "data/sft.jsonl", loss="sft", steps=20, batch_size=8,
+    c.sft = train_stage("jaxrag.pipelines.train:train_stage", "data/sft.jsonl", loss="sft", steps=20, batch_size=8,
                         seq_buckets=(32,))
     c.sft.train.optimizer.lr = 1e-3
-    c.dpo = train_stage("jaxrag.train.stages:dpo_stage", "data/pairs.jsonl", init="stage:sft", loss="dpo", steps=10,
+    c.dpo = train_stage("jaxrag.pipelines.train:train_stage", "data/pairs.jsonl", init="stage:sft", loss="dpo", steps=10,
                         batch_size=4, seq_buckets=(32,))
     c.dpo.train.dpo.beta = 0.1  # RAG-Gym code; ReasonRAG uses 0.3
     c.dpo.train.lora.enabled = True

@@ -8,9 +8,9 @@ from configs.common.train import tiny_model, toy_data, train_stage
 def get_config():
     c = ml_collections.ConfigDict()
     c.stages = ["data", "grpo"]
-    c.model = ml_collections.ConfigDict({"arch": tiny_model()})
+    c.model = tiny_model()
     c.data = toy_data(group_size=4)
-    c.grpo = train_stage("jaxrag.train.stages:grpo_stage", "data/groups.jsonl", loss="grpo", steps=10,
+    c.grpo = train_stage("jaxrag.pipelines.train:train_stage", "data/groups.jsonl", loss="grpo", steps=10,
                          batch_size=8, seq_buckets=(32,))
     c.grpo.train.grpo.group_size = 4
     c.grpo.train.grpo.kl_estimator = "k2"

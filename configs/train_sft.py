@@ -8,9 +8,9 @@ from configs.common.train import tiny_model, toy_data, train_stage
 def get_config():
     c = ml_collections.ConfigDict()
     c.stages = ["data", "sft"]
-    c.model = ml_collections.ConfigDict({"arch": tiny_model()})
+    c.model = tiny_model()
     c.data = toy_data()
-    c.sft = train_stage("jaxrag.train.stages:sft_stage", "data/sft.jsonl", loss="sft", steps=20, batch_size=8,
+    c.sft = train_stage("jaxrag.pipelines.train:train_stage", "data/sft.jsonl", loss="sft", steps=20, batch_size=8,
                         seq_buckets=(32,))
     c.sft.train.optimizer.lr = 1e-3
     c.sft.train.optimizer.warmup_steps = 2

@@ -1,15 +1,12 @@
 """Evaluation: agent x dataset -> episodes JSONL + metrics + a RAG-Gym-Table-2-style markdown/CSV table.
 
-Function API: `evaluate(policy, retriever, agent, examples, ...) -> (episodes, metrics)`.
-Stage API: `eval_stage(config, workdir)` reads `config.eval` (see configs/eval_*.py) and writes
-`workdir/eval/{method}__{dataset}.episodes.jsonl`, `metrics.jsonl`, `table.md`, `table.csv`, `DONE`.
+`evaluate(policy, retriever, agent, examples, ...) -> (episodes, metrics)`; `episode_metrics`; `results_table`.
+The stage that runs it from a config is jaxrag.pipelines.eval:eval_stage.
 """
 from __future__ import annotations
 
 import csv
-import importlib
 import io
-import json
 import logging
 from pathlib import Path
 from typing import Any, Sequence
@@ -17,7 +14,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxrag import metrics as M
-from jaxrag.env.agents import get_agent
 from jaxrag.env.mdp import Episode, write_episodes
 from jaxrag.env.rollout import RolloutConfig, rollout
 
@@ -127,92 +123,3 @@ def results_table(results: dict[str, dict[str, dict]], datasets: Sequence[str] |
     for r in rows:
         w.writerow(["" if v is None else (round(float(v), 4) if not isinstance(v, str) else v) for v in r])
     return "\n".join(md) + "\n", buf.getvalue()
-
-
-# ---- the stage --------------------------------------------------------------------------------------------
-def _call(spec: str, *args, **kw):
-    mod, _, fn = spec.partition(":")
-    if not fn:
-        raise ValueError(f"expected 'module.path:function', got {spec!r}")
-    return getattr(importlib.import_module(mod), fn)(*args, **kw)
-
-
-def _plain(v):
-    return v.to_dict() if hasattr(v, "to_dict") else v
-
-
-def _resolve(p, workdir) -> Path:
-    p = Path(p)
-    return p if p.is_absolute() else Path(workdir) / p
-
-
-def load_policy(pcfg, workdir: str | Path):
-    """Default policy builder: a local HF checkpoint dir -> JaxPolicy. Keys: `path` (relative to workdir or
-    absolute), optional `tokenizer` (a separate tokenizer dir / *.model; default: `path`), `dtype`,
-    `max_prompt_tokens`, `top_k`, `top_p`."""
-    from jaxrag.models.hf import load_hf
-    from jaxrag.policy import JaxPolicy
-    from jaxrag.tokenizer import load_tokenizer
-    if not pcfg.get("path"):
-        raise ValueError("eval.policy needs 'path' (a Hugging Face checkpoint dir) or 'fn'")
-    path = _resolve(pcfg["path"], workdir)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"eval.policy.path: {path} is not a checkpoint dir (no config.json)")
-    tok_path = _resolve(pcfg["tokenizer"], workdir) if pcfg.get("tokenizer") else path
-    cfg, params = load_hf(path, dtype=pcfg.get("dtype"))
-    tok = load_tokenizer(tok_path)
-    if tok.vocab_size > cfg.vocab_size:
-        raise ValueError(f"eval.policy: tokenizer {tok_path} has {tok.vocab_size} tokens but the model in {path} "
-                         f"has vocab_size {cfg.vocab_size}")
-    return JaxPolicy(cfg, params, tok, top_k=pcfg.get("top_k", 0), top_p=pcfg.get("top_p", 1.0),
-                     max_prompt_tokens=pcfg.get("max_prompt_tokens"))
-
-
-def load_index(rcfg, workdir: str | Path):
-    """Default retriever builder: `index_dir` (built index) or `corpus` (a JSONL: BM25 built in memory)."""
-    from jaxrag import retrieval
-    if rcfg.get("index_dir"):
-        return retrieval.load_retriever(_resolve(rcfg["index_dir"], workdir), kind=rcfg.get("kind", "bm25"),
-                                        backend=rcfg.get("backend", "bm25s"))
-    if rcfg.get("corpus"):
-        corpus = _resolve(rcfg["corpus"], workdir)
-        return retrieval.build_bm25(retrieval.load_corpus(corpus), backend=rcfg.get("backend", "bm25s"))
-    raise ValueError("eval.retriever needs 'index_dir' or 'corpus'")
-
-
-def eval_stage(config, workdir: str | Path) -> dict:
-    """Stage `eval`: for every (agent, dataset) in config.eval, episodes JSONL + metrics + tables."""
-    from jaxrag.data.qa import load_qa
-    from jaxrag.judge import judge_from_config
-    ec = config.eval
-    out_dir = Path(workdir) / ec.get("out_subdir", "eval")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    pcfg, rcfg = _plain(ec.policy), _plain(ec.retriever)
-    policy = _call(pcfg.get("fn", "jaxrag.evaluate:load_policy"), pcfg, workdir)
-    retriever = _call(rcfg.get("fn", "jaxrag.evaluate:load_index"), rcfg, workdir)
-    judge = judge_from_config(_plain(ec.get("judge", None)))
-    rc = RolloutConfig(**_plain(ec.get("rollout", {})))
-    results: dict[str, dict[str, dict]] = {}
-    metrics_path = out_dir / "metrics.jsonl"
-    metrics_path.write_text("")
-    for a in _plain(ec.agents):
-        a = {"name": a} if isinstance(a, str) else dict(a)
-        opts = dict(a.get("opts", {}))
-        if opts.get("mode", "chat") == "chat" and "tokenizer" not in opts:
-            opts["tokenizer"] = getattr(policy, "tokenizer", None)
-        agent = get_agent(a["name"], **opts)
-        method = a.get("method", a["name"])
-        for d in _plain(ec.datasets):
-            examples = load_qa(d["path"], d.get("select"), limit=d.get("limit"))
-            name = d.get("name", Path(d["path"]).stem)
-            log.info("eval %s on %s (%d questions)", method, name, len(examples))
-            _, m = evaluate(policy, retriever, agent, examples, cfg=rc, judge=judge,
-                            out_path=out_dir / f"{method}__{name}.episodes.jsonl")
-            results.setdefault(method, {})[name] = m
-            with metrics_path.open("a") as f:
-                f.write(json.dumps({"method": method, "dataset": name, **m}) + "\n")
-    md, csv_text = results_table(results)
-    (out_dir / "table.md").write_text(md)
-    (out_dir / "table.csv").write_text(csv_text)
-    (out_dir / "DONE").write_text("")
-    return results

@@ -1,8 +1,9 @@
 """python -m jaxrag.main --config=configs/X.py --workdir=DIR [--config.a.b=value] [--stages=a,b] [--force]
 
 Runs `config.stages` in order (ARCHITECTURE.md "Stages"): for each name, `config[name].fn = "module:function"` is
-called as fn(config, workdir) and `workdir/<name>/DONE` is written when it returns; finished stages are skipped on
-reruns (--force reruns them, --stages picks a subset). Every stage's fn is imported and the config is checked before
+called as fn(config, workdir, name) and `workdir/<name>/DONE` is written when it returns; finished stages are skipped
+on reruns (--force reruns them and forgets the DONE of every later stage first, --stages picks a subset). A config
+file's presets are its get_config argument (`--config=configs/x.py:tiny`), applied before any --config.* override. Every stage's fn is imported and the config is checked before
 any stage runs, so a typo fails before compute (unknown --config keys and wrong types are rejected by ml_collections).
 """
 
@@ -71,6 +72,10 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
     workdir = Path(workdir)
     stages = plan(config, only)
     ran = []
+    if force:  # a forced stage invalidates everything after it: no old DONE may stand over new inputs
+        first = list(config.stages).index(stages[0][0]) if stages else len(config.stages)
+        for later in list(config.stages)[first:]:
+            (workdir / later / "DONE").unlink(missing_ok=True)
     for name, fn in stages:
         done = workdir / name / "DONE"
         if done.exists() and not force:
@@ -78,7 +83,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
             continue
         print(f"[main] {name}: running {config[name].fn}")
         (workdir / name).mkdir(parents=True, exist_ok=True)
-        fn(config, str(workdir))
+        fn(config, str(workdir), name)
         import jax
 
         if jax.process_index() == 0:

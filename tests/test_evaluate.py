@@ -8,7 +8,8 @@ from fakes import BENCH, OverlapRetriever, ScriptedPolicy, load_passages
 from jaxrag.data.qa import load_qa
 from jaxrag.env.agents import get_agent
 from jaxrag.env.mdp import read_episodes
-from jaxrag.evaluate import eval_stage, evaluate, results_table
+from jaxrag.evaluate import evaluate, results_table
+from jaxrag.pipelines.eval import eval_stage
 
 GOLD = {}
 
@@ -54,7 +55,7 @@ def test_eval_stage_from_config(tmp_path):
     c = ml_collections.ConfigDict()
     c.stages = ["eval"]
     c.eval = ml_collections.ConfigDict({
-        "fn": "jaxrag.evaluate:eval_stage",
+        "fn": "jaxrag.pipelines.eval:eval_stage",
         "agents": [{"name": "direct", "opts": {"mode": "plain"}}, {"name": "rag", "method": "RAG", "opts": {"mode": "plain"}}],
         "datasets": [{"name": "HotpotQA", "path": str(BENCH / "hotpotqa_dev_500.jsonl"), "select": "last:2"},
                      {"name": "MedQA", "path": str(BENCH / "medqa_usmle_4opt_test_1273.jsonl"), "select": "first:3"}],
@@ -62,8 +63,7 @@ def test_eval_stage_from_config(tmp_path):
         "retriever": {"fn": "test_evaluate:small_retriever"},
         "rollout": {"k": 2, "max_steps": 3},
     })
-    res = eval_stage(c, tmp_path)
-    assert (tmp_path / "eval" / "DONE").exists()
+    res = eval_stage(c, tmp_path, "eval")
     assert res["direct"]["MedQA"]["acc"] == pytest.approx(1 / 3) and res["RAG"]["HotpotQA"]["em"] == pytest.approx(0.5)
     eps = read_episodes(tmp_path / "eval" / "RAG__HotpotQA.episodes.jsonl")
     assert len(eps) == 2 and eps[0].steps[0].action.kind == "query" and len(eps[0].steps[0].docs) == 2

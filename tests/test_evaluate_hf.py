@@ -11,7 +11,7 @@ import pytest
 from fakes import BENCH, CORPUS
 from jaxrag.data.qa import load_qa
 from jaxrag.env.mdp import read_episodes
-from jaxrag.evaluate import eval_stage, load_policy
+from jaxrag.pipelines.eval import eval_stage, load_policy
 
 N_QUESTIONS = 5
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|im_end|>"]
@@ -74,7 +74,7 @@ def run(tmp_path_factory):
     c = ml_collections.ConfigDict()
     c.stages = ["eval"]
     c.eval = ml_collections.ConfigDict({
-        "fn": "jaxrag.evaluate:eval_stage",
+        "fn": "jaxrag.pipelines.eval:eval_stage",
         "agents": [{"name": "react"}, {"name": "rag", "method": "RAG"}],      # chat mode: the model's template
         "datasets": [{"name": "HotpotQA", "path": str(BENCH / "hotpotqa_dev_500.jsonl"),
                       "select": f"first:{N_QUESTIONS}"}],
@@ -82,7 +82,7 @@ def run(tmp_path_factory):
         "retriever": {"corpus": str(wd / "corpus.jsonl")},
         "rollout": {"k": 3, "max_steps": 4, "max_new_tokens": 12, "batch_size": 8},
     })
-    results = eval_stage(c, wd)
+    results = eval_stage(c, wd, "eval")
     return wd, examples, passages, vocab_size, results
 
 
@@ -118,7 +118,6 @@ def test_tokenizer_larger_than_model_vocab_is_refused(run, tmp_path):
 def test_eval_files_exist_and_agree(run):
     wd, examples, _, _, results = run
     out = wd / "eval"
-    assert (out / "DONE").exists()
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(m["method"], m["dataset"]) for m in lines] == [("react", "HotpotQA"), ("RAG", "HotpotQA")]
     rows = list(csv.reader((out / "table.csv").open()))

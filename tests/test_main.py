@@ -26,7 +26,7 @@ def test_plan_errors_name_the_key():
     c.a = ml_collections.ConfigDict({"fn": "jaxrag.nope:f"})
     with pytest.raises(StageError, match=r"config.a.fn: cannot import module 'jaxrag.nope'"):
         plan(c)
-    c.a.fn = "jaxrag.train.stages:no_such"
+    c.a.fn = "jaxrag.pipelines.train:no_such"
     with pytest.raises(StageError, match="has no function 'no_such'"):
         plan(c)
 

@@ -1,5 +1,5 @@
-"""End to end: the synthetic pipeline at --config.scale=tiny (CI). Asserts that outputs exist and agree with each
-other (not a score threshold)."""
+"""End to end: the synthetic pipeline's tiny preset (CI), run once per test session and read by every test here.
+Asserts that outputs exist and agree with each other (not a score threshold)."""
 
 import collections
 import csv
@@ -10,7 +10,6 @@ import pytest
 
 from jaxrag import main as jmain
 from jaxrag.data.synthetic import export
-from jaxrag.data.synthetic.stages import parse_system, settings
 from jaxrag.env.mdp import read_episodes
 from jaxrag.metrics import exact_match
 
@@ -23,9 +22,7 @@ def _config():
     spec = importlib.util.spec_from_file_location("synthetic_pipeline", CONFIG)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    c = mod.get_config()
-    c.scale = "tiny"
-    return c
+    return mod.get_config("tiny")
 
 
 @pytest.fixture(scope="module")
@@ -61,48 +58,49 @@ def test_world_teacher_and_model_outputs_agree(run):
     for stage in ("sft", "sft_re2search"):
         summary = json.load(open(os.path.join(workdir, stage, "summary.json")))
         rows = export.read_jsonl(os.path.join(workdir, stage, "metrics.jsonl"))
+        assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(1, config[stage].train.steps + 1))
         assert summary["agent"] == config[stage].agent and summary["steps"] >= 1
         evals = [r for r in rows if r["kind"] == "eval"]
         assert {r["split"] for r in evals} == {"dev", "heldout"}
         assert all(0.0 <= r["all_actions_right"] <= 1.0 and 0.0 <= r["action_token_acc"] <= 1.0 for r in evals)
         assert max(r["step"] for r in rows) == summary["steps"]
-        assert os.path.getsize(os.path.join(workdir, stage, "params.npz")) > 0
+        assert os.path.getsize(os.path.join(workdir, stage, "model", "model.safetensors")) > 0
+        assert os.path.exists(os.path.join(workdir, stage, "model", "tokenizer.model"))
 
 
 def test_eval_results_match_episode_files(run):
     config, workdir, _ = run
-    s = settings(config, "eval")
+    s = config.eval
     results = json.load(open(os.path.join(workdir, "eval", "results.json")))
     assert results["seed"] == config.seed
-    for spec in s["systems"]:
-        name, agent, model = parse_system(spec)
+    for system in s.systems:
+        name, agent, model = system["name"], system["agent"], system["model"]
         assert results["systems"][name]["agent"] == agent and results["systems"][name]["model"] == model
-        for split in s["splits"]:
+        for split in s.splits:
             r = results["systems"][name]["splits"][split]
             qs = export.read_jsonl(os.path.join(workdir, "world", f"questions_{split}.jsonl"))
             types = collections.Counter(q["metadata"]["type"] for q in qs)
-            per_type = -(-s["max_questions"] // len(types))  # evaluation is stratified by question type
+            per_type = -(-s.max_questions // len(types))  # evaluation is stratified by question type
             eps = read_episodes(os.path.join(workdir, "eval", f"episodes_{name}_{split}.jsonl"))
             assert r["all"]["n"] == len(eps) == sum(min(n, per_type) for n in types.values())
             assert {t: g["n"] for t, g in r["by_type"].items()} == {t: min(n, per_type) for t, n in types.items()}
             assert sum(g["n"] for g in r["by_type"].values()) == len(eps) == sum(g["n"] for g in r["by_hops"].values())
             assert r["all"]["em"] == pytest.approx(sum(exact_match(e.answer, e.gold) for e in eps) / len(eps))
             assert 0.0 <= r["all"]["invalid_rate"] <= 1.0
-            assert all(len(e.steps) <= s["max_steps"] for e in eps)
+            assert all(len(e.steps) <= s.max_steps for e in eps)
             if agent == "direct":
-                assert r["all"]["searches"]["max"] == 0
+                assert r["all"]["searches_max"] == 0
             if agent == "rag":
-                assert r["all"]["searches"]["min"] == r["all"]["searches"]["max"] == 1
+                assert r["all"]["searches_min"] == r["all"]["searches_max"] == 1
 
 
 def test_report_files(run):
     config, workdir, _ = run
-    s = settings(config, "eval")
     results = json.load(open(os.path.join(workdir, "eval", "results.json")))
     out = os.path.join(workdir, "report")
     rows = list(csv.DictReader(open(os.path.join(out, "results.csv"))))
     expected = sum(1 + len(sp["by_type"]) for sysr in results["systems"].values() for sp in sysr["splits"].values())
-    assert len(rows) == expected and len(results["systems"]) == len(s["systems"])
+    assert len(rows) == expected and len(results["systems"]) == len(config.eval.systems)
     md = open(os.path.join(out, "results.md")).read()
     assert md.count("\n|") == expected + 2  # header, separator, rows
     for png in ("training_curves.png", "accuracy_by_hops.png"):

@@ -22,5 +22,5 @@ def train_stage(fn: str, data: str, init: str = "random", **train_overrides) -> 
 
 
 def toy_data(n: int = 64, vocab_size: int = 128, max_len: int = 8, group_size: int = 4) -> ml_collections.ConfigDict:
-    return ml_collections.ConfigDict({"fn": "jaxrag.train.stages:toy_data_stage", "seed": 0, "n": n,
+    return ml_collections.ConfigDict({"fn": "jaxrag.pipelines.train:toy_data_stage", "seed": 0, "n": n,
                                       "vocab_size": vocab_size, "max_len": max_len, "group_size": group_size})

@@ -1,97 +1,82 @@
-"""The synthetic multi-hop demo: `make demo` (15 min on 2 cores) or `--config.scale=tiny` (CI, < 2 min).
+"""The synthetic multi-hop demo: `make demo`, or the `tiny` preset (CI, < 2 min):
 
-python -m jaxrag.main --config=configs/synthetic/pipeline.py --workdir=runs/demo [--config.scale=tiny]
+python -m jaxrag.main --config=configs/synthetic/pipeline.py --workdir=runs/demo
+python -m jaxrag.main --config=configs/synthetic/pipeline.py:tiny --workdir=runs/tiny [--config.sft.train.steps=50]
 
-A later stage (process rewards, DPO, critic, GRPO) is one more name in `stages`, one more section with its `fn`, and
-an eval system "name:agent:model_stage" naming the directory its model is saved in.
+The preset is applied here, before any --config.* override, so a user's value always wins. Every budget is a step
+count: the same seed gives the same results on any machine.
 """
 
 import ml_collections
 
-S = "jaxrag.data.synthetic.stages"
+P = "jaxrag.pipelines.synthetic"
 
 
-def get_config():
+def trainer(**kw) -> ml_collections.ConfigDict:
+    from jaxrag.train.config import default_train_config
+
+    t = default_train_config()
+    t.progress = True
+    t.checkpoint.every_steps = 250
+    for k, v in kw.items():
+        if isinstance(v, dict):
+            for kk, vv in v.items():
+                t[k][kk] = vv
+        else:
+            t[k] = v
+    return t
+
+
+def get_config(preset: str = "demo"):
+    if preset not in ("demo", "tiny"):
+        raise ValueError(f"configs/synthetic/pipeline.py: unknown preset {preset!r} (demo | tiny)")
     c = ml_collections.ConfigDict()
     c.seed = 0
-    c.scale = "demo"  # "demo" | "tiny" (presets in jaxrag/data/synthetic/stages.py:TINY win over the values below)
     c.stages = ["world", "index", "teacher", "tokenizer", "sft", "sft_re2search", "eval", "report"]
 
     # Many entities, so the policy cannot memorize the world and has to learn to read and copy (held-out names).
-    c.world = dict(
-        fn=f"{S}:world_stage",
-        n_countries=40,
-        n_cities=300,
-        n_persons=2000,
-        n_films=1000,
-        n_companies=400,
-        heldout_frac=0.1,
-        split_fractions=(0.8, 0.1, 0.1),
-        comparisons_per_anchor=0.5,
-    )
-    c.index = dict(fn=f"{S}:index_stage", backend="bm25s", k=2)
-    c.teacher = dict(
-        fn=f"{S}:teacher_stage",
-        p_vague=0.1,
-        p_redundant=0.1,
-        p_premature=0.05,
-        max_retries=3,
-        max_steps=10,
-        splits=("train", "dev", "heldout"),
-    )  # never the test split
-    c.tokenizer = dict(fn=f"{S}:tokenizer_stage", vocab_size=1024)
-    c.model = dict(
-        d_model=128,
-        n_layers=4,
-        n_heads=4,
-        n_kv_heads=4,
-        head_dim=32,
-        d_ff=384,
-        rope_theta=10000.0,
-        max_seq_len=320,
-        tie_embeddings=False,
-    )
-    sft = dict(
-        fn=f"{S}:sft_stage",
-        agent="react",
-        init_from="",
-        only_correct=True,
-        lr=2e-3,
-        batch_size=16,
-        pack=True,
-        # A step budget (deterministic); the time budget is a safety cap for slower machines.
-        time_budget_s=600.0,
-        max_steps=1500,
-        warmup_steps=50,
-        max_len=256,
-        eval_every_s=60.0,
-        eval_max_sequences=256,
-    )
-    c.sft = dict(sft)
-    c.sft_re2search = dict(
-        sft,
-        fn=f"{S}:sft_re2search_stage",
-        agent="re2search",
-        init_from="sft",
-        lr=1e-3,
-        warmup_steps=10,
-        max_steps=200,
-        time_budget_s=100.0,
-        eval_every_s=30.0,
-    )
+    c.world = dict(fn=f"{P}.world:world_stage", n_countries=40, n_cities=300, n_persons=2000, n_films=1000,
+                   n_companies=400, heldout_frac=0.1, split_fractions=(0.8, 0.1, 0.1), comparisons_per_anchor=0.5)
+    c.index = dict(fn=f"{P}.world:index_stage", backend="bm25s", k=2)  # k: the one home of documents per search
+    c.teacher = dict(fn=f"{P}.world:teacher_stage", p_vague=0.1, p_redundant=0.1, p_premature=0.05, max_retries=3,
+                     max_steps=10, splits=("train", "dev", "heldout"))  # never the test split
+    c.tokenizer = dict(fn=f"{P}.world:tokenizer_stage", vocab_size=1024, agents=("react", "re2search"))
+    # ModelConfig fields (vocab_size and special ids come from the tokenizer).
+    c.model = dict(model_type="llama", d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, head_dim=32, d_ff=384,
+                   rope_theta=10000.0, max_seq_len=320, tie_embeddings=False)
+    c.sft = dict(fn=f"{P}.sft:sft_stage", agent="react", init_from="", only_correct=True, pack=True, max_len=256,
+                 eval_every=100, eval_max_sequences=256,
+                 train=trainer(loss="sft", steps=1500, batch_size=16, seq_buckets=(64, 128, 192, 256),
+                               optimizer=dict(lr=2e-3, warmup_steps=50, min_lr_ratio=0.1, weight_decay=0.01)))
+    c.sft_re2search = dict(c.sft, agent="re2search", init_from="sft", eval_every=50,
+                           train=trainer(loss="sft", steps=200, batch_size=16, seq_buckets=(64, 128, 192, 256),
+                                         optimizer=dict(lr=1e-3, warmup_steps=10, min_lr_ratio=0.1,
+                                                        weight_decay=0.01)))
     c.eval = dict(
-        fn=f"{S}:eval_stage",
-        splits=("test", "heldout"),
-        max_questions=400,
-        max_steps=8,
-        max_new_tokens=40,
+        fn=f"{P}.evaluate:eval_stage", splits=("test", "heldout"), max_questions=400, max_steps=8, max_new_tokens=40,
         batch_size=128,
-        systems=(
-            "no_retrieval:direct:sft",
-            "rag:rag:sft",
-            "sft_react:react:sft",
-            "sft_re2search:re2search:sft_re2search",
-        ),
+        systems=[
+            dict(name="no_retrieval", agent="direct", model="sft"),
+            dict(name="rag", agent="rag", model="sft"),
+            dict(name="sft_react", agent="react", model="sft"),
+            dict(name="sft_re2search", agent="re2search", model="sft_re2search"),
+        ],
     )
-    c.report = dict(fn=f"{S}:report_stage")
-    return ml_collections.ConfigDict(c)
+    c.report = dict(fn=f"{P}.report:report_stage")
+    c = ml_collections.ConfigDict(c)
+    if preset == "tiny":
+        apply_tiny(c)
+    return c
+
+
+def apply_tiny(c) -> None:
+    """The whole pipeline in well under 2 minutes on a slow 2-core machine (CI)."""
+    c.world.update(dict(n_countries=4, n_cities=12, n_persons=60, n_films=30, n_companies=12))
+    c.model.update(dict(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=16, d_ff=64))
+    for s in ("sft", "sft_re2search"):
+        c[s].eval_every = 10
+        c[s].eval_max_sequences = 32
+        c[s].train.steps = 20
+        c[s].train.optimizer.warmup_steps = 2
+        c[s].train.progress = False
+    c.eval.update(dict(max_questions=24, max_steps=4, max_new_tokens=16))

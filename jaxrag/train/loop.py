@@ -8,6 +8,11 @@
 - `workdir`: checkpoints/ (orbax, keep-N, async), metrics.jsonl, tb/ (TensorBoard); None = no files.
 - Resume: if workdir/checkpoints has a checkpoint, params, optimizer, step, data position and PRNG are restored.
 - A non-finite loss stops the run with NonFiniteLoss naming the step; the last good checkpoint is kept.
+- `evaluate(params, step) -> {split: {metric: value}}` runs before the first step, every `eval_every` steps and after
+  the last one (steps, never seconds: results do not depend on the machine); its rows go to metrics.jsonl as
+  {"kind": "eval", "split", "step", ...} and to TensorBoard under eval/<split>/.
+- A checkpoint is resumed only under the settings it was trained with (train_config.json): a rerun whose settings
+  differ in anything but RESUMABLE keys (more steps, logging, checkpoint cadence) raises ConfigChanged naming them.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import itertools
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import jax
 import ml_collections
@@ -34,6 +39,30 @@ from jaxrag.train.steps import make_optimizer, make_train_step
 
 class NonFiniteLoss(FloatingPointError):
     pass
+
+
+class ConfigChanged(ValueError):
+    pass
+
+
+# Keys that may differ between a checkpoint's run and its resumption.
+RESUMABLE = ("steps", "progress", "log_every", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.async_save")
+
+
+def _flat_config(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat_config(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def changed_keys(old: dict, new: dict, ignore=RESUMABLE) -> list[str]:
+    """Dotted keys whose values differ between two train configs (as dicts), `ignore`d keys left out."""
+    a, b = _flat_config(old), _flat_config(new)
+    return sorted(k for k in set(a) | set(b) if k not in ignore and a.get(k) != b.get(k))
 
 
 @dataclasses.dataclass
@@ -93,6 +122,8 @@ def fit(
     ref_params=None,
     mesh=None,
     resume: bool = True,
+    evaluate: Callable[[Any, int], dict] | None = None,
+    eval_every: int = 0,
 ) -> FitResult:
     tc = tconfig.resolve(train_config)
     if loss is not None:
@@ -108,19 +139,36 @@ def fit(
     if workdir is not None:
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
-        if jax.process_index() == 0:
-            (workdir / "train_config.json").write_text(tc.to_json(indent=2))
         if tc.checkpoint.enabled:
             ckpt = Checkpointer(workdir / "checkpoints", keep=tc.checkpoint.keep, async_save=tc.checkpoint.async_save)
         if ckpt is not None and resume and ckpt.latest_step() is not None:
+            saved = workdir / "train_config.json"
+            if saved.exists():
+                diff = changed_keys(json.loads(saved.read_text()), tc.to_dict())
+                if diff:
+                    ckpt.close()
+                    raise ConfigChanged(f"{workdir}/checkpoints was trained with other settings ({', '.join(diff)} "
+                                        f"differ; see {saved}); remove the checkpoints to start over")
             target = abstract_state(tr.tx, shd.abstract(tr.trainable), tr.state_sh, tc.seed)
             state, meta = ckpt.restore(target)
             start = int(meta["data_position"])
+        if jax.process_index() == 0:
+            tmp = workdir / "train_config.json.tmp"
+            tmp.write_text(tc.to_json(indent=2))
+            tmp.replace(workdir / "train_config.json")
 
     writer = MetricsWriter(workdir, tc.steps, start, progress=tc.progress)
     it = _batches_from(batches, start)
     last: dict = {}
     step = start
+
+    def run_eval(at: int) -> None:
+        if evaluate is not None:
+            for split, m in evaluate(_policy_params(state, frozen, tc), at).items():
+                writer.write_eval(at, split, m)
+
+    if start == 0:
+        run_eval(0)
     try:
         for step in range(start + 1, tc.steps + 1):
             try:
@@ -137,10 +185,14 @@ def fit(
                                     f"{'none' if where is None else ckpt.directory / str(where)}")
             if step % tc.log_every == 0 or step == tc.steps:
                 writer.write(step, last, batch_tokens(host))
+            if eval_every and step % eval_every == 0 and step != tc.steps:
+                run_eval(step)
             if ckpt is not None and (step % tc.checkpoint.every_steps == 0 or step == tc.steps):
                 ckpt.save(step, state, {"step": step, "data_position": step, "loss": last["loss"]})
         else:
             step = tc.steps
+        if step > start:
+            run_eval(step)
         if ckpt is not None and step > start and ckpt.latest_step() != step:
             ckpt.save(step, state, {"step": step, "data_position": step, "loss": last.get("loss")})
     finally:
@@ -149,12 +201,16 @@ def fit(
         writer.close()
 
     trained = state["trainable"]
-    adapters = trained.get("lora")
-    if adapters is not None:
-        policy = merge(frozen["base"], adapters, tc.lora.alpha / tc.lora.rank)
-    else:
-        policy = trained["model"]
-    return FitResult(params=policy, adapters=adapters, head=trained.get("head"), step=step, metrics=last)
+    return FitResult(params=_policy_params(state, frozen, tc), adapters=trained.get("lora"), head=trained.get("head"),
+                     step=step, metrics=last)
+
+
+def _policy_params(state, frozen, tc):
+    """The policy's params now: the trained model, or the base with the LoRA adapters merged in."""
+    trained = state["trainable"]
+    if trained.get("lora") is not None:
+        return merge(frozen["base"], trained["lora"], tc.lora.alpha / tc.lora.rank)
+    return trained["model"]
 
 
 def save_summary(path: str | Path, result: FitResult) -> None:

@@ -11,6 +11,8 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from jaxrag.jsonl import iter_jsonl
+
 
 def flatten_metrics(metrics: dict) -> dict[str, float]:
     """Device metrics -> plain floats; vector metrics (per-layer max |grad|) become one key per entry."""
@@ -48,7 +50,20 @@ class MetricsWriter:
         dt, self.last_time = now - self.last_time, now
         if not self.enabled:
             return
-        record = {"step": step, **metrics, "tokens": tokens, "step_time_s": dt, "tokens_per_s": tokens / max(dt, 1e-9)}
+        record = {"kind": "train", "step": step, **metrics, "tokens": tokens, "step_time_s": dt,
+                  "tokens_per_s": tokens / max(dt, 1e-9)}
+        self._record(record, "")
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+
+    def write_eval(self, step: int, split: str, metrics: dict[str, float]) -> None:
+        """A periodic evaluation's metrics: a JSONL row {"kind": "eval", "split", "step", ...}, TensorBoard
+        scalars under eval/<split>/."""
+        if self.enabled:
+            self._record({"kind": "eval", "split": split, "step": step, **metrics}, f"eval/{split}/")
+
+    def _record(self, record: dict, tb_prefix: str) -> None:
         if self.jsonl is not None:
             self.jsonl.write(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                                          for k, v in record.items()}) + "\n")
@@ -56,10 +71,7 @@ class MetricsWriter:
         if self.tb is not None:
             for k, v in record.items():
                 if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
-                    self.tb.add_scalar(k, v, step)
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                    self.tb.add_scalar(tb_prefix + k, v, record["step"])
 
     def close(self) -> None:
         for h in (self.jsonl, self.tb, self.bar):
@@ -68,10 +80,16 @@ class MetricsWriter:
 
 
 def read_metrics(path: str | Path) -> dict[int, dict]:
-    """metrics.jsonl -> {step: record}; a step logged twice (a resumed run) keeps its last record."""
-    out = {}
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            out[r["step"]] = r
-    return out
+    """metrics.jsonl -> {step: training record}; a step logged twice (a resumed run) keeps its last record.
+    Evaluation rows ({"kind": "eval"}) are left out: read them with `read_eval_metrics`."""
+    return {r["step"]: r for r in _rows(path) if r.get("kind", "train") == "train"}
+
+
+def read_eval_metrics(path: str | Path) -> list[dict]:
+    """The evaluation rows of metrics.jsonl, in order (a resumed run's repeated steps keep their last row)."""
+    last = {(r["split"], r["step"]): r for r in _rows(path) if r.get("kind") == "eval"}
+    return sorted(last.values(), key=lambda r: (r["step"], r["split"]))
+
+
+def _rows(path: str | Path) -> list[dict]:
+    return [r for _, r in iter_jsonl(path)]

@@ -1,12 +1,12 @@
-"""Training stages for jaxrag.main: fn(config, workdir) reading JSONL from the workdir and writing under it.
+"""The generic training stage: `train_stage(config, workdir, name)` trains config[name].train.loss on a JSONL file.
 
-config.<stage> (see configs/common/train.py: train_stage()):
-  fn      "jaxrag.train.stages:sft_stage" | dpo_stage | bt_stage | grpo_stage
+config[name] (see configs/common/train.py: train_stage()):
+  fn      "jaxrag.pipelines.train:train_stage"
   data    JSONL path, relative to the workdir (or absolute)
-  init    "random" (config.model.arch, seed train.seed) | "stage:<name>" (workdir/<name>/model) | an HF dir
+  init    "random" (config.model: ModelConfig fields, seed train.seed) | "stage:<name>" (workdir/<name>/model) | a dir
   tokenizer  "" (records hold token ids) or a tokenizer path (records hold text)
-  train   the trainer config (jaxrag.train.config.default_train_config())
-Outputs: workdir/<stage>/{checkpoints/, metrics.jsonl, tb/, train_config.json, model/ (HF checkpoint), summary.json}
+  train   the trainer config (jaxrag.train.config.default_train_config()); its `loss` picks the record layout
+Outputs: workdir/<name>/{checkpoints/, metrics.jsonl, tb/, train_config.json, model/ (HF checkpoint), summary.json}
 
 JSONL records (ids or text):
   sft   {"prompt_ids": [...], "completion_ids": [...]}              | {"prompt": str, "completion": str}
@@ -22,7 +22,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxrag.models import ModelConfig, init_params, load_hf, save_hf
+from jaxrag.jsonl import iter_jsonl
+from jaxrag.models import ModelConfig, init_params
+from jaxrag.pipelines.common import load_checkpoint, model_dir, resolve, save_checkpoint
 from jaxrag.train import config as tconfig
 from jaxrag.train.batching import BatchStream, Group, PreferencePair, SFTExample, group_batch, pair_batch, sft_batch
 from jaxrag.train.loop import fit, save_summary
@@ -32,24 +34,13 @@ class DataError(ValueError):
     pass
 
 
-def _path(workdir: str, p: str) -> Path:
-    p = Path(p)
-    return p if p.is_absolute() else Path(workdir) / p
-
-
-def read_jsonl(path: Path) -> list[tuple[int, dict]]:
+def read_jsonl(path: Path) -> list[tuple[str, dict]]:
+    """[(where = "file:line", record)]; a missing or empty file is an error that names it."""
     if not path.exists():
         raise DataError(f"{path}: no such file")
-    out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append((i, json.loads(line)))
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{i}: invalid JSON: {e.msg}") from None
+    out = list(iter_jsonl(path, DataError))
     if not out:
-        raise DataError(f"{path}: no records")
+        raise DataError(f"{path}: empty (no records)")
     return out
 
 
@@ -68,8 +59,7 @@ def _ids(rec: dict, key: str, where: str, tok) -> list[int]:
 
 def load_examples(kind: str, path: Path, tok=None, vocab_size: int | None = None) -> list:
     out = []
-    for line, rec in read_jsonl(path):
-        where = f"{path}:{line}"
+    for where, rec in read_jsonl(path):
         if kind == "sft":
             ex = SFTExample(_ids(rec, "prompt", where, tok), _ids(rec, "completion", where, tok))
             ids = ex.prompt + ex.completion
@@ -98,10 +88,9 @@ def load_examples(kind: str, path: Path, tok=None, vocab_size: int | None = None
 def load_model(config, stage: str, workdir: str):
     init = config[stage].init
     if init == "random":
-        cfg = ModelConfig(**config.model.arch.to_dict())
+        cfg = ModelConfig(**config.model.to_dict())
         return cfg, init_params(cfg, jax.random.PRNGKey(config[stage].train.seed))
-    path = Path(workdir) / init.split(":", 1)[1] / "model" if init.startswith("stage:") else Path(init)
-    return load_hf(path)
+    return load_checkpoint(model_dir(workdir, init.split(":", 1)[1]) if init.startswith("stage:") else Path(init))
 
 
 def _tokenizer(config, stage):
@@ -113,20 +102,29 @@ def _tokenizer(config, stage):
     return load_tokenizer(path)
 
 
-def _run(config, workdir: str, stage: str, kind: str, make) -> None:
-    sc = config[stage]
+# The record layout and batch maker of each loss's data.
+LAYOUTS = {"sft": ("sft", sft_batch), "dpo": ("pairs", pair_batch), "bt": ("pairs", pair_batch),
+           "grpo": ("groups", group_batch)}
+
+
+def train_stage(config, workdir: str, name: str) -> None:
+    sc = config[name]
     tc = tconfig.resolve(sc.train)
-    cfg, params = load_model(config, stage, workdir)
-    examples = load_examples(kind, _path(workdir, sc.data), _tokenizer(config, stage), cfg.vocab_size)
+    if tc.loss not in LAYOUTS:
+        raise DataError(f"config.{name}.train.loss={tc.loss!r}: no file layout for it here ({sorted(LAYOUTS)}); "
+                        "online losses train in the rl stage")
+    kind, make = LAYOUTS[tc.loss]
+    cfg, params = load_model(config, name, workdir)
+    tok = _tokenizer(config, name)
+    examples = load_examples(kind, resolve(sc.data, workdir), tok, cfg.vocab_size)
     pad = cfg.pad_id if cfg.pad_id is not None else 0
     per_batch = tc.batch_size // tc.grpo.group_size if kind == "groups" else tc.batch_size
     stream = BatchStream(examples, per_batch, lambda ex: make(ex, tuple(tc.seq_buckets), pad), seed=tc.seed)
-    out = Path(workdir) / stage
-    result = fit(cfg, params, stream, tc.loss, tc, out)
+    out = Path(workdir) / name
+    result = fit(cfg, params, stream, None, tc, out)
     if jax.process_index() == 0:
-        save_hf(cfg, jax.device_get(result.params), out / "model")
-        if result.head is not None:
-            np.savez(out / "head.npz", **jax.device_get(result.head))
+        tok_file = resolve(sc.tokenizer, workdir) if sc.get("tokenizer") else None
+        save_checkpoint(model_dir(workdir, name), cfg, result.params, tok_file, head=result.head)
         save_summary(out / "summary.json", result)
 
 
@@ -140,43 +138,19 @@ def check_config(config, stage: str) -> None:
         tconfig.resolve(sc.train)
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"config.{stage}.{e}") from None
-    if sc.init == "random" and "arch" not in config.get("model", {}):
-        raise ValueError(f"config.{stage}.init='random' needs config.model.arch")
+    if sc.init == "random" and "model" not in config:
+        raise ValueError(f"config.{stage}.init='random' needs config.model (ModelConfig fields)")
 
 
-def sft_stage(config, workdir: str) -> None:
-    _run(config, workdir, _current(config, "sft_stage"), "sft", sft_batch)
+train_stage.check_config = check_config
 
 
-def _current(config, fn_name: str) -> str:
-    names = [s for s in config.stages if config[s].fn.endswith(":" + fn_name)]
-    if len(names) != 1:
-        raise ValueError(f"cannot tell which stage runs {fn_name}: {names}")
-    return names[0]
-
-
-def dpo_stage(config, workdir: str) -> None:
-    _run(config, workdir, _current(config, "dpo_stage"), "pairs", pair_batch)
-
-
-def bt_stage(config, workdir: str) -> None:
-    _run(config, workdir, _current(config, "bt_stage"), "pairs", pair_batch)
-
-
-def grpo_stage(config, workdir: str) -> None:
-    _run(config, workdir, _current(config, "grpo_stage"), "groups", group_batch)
-
-
-for _f in (sft_stage, dpo_stage, bt_stage, grpo_stage):
-    _f.check_config = check_config
-
-
-def toy_data_stage(config, workdir: str) -> None:
+def toy_data_stage(config, workdir: str, name: str) -> None:
     """A tiny copy task in token ids: prompt = [1, x..., 2], completion = x reversed. Writes sft/pairs/groups JSONL
-    under workdir/<stage>/ (for the example configs and tests)."""
-    sc = config[_current(config, "toy_data_stage")]
+    under workdir/<name>/ (for the example configs and tests)."""
+    sc = config[name]
     rng = np.random.default_rng(sc.seed)
-    out = Path(workdir) / _current(config, "toy_data_stage")
+    out = Path(workdir) / name
     out.mkdir(parents=True, exist_ok=True)
     vocab = sc.vocab_size
     sft, pairs, groups = [], [], []

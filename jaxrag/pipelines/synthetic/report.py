@@ -1,8 +1,8 @@
 """Evaluation results -> markdown/CSV tables and PNG plots (matplotlib, Agg backend).
 
 `results` is the eval stage's results.json: {"seed", "k", "systems": {name: {"agent", "model", "splits":
-{split: {"all"|by_type[t]|by_hops[h]: {"n","em","f1","se","searches": {min,max,mean},"invalid_rate"}}}}}}.
-`curves` maps a training stage name to its metrics.jsonl rows ({"kind": "train"|"eval", "time_s", "loss", ...}).
+{split: {"all"|by_type[t]|by_hops[h]: jaxrag.evaluate.episode_metrics}}}}}.
+`curves` maps a training stage name to its metrics.jsonl rows ({"kind": "train"|"eval", "step", "loss", ...}).
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ def table_rows(results: dict) -> list[dict]:
                         "em": g["em"],
                         "f1": g["f1"],
                         "se": g["se"],
-                        "searches_min": g["searches"]["min"],
-                        "searches_mean": g["searches"]["mean"],
-                        "searches_max": g["searches"]["max"],
+                        "searches_min": g["searches_min"],
+                        "searches_mean": g["searches_mean"],
+                        "searches_max": g["searches_max"],
                         "invalid_rate": g["invalid_rate"],
                     }
                 )
@@ -69,23 +69,23 @@ def write_csv(rows: list[dict], path: str) -> None:
 
 
 def plot_training_curves(curves: dict[str, list[dict]], path: str) -> None:
-    """Left: training loss vs seconds; right: held-out teacher-forced share of sequences with all actions right."""
+    """Left: training loss vs step; right: held-out teacher-forced share of sequences with all actions right."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for stage, rows in curves.items():
         tr = [r for r in rows if r.get("kind") == "train"]
-        a.plot([r["time_s"] for r in tr], [r["loss"] for r in tr], label=stage)
+        a.plot([r["step"] for r in tr], [r["loss"] for r in tr], label=stage)
         for split in sorted({r["split"] for r in rows if r.get("kind") == "eval"}):
-            ev = [r for r in rows if r.get("kind") == "eval" and r["split"] == split]
+            ev = [r for r in rows if r.get("kind") == "eval" and r["split"] == split and "all_actions_right" in r]
             b.plot(
-                [r["time_s"] for r in ev],
+                [r["step"] for r in ev],
                 [r["all_actions_right"] for r in ev],
                 marker="o",
                 ms=3,
                 label=f"{stage} / {split}",
             )
-    a.set(xlabel="training seconds", ylabel="SFT loss (action tokens)", yscale="log", title="training loss")
+    a.set(xlabel="step", ylabel="loss", yscale="log", title="training loss")
     b.set(
-        xlabel="training seconds",
+        xlabel="step",
         ylabel="share of trajectories",
         ylim=(0, 1),
         title="teacher-forced: every action token right",
@@ -145,3 +145,17 @@ def write_report(results: dict, curves: dict[str, list[dict]], out_dir: str, tit
     plot_training_curves(curves, paths[2])
     plot_accuracy_by_hops(results, paths[3])
     return paths
+
+
+def report_stage(config, workdir, name) -> None:
+    from jaxrag.jsonl import iter_jsonl
+    from jaxrag.pipelines.common import log, read_json, stage_dir
+
+    results = read_json(os.path.join(str(workdir), "eval", "results.json"))
+    curves = {}
+    for stage in config.stages:
+        p = os.path.join(str(workdir), stage, "metrics.jsonl")
+        if os.path.exists(p) and stage != "eval":
+            curves[stage] = [r for _, r in iter_jsonl(p) if "loss" in r or r.get("kind") == "eval"]
+    files = write_report(results, curves, str(stage_dir(workdir, name)), title=f"Synthetic multi-hop world (seed {config.seed})")
+    log(name, ", ".join(files))

@@ -1,0 +1,104 @@
+"""What every stage shares: its output directory, atomic JSON writes, one-line logging, model checkpoints.
+
+A stage is `fn(config, workdir, name)`: `config[name]` is its own section; it reads its inputs from other stages'
+directories under `workdir` and writes its outputs under `workdir/<name>/` (jaxrag.main writes DONE after it
+returns). Model checkpoints are one format everywhere: a Hugging Face directory (config.json + safetensors, via
+jaxrag.models.save_hf) with its tokenizer beside the weights, so every stage and every pipeline can read every
+other's models (`load_checkpoint`, `jaxrag.evaluate.load_policy`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+
+def stage_dir(workdir, name: str) -> Path:
+    p = Path(workdir) / name
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def resolve(path: str, workdir) -> Path:
+    """A config path: absolute, or relative to the workdir."""
+    p = Path(path)
+    return p if p.is_absolute() else Path(workdir) / p
+
+
+def write_json(path, obj) -> Path:
+    """JSON written to a temp file and renamed into place: a killed write never leaves a half file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def read_json(path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: missing (has the stage that writes it run?)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: malformed JSON ({e.msg} at line {e.lineno})") from None
+
+
+def log(name: str, msg: str) -> None:
+    print(f"[{name}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+def model_dir(workdir, stage: str) -> Path:
+    """Where stage `stage` keeps its model: workdir/<stage>/model (a Hugging Face directory)."""
+    return Path(workdir) / stage / "model"
+
+
+def save_checkpoint(path, mcfg, params, tokenizer_file: str | Path | None = None, head=None) -> Path:
+    """save_hf(mcfg, params) into `path` (written beside and renamed into place), plus the tokenizer file
+    (a sentencepiece *.model is copied as tokenizer.model) and a critic/value head (head.npz)."""
+    import jax
+    import numpy as np
+
+    from jaxrag.models import save_hf
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_hf(mcfg, jax.device_get(params), tmp)
+    if tokenizer_file is not None:
+        src = Path(tokenizer_file)
+        if src.is_dir():
+            for f in src.iterdir():
+                if f.name.startswith("tokenizer") or f.name.endswith(".model"):
+                    shutil.copy(f, tmp / f.name)
+        else:
+            shutil.copy(src, tmp / ("tokenizer.model" if src.suffix == ".model" else src.name))
+    if head is not None:
+        np.savez(tmp / "head.npz", **{k: np.asarray(v) for k, v in jax.device_get(head).items()})
+    if path.exists():
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(path, with_head: bool = False):
+    """-> (ModelConfig, params[, head or None]) from a directory written by save_checkpoint (or any HF dir)."""
+    import numpy as np
+
+    from jaxrag.models import load_hf
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: no model checkpoint here (no config.json; has its stage run?)")
+    cfg, params = load_hf(path)
+    if not with_head:
+        return cfg, params
+    head = None
+    if (path / "head.npz").exists():
+        with np.load(path / "head.npz") as z:
+            head = {k: z[k] for k in z.files}
+    return cfg, params, head

@@ -1,0 +1,115 @@
+"""The synthetic pipeline's evaluation stage: every system x eval split, stratified by question type.
+
+config[name].systems: a list of {"name", "agent", "model"} (model = the stage whose model/ is loaded); optional
+"critic" (a critic stage: PRM-guided best-of-N with "n" candidates at temperature "temperature"). Baseline agents
+(direct, rag) run the same model made to answer at once (ForcedAnswerPolicy), so they differ from the search agent
+only in how much retrieval they get. Outputs: episodes_<system>_<split>.jsonl and results.json under workdir/<name>/.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+
+from jaxrag.pipelines.common import load_checkpoint, log, model_dir, stage_dir, write_json
+from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever
+
+FORCED_ANSWER_AGENTS = ("direct", "rag")
+
+
+@dataclasses.dataclass
+class ForcedAnswerPolicy:
+    """A Policy wrapper that makes the model answer now: the prompt ends with the agent's answer prefix and the
+    completion is returned with it."""
+
+    policy: object
+    prefix: str = "answer:"
+
+    def generate(self, prompts, **kw):
+        out = self.policy.generate([p + self.prefix for p in prompts], **kw)
+        return [[dataclasses.replace(c, text=self.prefix + c.text) for c in row] for row in out]
+
+
+def score_episodes(episodes, questions: dict[str, dict]) -> dict:
+    """jaxrag.evaluate.episode_metrics over all episodes, per question type and per hop count."""
+    from jaxrag.evaluate import episode_metrics
+
+    by_type, by_hops = collections.defaultdict(list), collections.defaultdict(list)
+    for ep in episodes:
+        meta = questions[ep.qid]["metadata"]
+        by_type[meta["type"]].append(ep)
+        by_hops[str(meta["hops"])].append(ep)
+    return {
+        "all": episode_metrics(episodes),
+        "by_type": {t: episode_metrics(by_type[t]) for t in sorted(by_type)},
+        "by_hops": {h: episode_metrics(by_hops[h]) for h in sorted(by_hops)},
+    }
+
+
+def stratified(questions: list[dict], limit: int) -> list[dict]:
+    """At most `limit` questions, split evenly over question types (in file order within a type); 0 = all."""
+    if not limit:
+        return questions
+    by_type = collections.defaultdict(list)
+    for q in questions:
+        by_type[q["metadata"]["type"]].append(q)
+    per_type = -(-limit // len(by_type))
+    keep = {q["id"] for qs in by_type.values() for q in qs[:per_type]}
+    return [q for q in questions if q["id"] in keep]
+
+
+def load_policy(workdir, stage: str, tok, cache: dict):
+    """A JaxPolicy over workdir/<stage>/model (loaded once per stage)."""
+    from jaxrag.policy import JaxPolicy
+
+    if stage not in cache:
+        mcfg, params = load_checkpoint(model_dir(workdir, stage))
+        cache[stage] = JaxPolicy(mcfg, params, tok)
+    return cache[stage]
+
+
+def rollout_config(config, s, **over):
+    from jaxrag.env.rollout import RolloutConfig
+
+    return RolloutConfig(k=config.index.k, max_steps=s.max_steps, batch_size=s.batch_size,
+                         max_new_tokens=s.max_new_tokens, reward="em", seed=config.seed, **over)
+
+
+def eval_stage(config, workdir, name) -> None:
+    from jaxrag.env.agents import get_agent
+    from jaxrag.env.mdp import write_episodes
+    from jaxrag.env.rollout import rollout
+
+    s = config[name]
+    tok = load_tokenizer(workdir)
+    retriever = make_retriever(config, workdir)
+    policies: dict = {}
+    out = stage_dir(workdir, name)
+    results = {"seed": config.seed, "k": config.index.k, "systems": {}}
+    for system in s.systems:
+        agent = get_agent(system["agent"], mode="plain")
+        policy = load_policy(workdir, system["model"], tok, policies)
+        if system["agent"] in FORCED_ANSWER_AGENTS:
+            policy = ForcedAnswerPolicy(policy)
+        select, rcfg = None, rollout_config(config, s, progress=True)
+        if system.get("critic"):
+            from jaxrag.pipelines.synthetic.preference import critic_select
+
+            select = critic_select(workdir, system["critic"], tok, agent)
+            rcfg = dataclasses.replace(rcfg, n_candidates=system["n"], temperature=system.get("temperature", 1.0))
+        entry = {k: v for k, v in system.items() if k != "name"}
+        results["systems"][system["name"]] = {**entry, "splits": {}}
+        for split in s.splits:
+            qs = stratified(load_questions(workdir, split), s.max_questions)
+            t0 = time.perf_counter()
+            episodes = rollout(policy, retriever, agent, qs, rcfg, select=select)
+            write_episodes(out / f"episodes_{system['name']}_{split}.jsonl", episodes)
+            scored = score_episodes(episodes, {q["id"]: q for q in qs})
+            scored["seconds"] = round(time.perf_counter() - t0, 2)
+            results["systems"][system["name"]]["splits"][split] = scored
+            a = scored["all"]
+            log(name, f"{system['name']} {split}: EM {a['em']:.3f} (2hop "
+                      f"{scored['by_type'].get('2hop', {}).get('em', 0):.3f}) searches {a['searches_mean']:.2f} "
+                      f"invalid {a['invalid_rate']:.3f} in {scored['seconds']}s")
+    write_json(out / "results.json", results)

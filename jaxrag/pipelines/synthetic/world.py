@@ -1,0 +1,130 @@
+"""Data stages of the synthetic pipeline (world, index, teacher, tokenizer) and the loaders later stages use."""
+
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+
+import numpy as np
+
+from jaxrag.data.synthetic import export, questions as Q, sft_data, teacher as T
+from jaxrag.data.synthetic.world import generate_world
+from jaxrag.pipelines.common import log, stage_dir, write_json
+
+
+# ------------------------------------------------------------------------------------------------ loaders
+def load_questions(workdir, split: str) -> list[dict]:
+    return export.read_jsonl(export.question_paths(Path(workdir) / "world")[split])
+
+
+def load_corpus(workdir) -> list[dict]:
+    return export.read_jsonl(Path(workdir) / "world" / "corpus.jsonl")
+
+
+def make_retriever(config, workdir):
+    """BM25 over the world's corpus, built in-process (sub-second for the synthetic corpus)."""
+    from jaxrag.retrieval import Passage, build_bm25
+
+    corpus = load_corpus(workdir)
+    return build_bm25([Passage(r["id"], r["title"], r["contents"]) for r in corpus], backend=config.index.backend)
+
+
+def load_teacher_episodes(workdir, split: str):
+    from jaxrag.env.mdp import read_episodes
+
+    return read_episodes(Path(workdir) / "teacher" / f"episodes_{split}.jsonl")
+
+
+def tokenizer_path(workdir) -> Path:
+    return Path(workdir) / "tokenizer" / "spm.model"
+
+
+def load_tokenizer(workdir):
+    from jaxrag.tokenizer import load_tokenizer as load
+
+    return load(tokenizer_path(workdir))
+
+
+# ------------------------------------------------------------------------------------------------ stages
+def world_stage(config, workdir, name) -> None:
+    s = config[name]
+    w = generate_world(
+        config.seed, s.n_countries, s.n_cities, s.n_persons, s.n_films, s.n_companies, s.heldout_frac
+    )
+    qs = Q.generate_questions(w, tuple(s.split_fractions), s.comparisons_per_anchor, config.seed)
+    paths = export.export_world(w, qs, str(Path(workdir) / "world"))
+    counts = collections.Counter(f"{q['split']}/{q['metadata']['type']}" for q in qs)
+    stats = {"passages": len(w.passages), "entities": len(w.entities), "questions": dict(sorted(counts.items())),
+             "paths": paths}
+    write_json(stage_dir(workdir, name) / "stats.json", stats)
+    log(name, f"{len(w.passages)} passages, {len(qs)} questions: {dict(sorted(counts.items()))}")
+
+
+def index_stage(config, workdir, name) -> None:
+    from jaxrag.retrieval import Passage, build_bm25
+
+    corpus = load_corpus(workdir)
+    retriever = build_bm25(
+        [Passage(r["id"], r["title"], r["contents"]) for r in corpus],
+        backend=config.index.backend,
+        out_dir=str(stage_dir(workdir, name) / "bm25"),
+    )
+    # Diagnostic: does the first good teacher query of each hop find its gold passage at k?
+    hops = [h for q in load_questions(workdir, "dev") for h in q["metadata"]["gold_chain"]]
+    queries = [T.QUERY_TEMPLATES[h["relation"]][0].format(e=h["entity"]) for h in hops]
+    k = config.index.k
+    found = [h["passage_id"] in {x.doc_id for x in hits} for h, hits in zip(hops, retriever.search(queries, k))]
+    stats = {"backend": config.index.backend, "k": k, "dev_hops": len(hops),
+             "gold_recall_at_k_first_template": float(np.mean(found)) if found else 0.0}
+    write_json(stage_dir(workdir, name) / "stats.json", stats)
+    log(name, str(stats))
+
+
+def teacher_stage(config, workdir, name) -> None:
+    from jaxrag.env.mdp import write_episodes
+
+    s = config[name]
+    retriever = make_retriever(config, workdir)
+    passages = {r["id"]: r for r in load_corpus(workdir)}
+    entities = export.read_jsonl(Path(workdir) / "world" / "entities.jsonl")
+    pool = T.guess_pool_from_entities([e for e in entities if not e["heldout"]])
+    cfg = T.TeacherConfig(s.p_vague, s.p_redundant, s.p_premature, s.max_retries, s.max_steps)
+    stats = {}
+    out = stage_dir(workdir, name)
+    for split in s.splits:
+        qs = load_questions(workdir, split)
+        t0 = time.perf_counter()
+        trajs = T.run_teacher(qs, retriever, config.index.k, cfg, seed=config.seed, guess_pool=pool)
+        eps = [sft_data.teacher_episode(q, st, passages) for q, st in zip(qs, trajs)]
+        write_episodes(out / f"episodes_{split}.jsonl", eps)
+        flaws = collections.Counter(str(f) for e in eps for f in e.metadata["flaws"])
+        stats[split] = {
+            "episodes": len(eps),
+            "em": float(np.mean([e.reward for e in eps])) if eps else 0.0,
+            "mean_searches": float(np.mean([e.num_searches for e in eps])) if eps else 0.0,
+            "actions": dict(flaws),
+            "seconds": round(time.perf_counter() - t0, 2),
+        }
+        log(name, f"{split}: {stats[split]}")
+    write_json(out / "stats.json", stats)
+
+
+def tokenizer_stage(config, workdir, name) -> None:
+    """sentencepiece on the non-held-out passages, the train questions and the train SFT texts of every agent
+    named in config[name].agents (the formats the policies will be trained in)."""
+    from jaxrag.data.synthetic.spm import train_sentencepiece
+    from jaxrag.env.agents import get_agent
+
+    s = config[name]
+    metas = export.read_jsonl(Path(workdir) / "world" / "passages_meta.jsonl")
+    entities = {e["id"]: e for e in export.read_jsonl(Path(workdir) / "world" / "entities.jsonl")}
+    texts = [f"{m['title']}: {m['contents']}" for m in metas if not entities[m["subject"]]["heldout"]]
+    episodes = load_teacher_episodes(workdir, "train")
+    for agent_name in s.agents:
+        agent = get_agent(agent_name, mode="plain")
+        for ep in episodes:
+            pairs = sft_data.step_pairs(ep, agent)
+            texts.append(pairs[-1][0] + pairs[-1][1])
+    path = train_sentencepiece(texts, str(tokenizer_path(workdir)), s.vocab_size)
+    log(name, f"{path} from {len(texts)} texts")
