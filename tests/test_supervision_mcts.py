@@ -7,9 +7,10 @@ from fakes import OverlapRetriever, Passage, ScriptedPolicy
 from jaxrag.env.agents import get_agent
 from jaxrag.env.mdp import ANSWER, QUERY, Action
 from jaxrag.supervision.judge_protocol import JudgeResult
-from jaxrag.supervision.mcts import (GROUNDING, REASONING, TERMINAL, Child, MCTSConfig, Outcome, PolicyTreeEnv,
-                                     new_tree, read_trees, run_mcts, spre, tree_from_json, tree_pairs, tree_records,
-                                     tree_to_json, uct_score, write_trees)
+from jaxrag.supervision.mcts import (GROUNDING, REASONING, TERMINAL, Child, MCTSConfig, Outcome, new_tree, read_trees,
+                                     run_mcts, spre, tree_from_json, tree_pairs, tree_records, tree_to_json, uct_score,
+                                     write_trees)
+from jaxrag.supervision.mcts_env import PolicyTreeEnv
 
 
 class ToyEnv:
@@ -40,7 +41,7 @@ class ToyEnv:
         return [[Outcome(v, s) for v, s in self.outcomes[self.key(t, nd)][:k]] for t, nd in items]
 
 
-# root q: A (query, one rollout v=0.6 in 2 steps) and B (answer, F1 1.0); A: C (query, rollout v=1 in 3 steps), D (wrong)
+# root q: A (query, one rollout v=0.6 in 2 steps), B (answer, F1 1.0); A: C (query, rollout v=1 in 3 steps), D (F1 0)
 CHILDREN = {"q": [("A", None), ("B", 1.0)], "q/A": [("C", None), ("D", 0.0)], "q/A/C": [("E", 1.0), ("F", 0.5)]}
 OUTCOMES = {"q/A": [(0.6, 2)], "q/A/C": [(1.0, 3)]}
 
@@ -182,7 +183,8 @@ def test_pair_filter_margin_and_text():
     got = {(p.chosen, p.rejected): p.margin for p in tree_pairs(t)}
     # 0.50 vs 0.505: |ΔQ| < 0.01; "search: x" vs "Reasoning... search: x": same query text; unvisited: no pair
     assert got == pytest.approx({("search: x", "answer: b"): 0.2, ("search: x2", "answer: b"): 0.205,
-                                 ("search: x2", "Reasoning... search: x"): 0.405, ("answer: b", "Reasoning... search: x"): 0.2})
+                                 ("search: x2", "Reasoning... search: x"): 0.405,
+                                 ("answer: b", "Reasoning... search: x"): 0.2})
     assert all(p.source == "mcts" and p.prompt == "P" and p.qid == "q" and p.step == 0 for p in tree_pairs(t))
     # exactly 0.01 apart is kept (the code skips only < 0.01)
     t.nodes[2].Q = 0.51
@@ -207,7 +209,7 @@ def test_tree_json_round_trip_and_records(tmp_path):
         read_trees(tmp_path / "bad.jsonl")
 
 
-# ---- the real environment: ReasonRAG (plain) over the rollout engine -----------------------------------------------
+# ---- the real environment: ReasonRAG (plain) over the rollout engine ------------------------------------------------
 PASSAGES = [Passage(f"p{i}", f"Title {i}", f"fact {i} about topic{i % 3}") for i in range(12)]
 
 
