@@ -1,0 +1,168 @@
+"""The real environment of ReasonRAG MCTS (jaxrag.supervision.mcts.TreeEnv) over a Policy, a Retriever and an agent.
+
+Expansion and rollouts go through the rollout engine's batched calls (`rollout.candidates`, `rollout.execute`,
+`rollout.rollout` over partial Episodes), so one MCTS iteration over many trees costs a handful of sampler calls.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Action, Episode, State, Step, answer_reward
+from jaxrag.supervision.mcts import GROUNDING, REASONING, TERMINAL, Child, Node, Outcome, Tree
+
+
+@dataclass
+class PolicyTreeEnv:
+    """TreeEnv over a Policy, a Retriever and an agent design (ReasonRAG's Reasoning/Grounding stages).
+
+    expand: every Reasoning leaf of the iteration in ONE `rollout.candidates` call (n samples each), their queries in
+    ONE batched search; every Grounding leaf in ONE `policy.generate` call over `agent.render_summary` prompts (two
+    stages need two calls: their prompts and stop strings differ). A query child becomes a Grounding node when the
+    agent summarizes and `grounding_stage` is on; otherwise its summary (if any) is filled at once.
+    rollout: k copies of every node as partial Episodes (Grounding nodes first get their evidence sampled, in one
+    call), all continued by ONE `rollout.rollout` call; v = the engine's answer reward (F1, or accuracy for multiple
+    choice), steps = tree steps of the whole trajectory (a query with its evidence counts 2 when grounding counts).
+    """
+
+    policy: object
+    retriever: object
+    agent: object
+    k: int = 3  # documents per search (ReasonRAG: top 3)
+    temperature: float = 1.0  # expansion sampling
+    rollout_temperature: float = 1.0
+    max_new_tokens: int = 256
+    summary_max_new_tokens: int = 256
+    batch_size: int = 64  # live episodes per engine step in rollouts
+    grounding_stage: bool = True
+    summarizer: object = None  # policy for evidence in rollouts (default: `policy`, as ReasonRAG)
+    reward: str = "auto"  # v: f1, or acc for multiple choice
+    seed: int = 0
+    calls: dict = field(default_factory=lambda: {"expand": 0, "rollout": 0, "engine": 0})  # counts per method
+    _draws: int = 0  # sampler seeds handed out so far
+
+    @property
+    def _grounds(self) -> bool:
+        return bool(self.grounding_stage and getattr(self.agent, "summarizes", False))
+
+    def _seed(self) -> int:
+        """A fresh seed for every sampler call (temperature 1 samples must differ between iterations)."""
+        self._draws += 1
+        return self.seed + 7919 * self._draws
+
+    def tree_steps(self, steps: Sequence[Step]) -> int:
+        per_query = 2 if self._grounds else 1
+        return sum(per_query if s.action.kind == QUERY else 1 for s in steps)
+
+    def engine_max_steps(self, max_depth: int) -> int:
+        """Engine steps whose tree steps fit in max_depth (q queries + answer: 2q+1 ≤ max_depth with grounding)."""
+        return (max_depth - 1) // 2 + 1 if self._grounds else max_depth
+
+    # ---- expand -----------------------------------------------------------------------------------------
+    def expand(self, items: Sequence[tuple[Tree, Node]], n: int, max_depth: int) -> list[list[Child]]:
+        from jaxrag.env.rollout import candidates, execute
+
+        self.calls["expand"] += 1
+        out: list[list[Child]] = [[] for _ in items]
+        reason = [i for i, (_, nd) in enumerate(items) if nd.stage == REASONING]
+        ground = [i for i, (_, nd) in enumerate(items) if nd.stage == GROUNDING]
+        if reason:
+            states = []
+            for i in reason:
+                t, nd = items[i]
+                s = t.state(nd)
+                s.must_answer = nd.depth + 1 >= max_depth or len(s.history) + 1 >= self.engine_max_steps(max_depth)
+                states.append(s)
+            prompts, cands = candidates(self.policy, self.agent, states, n, temperature=self.temperature,
+                                        max_new_tokens=self.max_new_tokens, seed=self._seed())
+            q_states, q_steps = [], []
+            for j, i in enumerate(reason):
+                t, nd = items[i]
+                for c in cands[j]:
+                    action = c.action
+                    if states[j].must_answer and action.kind == QUERY and action.extra.get("predicted_answer"):
+                        action = Action(ANSWER, action.extra["predicted_answer"], action.raw,
+                                        {**action.extra, "forced_by_max_steps": True})
+                    comp = c.completion
+                    step = Step(action=action, prompt=prompts[j],
+                                token_ids=[int(x) for x in getattr(comp, "token_ids", ()) or ()],
+                                logprobs=[float(x) for x in getattr(comp, "logprobs", ()) or ()],
+                                finish_reason=str(getattr(comp, "finish_reason", "")))
+                    raw = getattr(comp, "text", action.raw)
+                    if action.kind == ANSWER:
+                        v = answer_reward(action.text, t.gold, self.reward, t.choices)
+                        out[i].append(Child(raw, TERMINAL, action, prompts[j], v, step))
+                    elif action.kind == INVALID:
+                        out[i].append(Child(raw, TERMINAL, action, prompts[j], None, step,
+                                            extra={"terminal_reason": "invalid"}))
+                    else:
+                        out[i].append(Child(raw, GROUNDING if self._grounds else REASONING, action, prompts[j], None,
+                                            step))
+                        q_states.append(states[j])
+                        q_steps.append(step)
+            if q_steps:  # one batched search (+ summaries when grounding is not a tree stage)
+                summarizer = None if self._grounds else (self.summarizer or self.policy)
+                execute(q_states, q_steps, self.retriever, self.agent, self.k, summarizer,
+                        summary_max_new_tokens=self.summary_max_new_tokens, seed=self._seed())
+        if ground:
+            prompts = []
+            for i in ground:
+                t, nd = items[i]
+                qstep = t.history(nd)[-1]
+                prompts.append(self.agent.render_summary(t.state(nd), qstep.action.text, qstep.docs))
+            outs = self.policy.generate(prompts, n=n, temperature=self.temperature,
+                                        max_new_tokens=self.summary_max_new_tokens,
+                                        stop=list(self.agent.summary_stop) or None, seed=self._seed())
+            for j, i in enumerate(ground):
+                t, nd = items[i]
+                qstep = t.history(nd)[-1]
+                for comp in outs[j]:
+                    step = copy.deepcopy(qstep)
+                    step.summary_prompt, step.summary_raw = prompts[j], comp.text
+                    step.summary = self._parse_summary(comp.text)
+                    out[i].append(Child(comp.text, REASONING, None, prompts[j], None, step, kind="evidence"))
+        return out
+
+    def _parse_summary(self, text: str) -> str | None:
+        try:
+            return self.agent.parse_summary(text)
+        except Exception:  # a parser bug is a missing evidence, never a crash
+            return None
+
+    # ---- rollout ----------------------------------------------------------------------------------------
+    def rollout(self, items: Sequence[tuple[Tree, Node]], k: int, max_depth: int) -> list[list[Outcome]]:
+        from jaxrag.env.rollout import RolloutConfig, rollout
+
+        self.calls["rollout"] += 1
+        episodes, owner = [], []
+        pending_ev: list[tuple[Episode, State, Step]] = []
+        for i, (t, nd) in enumerate(items):
+            hist = t.history(nd)
+            for _ in range(k):
+                ep = Episode(t.qid, t.question, list(t.gold), agent=getattr(self.agent, "name", ""),
+                             choices=list(t.choices), steps=copy.deepcopy(hist))
+                if nd.stage == GROUNDING:
+                    pending_ev.append((ep, t.state(nd), ep.steps[-1]))
+                episodes.append(ep)
+                owner.append(i)
+        if pending_ev:  # Grounding nodes: sample the evidence of each copy first (one call)
+            prompts = [self.agent.render_summary(s, st.action.text, st.docs) for _, s, st in pending_ev]
+            outs = (self.summarizer or self.policy).generate(
+                prompts, n=1, temperature=self.rollout_temperature, max_new_tokens=self.summary_max_new_tokens,
+                stop=list(self.agent.summary_stop) or None, seed=self._seed())
+            for (_, _, st), p, o in zip(pending_ev, prompts, outs):
+                text = o[0].text if o else ""
+                st.summary_prompt, st.summary_raw, st.summary = p, text, self._parse_summary(text)
+        cfg = RolloutConfig(k=self.k, max_steps=self.engine_max_steps(max_depth), batch_size=self.batch_size,
+                            temperature=self.rollout_temperature, max_new_tokens=self.max_new_tokens,
+                            summary_max_new_tokens=self.summary_max_new_tokens,
+                            summary_temperature=self.rollout_temperature, reward=self.reward, seed=self._seed())
+        done = rollout(self.policy, self.retriever, self.agent, episodes, cfg, summarizer=self.summarizer)
+        self.calls["engine"] += 1
+        out: list[list[Outcome]] = [[] for _ in items]
+        for i, ep in zip(owner, done):
+            v = ep.reward if ep.done == "answer" else 0.0
+            out[i].append(Outcome(float(v), self.tree_steps(ep.steps), ep.answer))
+        return out

@@ -1,0 +1,60 @@
+"""ARENA adaptive reward against the paper's definition (003 §3.3), and the papers' rewards in the registry."""
+import pytest
+
+from jaxrag.env.agents import get_agent
+from jaxrag.env.mdp import ANSWER, Episode, Step
+from jaxrag.supervision.arena_reward import arena_episode_reward, strict_format_score
+from jaxrag.supervision.rewards import REWARDS, get_reward, reward_fn
+
+ARENA = get_agent("arena")
+GOLD_IDS = [1, 3]
+
+
+def arena_episode(text: str) -> Episode:
+    """One ARENA step parsed by the agent; gold answer "Paris", supporting references 1 and 3."""
+    action = ARENA.parse(text)
+    ep = Episode("q", "capital?", ["Paris"], agent="arena", steps=[Step(action)],
+                 answer=action.text if action.kind == ANSWER else None,
+                 done="answer" if action.kind == ANSWER else "invalid", metadata={"gold_ref_ids": list(GOLD_IDS)})
+    return ep
+
+
+REL, ANA = "<relevance>[1, 3]</relevance>\n", "<analysis>[1] and [3] say so</analysis>\n"
+
+
+@pytest.mark.parametrize("text,fmt,acc,rel,bonus", [
+    (REL + ANA + "<answer>Paris</answer>", 1, 1, 1, 10),                                # all three: bonus
+    ("<relevance>[1]</relevance>" + ANA + "<answer>Paris</answer>", 1, 1, 0.5, 0),       # partial relevance
+    ("<relevance>[1, 2, 3]</relevance>" + ANA + "<answer>Paris</answer>", 1, 1, 0.5, 0),  # superset overlaps
+    ("<relevance>[2, 4]</relevance>" + ANA + "<answer>Paris</answer>", 1, 1, 0, 0),      # no overlap
+    (REL + "<answer>Paris</answer>", 0, 1, 1, 0),                                         # analysis missing
+    (ANA + REL + "<answer>Paris</answer>", 0, 1, 1, 0),                                   # sections out of order
+    (REL + ANA + "<answer>London</answer>", 1, 0, 1, 0),                                  # wrong answer
+    (REL + ANA + "<answer>the Paris.</answer>", 1, 1, 1, 10),                             # normalized EM
+    (REL + ANA + "<answer>Paris, France</answer>", 1, 0, 1, 0),                           # EM, not F1
+    (REL + "<analysis>no answer section</analysis>", 0, 0, 0, 0),                         # Invalid: nothing
+])
+def test_arena_reward_table(text, fmt, acc, rel, bonus):
+    r = arena_episode_reward(arena_episode(text))
+    assert r.components == {"format": fmt, "accuracy": acc, "relevance": rel, "bonus": bonus}
+    assert r.total == pytest.approx(fmt + acc + rel + bonus)
+
+
+def test_arena_without_gold_ids_and_strict_format():
+    ep = arena_episode(REL + ANA + "<answer>Paris</answer>")
+    ep.metadata = {}
+    assert arena_episode_reward(ep).components["relevance"] == 0.0
+    # the released code's format regex: the reply must start with the sections, no '<' inside them
+    chatty = "Sure! " + REL + ANA + "<answer>Paris</answer>"
+    assert arena_episode_reward(arena_episode(chatty)).total == 13.0
+    strict = arena_episode_reward(arena_episode(chatty), strict_format=True)
+    assert strict.components["format"] == 0.0 and strict.components["bonus"] == 0.0 and strict.total == 2.0
+    assert strict_format_score(REL + ANA + "<answer>Paris</answer>") == 1.0
+    assert strict_format_score(REL + "<analysis>a <b> c</analysis><answer>Paris</answer>") == 0.0
+
+
+def test_registry_holds_the_papers_rewards():
+    assert get_reward("arena")(arena_episode(REL + ANA + "<answer>Paris</answer>")).total == 13.0
+    assert get_reward("smartsearch").__module__ == "jaxrag.supervision.smartsearch" and "smartsearch" in REWARDS
+    both = reward_fn("em+0.5*arena")(arena_episode(REL + ANA + "<answer>Paris</answer>"))
+    assert both.total == pytest.approx(1.0 + 0.5 * 13.0) and both.components["arena/bonus"] == 10.0
