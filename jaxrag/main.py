@@ -1,10 +1,13 @@
-"""python -m jaxrag.main --config=configs/X.py --workdir=DIR [--config.a.b=value] [--stages=a,b] [--force]
+"""python -m jaxrag.main --config=configs/X.py[:preset] --workdir=DIR [--config.a.b=value] [--stages=a,b]
+                        [--force | --rerun_changed]
 
 Runs `config.stages` in order (ARCHITECTURE.md "Stages"): for each name, `config[name].fn = "module:function"` is
-called as fn(config, workdir, name) and `workdir/<name>/DONE` is written when it returns; finished stages are skipped
-on reruns (--force reruns them and forgets the DONE of every later stage first, --stages picks a subset). A config
-file's presets are its get_config argument (`--config=configs/x.py:tiny`), applied before any --config.* override. Every stage's fn is imported and the config is checked before
-any stage runs, so a typo fails before compute (unknown --config keys and wrong types are rejected by ml_collections).
+called as fn(config, workdir, name) and `workdir/<name>/DONE` (with the stage's settings fingerprint) is written
+when it returns. Finished stages are skipped on reruns; one whose settings changed is refused with the keys named
+(--rerun_changed reruns it and everything after it; --force reruns the planned stages). --stages picks a subset.
+A config file's preset is its get_config argument, applied before any --config.* override, so overrides win.
+Every stage's fn is imported and the config is checked before any stage runs, so a typo fails before compute
+(unknown --config keys and wrong types are rejected by ml_collections). One run per workdir (jaxrag/workdir.py).
 """
 
 from __future__ import annotations
@@ -16,10 +19,14 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
+from jaxrag.workdir import WorkdirError
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file (get_config()).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for every stage's inputs and outputs.")
 _STAGES = flags.DEFINE_list("stages", None, "Run only these stages (default: config.stages).")
-_FORCE = flags.DEFINE_bool("force", False, "Rerun stages that have a DONE marker.")
+_FORCE = flags.DEFINE_bool("force", False, "Rerun the planned stages even if finished (and every later stage).")
+_RERUN_CHANGED = flags.DEFINE_bool("rerun_changed", False,
+                                   "Rerun the finished stages whose settings changed, and every stage after them.")
 
 
 class StageError(ValueError):
@@ -64,32 +71,76 @@ def plan(config, only: list[str] | None = None) -> list[tuple[str, object]]:
     return out
 
 
-def run(config, workdir: str | Path, only: list[str] | None = None, force: bool = False) -> list[str]:
-    """Run the planned stages; returns the names that ran (skipped ones excluded)."""
+def run(config, workdir: str | Path, only: list[str] | None = None, force: bool = False,
+        rerun_changed: bool = False) -> list[str]:
+    """Run the planned stages under the workdir lock; returns the names that ran (skipped ones excluded).
+
+    A finished stage is skipped when its recorded settings fingerprint matches; a changed one is refused (naming
+    the keys) unless `rerun_changed` (rerun it and everything after it) or `force` (rerun every planned stage and
+    forget the DONE of every stage after the first one rerun). See jaxrag/workdir.py.
+    """
+    import shutil
+
+    import jax
+
+    from jaxrag import workdir as wd
     from jaxrag.train.distributed import maybe_initialize
 
     maybe_initialize()
     workdir = Path(workdir)
-    stages = plan(config, only)
-    ran = []
-    if force:  # a forced stage invalidates everything after it: no old DONE may stand over new inputs
-        first = list(config.stages).index(stages[0][0]) if stages else len(config.stages)
-        for later in list(config.stages)[first:]:
-            (workdir / later / "DONE").unlink(missing_ok=True)
-    for name, fn in stages:
-        done = workdir / name / "DONE"
-        if done.exists() and not force:
-            print(f"[main] {name}: done already ({done}), skipping")
-            continue
-        print(f"[main] {name}: running {config[name].fn}")
-        (workdir / name).mkdir(parents=True, exist_ok=True)
-        fn(config, str(workdir), name)
-        import jax
-
-        if jax.process_index() == 0:
-            done.write_text("done\n")
-        ran.append(name)
+    stages = dict(plan(config, only))
+    ran: list[str] = []
+    lead = jax.process_index() == 0
+    with wd.Lock(workdir) if lead else _Null():
+        if lead:
+            wd.save_effective_config(workdir, config)
+        upstream, invalidated = "", False
+        for name in config.stages:
+            settings = wd.stage_settings(config, name)
+            fp = wd.fingerprint(settings, upstream)
+            upstream = fp
+            sdir = workdir / name
+            if lead:
+                wd.recover(sdir)
+            done = wd.read_done(sdir / "DONE")
+            if name not in stages:
+                if invalidated and done is not None and lead:  # its inputs were just rebuilt
+                    (sdir / "DONE").unlink()
+                continue
+            if done is not None and not (force or invalidated):
+                if done.get("fingerprint", fp) == fp:
+                    print(f"[main] {name}: done already ({sdir / 'DONE'}), skipping")
+                    continue
+                keys = wd.changed_keys(done.get("settings", {}), settings)
+                if not rerun_changed:
+                    raise StageError(f"{name}: finished under other settings (changed: {', '.join(keys) or 'an earlier stage'}); "
+                                     "rerun with --rerun_changed (this stage and every later one) or --force")
+                print(f"[main] {name}: settings changed ({', '.join(keys) or 'upstream'}), rerunning")
+            print(f"[main] {name}: running {config[name].fn}")
+            prev = wd.set_aside(sdir) if lead else None
+            sdir.mkdir(parents=True, exist_ok=True)
+            try:
+                stages[name](config, str(workdir), name)
+            except BaseException:
+                if prev is not None:  # the old, complete outputs go back; the partial new ones go
+                    shutil.rmtree(sdir, ignore_errors=True)
+                    prev.rename(sdir)
+                raise
+            if lead:
+                wd.write_done(sdir / "DONE", {"fingerprint": fp, "settings": settings})
+                if prev is not None:
+                    shutil.rmtree(prev, ignore_errors=True)
+            invalidated = True
+            ran.append(name)
     return ran
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 def main(argv):
@@ -101,8 +152,8 @@ def main(argv):
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required")
     try:
-        run(_CONFIG.value, _WORKDIR.value, _STAGES.value, _FORCE.value)
-    except StageError as e:
+        run(_CONFIG.value, _WORKDIR.value, _STAGES.value, _FORCE.value, _RERUN_CHANGED.value)
+    except (StageError, WorkdirError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

@@ -1,0 +1,112 @@
+"""A workdir you can trust (jaxrag/workdir.py via jaxrag.main.run): settings fingerprints, refusal of changed
+settings, --rerun_changed, atomic --force reruns, the lock. Stages here are pure Python (no JAX): fast."""
+
+import json
+import os
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from jaxrag.main import StageError, run
+from jaxrag.workdir import Lock, WorkdirError
+
+CALLS = []
+
+
+def write_stage(config, workdir, name):
+    """Writes <name>/out.txt = the value of its `value` key + the previous stage's out.txt."""
+    CALLS.append(name)
+    before = ""
+    i = list(config.stages).index(name)
+    if i:
+        before = open(os.path.join(workdir, config.stages[i - 1], "out.txt")).read()
+    if config[name].get("fail"):
+        with open(os.path.join(workdir, name, "out.txt"), "w") as f:
+            f.write("partial")
+        raise OSError(28, "No space left on device (injected)")
+    with open(os.path.join(workdir, name, "out.txt"), "w") as f:
+        f.write(before + str(config[name].value))
+
+
+def _config(**values):
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.stages = ["a", "b", "c"]
+    for n in c.stages:
+        c[n] = ml_collections.ConfigDict({"fn": "test_workdir:write_stage", "value": values.get(n, 1), "fail": False})
+    return c
+
+
+def _out(wd, name):
+    return (wd / name / "out.txt").read_text()
+
+
+def test_unchanged_rerun_skips_and_config_is_saved(tmp_path):
+    CALLS.clear()
+    assert run(_config(), tmp_path) == ["a", "b", "c"]
+    assert run(_config(), tmp_path) == [] and CALLS == ["a", "b", "c"]
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["config"]["a"]["value"] == 1 and "git_commit" in saved
+    assert json.loads((tmp_path / "b" / "DONE").read_text())["settings"]["b"]["value"] == 1
+
+
+def test_changed_setting_is_refused_naming_the_key(tmp_path):
+    run(_config(), tmp_path)
+    with pytest.raises(StageError, match=r"b: finished under other settings \(changed: b.value\)"):
+        run(_config(b=2), tmp_path)
+    with pytest.raises(StageError, match="changed: seed"):
+        c = _config()
+        c.seed = 7
+        run(c, tmp_path)
+    assert _out(tmp_path, "c") == "111"  # nothing was touched
+
+
+def test_rerun_changed_reruns_exactly_the_affected_stages(tmp_path):
+    run(_config(), tmp_path)
+    CALLS.clear()
+    assert run(_config(b=5), tmp_path, rerun_changed=True) == ["b", "c"] and CALLS == ["b", "c"]
+    assert _out(tmp_path, "c") == "151"
+    assert run(_config(b=5), tmp_path) == []
+
+
+def test_failed_forced_rerun_keeps_previous_outputs(tmp_path):
+    run(_config(), tmp_path)
+    c = _config(b=9)
+    c.b.fail = True
+    with pytest.raises(OSError, match="injected"):
+        run(c, tmp_path, only=["b"], force=True)
+    assert _out(tmp_path, "b") == "11" and (tmp_path / "b" / "DONE").exists()
+    assert not (tmp_path / "b.prev").exists()
+    assert run(_config(), tmp_path) == []  # the old, complete outputs still stand
+
+
+def test_forced_rerun_of_one_stage_invalidates_later_ones(tmp_path):
+    run(_config(), tmp_path)
+    assert run(_config(), tmp_path, only=["a"], force=True) == ["a"]
+    assert (tmp_path / "a" / "DONE").exists() and not (tmp_path / "b" / "DONE").exists()
+    assert run(_config(), tmp_path) == ["b", "c"]
+
+
+def test_interrupted_rerun_is_recovered(tmp_path):
+    run(_config(), tmp_path)
+    (tmp_path / "b").rename(tmp_path / "b.prev")  # what a SIGKILL during a forced rerun of b leaves
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "out.txt").write_text("partial")
+    assert run(_config(), tmp_path) == [] and _out(tmp_path, "b") == "11"
+
+
+def test_lock_names_the_holder_and_stale_lock_is_taken_over(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / ".lock").write_text(json.dumps({"pid": sleeper.pid, "host": os.uname().nodename}))
+        with pytest.raises(WorkdirError, match=f"in use by another run \\(pid {sleeper.pid}"):
+            run(_config(), tmp_path)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert run(_config(), tmp_path) == ["a", "b", "c"]  # the holder is gone: stale, taken over
+    assert not (tmp_path / ".lock").exists()
+    with Lock(tmp_path), pytest.raises(WorkdirError, match="in use"):
+        run(_config(), tmp_path)
