@@ -49,3 +49,22 @@ def llama3_checkpoint(tmp_path_factory):
     """The Llama-3.1-style tiny checkpoint alone (error-case tests need just one)."""
     path = tmp_path_factory.mktemp("llama3_only")
     return _tiny_hf("llama3", path), path
+
+
+@pytest.fixture(scope="session")
+def synthetic_run(tmp_path_factory):
+    """The synthetic pipeline's tiny preset, run ONCE per test session: (config, workdir, stages that ran).
+    Every test that reads a pipeline output uses this run instead of running its own."""
+    import importlib.util
+    from pathlib import Path
+
+    from jaxrag import main as jmain
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "synthetic" / "pipeline.py"
+    spec = importlib.util.spec_from_file_location("synthetic_pipeline", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    config = mod.get_config("tiny")
+    workdir = tmp_path_factory.mktemp("synthetic")
+    ran = jmain.run(config, workdir)
+    return config, str(workdir), ran

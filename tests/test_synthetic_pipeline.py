@@ -13,24 +13,10 @@ from jaxrag.data.synthetic import export
 from jaxrag.env.mdp import read_episodes
 from jaxrag.metrics import exact_match
 
-CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "synthetic", "pipeline.py")
-
-
-def _config():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("synthetic_pipeline", CONFIG)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config("tiny")
-
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("synthetic")
-    config = _config()
-    ran = jmain.run(config, workdir)
-    return config, str(workdir), ran
+def run(synthetic_run):
+    return synthetic_run
 
 
 def test_every_stage_ran_and_reruns_skip(run):
@@ -106,3 +92,66 @@ def test_report_files(run):
     for png in ("training_curves.png", "accuracy_by_hops.png"):
         with open(os.path.join(out, png), "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_supervision_records_pairs_and_budget_agree(run):
+    from jaxrag.supervision.records import read_pairs, read_records
+
+    config, workdir, _ = run
+    sup = os.path.join(workdir, "supervision")
+    stats = json.load(open(os.path.join(sup, "stats.json")))
+    records = read_records(os.path.join(sup, "records_oracle.jsonl"))
+    pairs = read_pairs(os.path.join(sup, "pairs.jsonl"))
+    eps = {e.qid: e for e in read_episodes(os.path.join(sup, "episodes.jsonl"))}
+    assert stats["pairs"] == len(pairs) and stats["records_kept"] == len(records)
+    assert stats["sampled_actions_all"] == stats["states"] * config.supervision.n_candidates
+    for r in records:  # only states of correct trajectories; the oracle's 0/1 scores; the prompt the policy saw
+        assert eps[r.qid].metadata["kept"] and len(r.candidates) == config.supervision.n_candidates
+        assert all(c.score in (0.0, 1.0) for c in r.candidates)
+        assert r.prompt == eps[r.qid].steps[r.step].prompt
+    by_state = {(r.qid, r.step): r for r in records}
+    for p in pairs:
+        cands = {c.raw: c.score for c in by_state[(p.qid, p.step)].candidates}
+        assert cands[p.chosen] > 0.75 and cands[p.rejected] < 0.5 and p.prompt == by_state[(p.qid, p.step)].prompt
+    agree = os.path.join(sup, "agreement")
+    oracle = read_records(os.path.join(agree, "records_oracle.jsonl"))
+    rollout = read_records(os.path.join(agree, "records_rollout.jsonl"))
+    assert [(r.qid, r.step) for r in oracle] == [(r.qid, r.step) for r in rollout]
+    assert all(c.score is not None and 0.0 <= c.score <= 1.0 for r in rollout for c in r.candidates)
+
+
+def test_preference_stages_trained_from_sft(run):
+    from jaxrag.train.metrics_log import read_metrics
+
+    config, workdir, _ = run
+    for stage, loss in (("dpo", "dpo"), ("critic", "bt")):
+        rows = read_metrics(os.path.join(workdir, stage, "metrics.jsonl"))
+        assert sorted(rows) == list(range(1, config[stage].train.steps + 1))
+        key = "dpo/accuracy" if loss == "dpo" else "bt/accuracy"
+        assert all(0.0 <= r[key] <= 1.0 for r in rows.values())
+        assert json.load(open(os.path.join(workdir, stage, "train_config.json")))["loss"] == loss
+    assert os.path.exists(os.path.join(workdir, "critic", "model", "head.npz"))
+    assert not os.path.exists(os.path.join(workdir, "dpo", "model", "head.npz"))
+
+
+def test_outcome_baseline_sampled_the_same_budget(run):
+    config, workdir, _ = run
+    budget = json.load(open(os.path.join(workdir, "supervision", "stats.json")))["sampled_actions_all"]
+    summary = json.load(open(os.path.join(workdir, "outcome", "summary.json")))
+    eps = read_episodes(os.path.join(workdir, "outcome", "episodes.jsonl"))
+    assert summary["budget_actions"] == budget and summary["sampled_actions"] == sum(len(e.steps) for e in eps)
+    assert budget <= summary["sampled_actions"] < budget + config.outcome.max_steps
+    assert summary["correct"] == sum(exact_match(e.answer, e.gold) > 0 for e in eps)
+
+
+def test_agreement_and_bestofn_outputs(run):
+    config, workdir, _ = run
+    rows = json.load(open(os.path.join(workdir, "agreement", "agreement.json")))
+    assert {r["source"] for r in rows} >= {"rollout", "critic"}
+    assert all(r["pairs"] >= 0 and (r["agreement"] is None or 0.0 <= r["agreement"] <= 1.0) for r in rows)
+    b = json.load(open(os.path.join(workdir, "bestofn", "bestofn.json")))
+    assert [(r["n"], r["selector"]) for r in b["rows"]] == [(1, "critic")] + [
+        (n, s) for n in config.bestofn.ns[1:] for s in ("critic", "first_valid")]
+    with open(os.path.join(workdir, "report", "bestofn.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert "Annotator agreement" in open(os.path.join(workdir, "report", "results.md")).read()

@@ -32,7 +32,8 @@ def get_config(preset: str = "demo"):
         raise ValueError(f"configs/synthetic/pipeline.py: unknown preset {preset!r} (demo | tiny)")
     c = ml_collections.ConfigDict()
     c.seed = 0
-    c.stages = ["world", "index", "teacher", "tokenizer", "sft", "sft_re2search", "eval", "report"]
+    c.stages = ["world", "index", "teacher", "tokenizer", "sft", "sft_re2search", "supervision", "dpo", "critic",
+                "outcome", "agreement", "bestofn", "eval", "report"]
 
     # Many entities, so the policy cannot memorize the world and has to learn to read and copy (held-out names).
     c.world = dict(fn=f"{P}.world:world_stage", n_countries=40, n_cities=300, n_persons=2000, n_films=1000,
@@ -52,13 +53,38 @@ def get_config(preset: str = "demo"):
                            train=trainer(loss="sft", steps=200, batch_size=16, seq_buckets=(64, 128, 192, 256),
                                          optimizer=dict(lr=1e-3, warmup_steps=10, min_lr_ratio=0.1,
                                                         weight_decay=0.01)))
+    # Process supervision: N candidates per state from the SFT policy, scored by the world's oracle (RAG-Gym
+    # collection: execute the best, keep correct trajectories); pairs (score > 0.75, < 0.5) at the same state.
+    rollout_common = dict(max_steps=8, batch_size=64, max_new_tokens=40)
+    c.supervision = dict(fn=f"{P}.supervise:supervision_stage", policy="sft", agent="react", max_questions=600,
+                         n_candidates=4, temperature=1.0, outcome_threshold=0.75, agreement_questions=100,
+                         rollout_m=4, http_judge=dict(base_url="", model=""), **rollout_common)
+    pref_train = dict(steps=300, batch_size=16, seq_buckets=(128, 192, 256, 320),
+                      optimizer=dict(lr=1e-4, warmup_steps=20, min_lr_ratio=0.1))
+    c.dpo = dict(fn=f"{P}.preference:preference_stage", pairs="supervision", init="sft", max_len=320,
+                 train=trainer(loss="dpo", dpo=dict(beta=0.1), **pref_train))  # beta: RAG-Gym code
+    c.critic = dict(fn=f"{P}.preference:preference_stage", pairs="supervision", init="sft", max_len=320,
+                    train=trainer(loss="bt", bt=dict(center_coef=0.01), **{**pref_train, "optimizer": dict(
+                        lr=3e-4, warmup_steps=20, min_lr_ratio=0.1)}))  # c = 0.01: RAG-Gym code
+    # Outcome supervision at equal sampled data: SFT on the policy's own correct trajectories (rejection sampling).
+    c.outcome = dict(fn=f"{P}.outcome:outcome_stage", policy="sft", budget_from="supervision", agent="react",
+                     max_questions=600, temperature=1.0, max_len=256, **rollout_common,
+                     train=trainer(loss="sft", steps=300, batch_size=16, seq_buckets=(64, 128, 192, 256),
+                                   optimizer=dict(lr=1e-4, warmup_steps=20, min_lr_ratio=0.1)))
+    c.agreement = dict(fn=f"{P}.analysis:agreement_stage", records="supervision", critic="critic", agent="react")
+    c.bestofn = dict(fn=f"{P}.analysis:bestofn_stage", policy="sft", critic="critic", agent="react", ns=(1, 2, 4, 8),
+                     split="test", max_questions=200, temperature=1.0, **rollout_common)
     c.eval = dict(
-        fn=f"{P}.evaluate:eval_stage", splits=("test", "heldout"), max_questions=400, max_steps=8, max_new_tokens=40,
+        fn=f"{P}.evaluate:eval_stage", splits=("test", "heldout"), max_questions=200, max_steps=8, max_new_tokens=40,
         batch_size=128,
         systems=[
             dict(name="no_retrieval", agent="direct", model="sft"),
             dict(name="rag", agent="rag", model="sft"),
             dict(name="sft_react", agent="react", model="sft"),
+            dict(name="outcome_rs", agent="react", model="outcome"),
+            dict(name="dpo", agent="react", model="dpo"),
+            dict(name="sft_critic_bo4", agent="react", model="sft", critic="critic", n=4, temperature=1.0),
+            dict(name="dpo_critic_bo4", agent="react", model="dpo", critic="critic", n=4, temperature=1.0),
             dict(name="sft_re2search", agent="re2search", model="sft_re2search"),
         ],
     )
@@ -79,4 +105,12 @@ def apply_tiny(c) -> None:
         c[s].train.steps = 20
         c[s].train.optimizer.warmup_steps = 2
         c[s].train.progress = False
+    for s in ("dpo", "critic", "outcome"):
+        c[s].train.steps = 6
+        c[s].train.batch_size = 4
+        c[s].train.optimizer.warmup_steps = 1
+        c[s].train.progress = False
+    c.supervision.update(dict(max_questions=16, agreement_questions=6, rollout_m=2, max_steps=4, max_new_tokens=16))
+    c.outcome.update(dict(max_questions=16, max_steps=4, max_new_tokens=16))
+    c.bestofn.update(dict(ns=(1, 2), max_questions=8, max_steps=4, max_new_tokens=16))
     c.eval.update(dict(max_questions=24, max_steps=4, max_new_tokens=16))

@@ -148,14 +148,35 @@ def write_report(results: dict, curves: dict[str, list[dict]], out_dir: str, tit
 
 
 def report_stage(config, workdir, name) -> None:
+    """results.md/csv + plots of every system, the training curves of every stage, and (when those stages ran) the
+    annotator-agreement table and the best-of-N curve."""
+    import shutil
+
     from jaxrag.jsonl import iter_jsonl
     from jaxrag.pipelines.common import log, read_json, stage_dir
 
-    results = read_json(os.path.join(str(workdir), "eval", "results.json"))
+    wd = str(workdir)
+    results = read_json(os.path.join(wd, "eval", "results.json"))
     curves = {}
     for stage in config.stages:
-        p = os.path.join(str(workdir), stage, "metrics.jsonl")
+        p = os.path.join(wd, stage, "metrics.jsonl")
         if os.path.exists(p) and stage != "eval":
             curves[stage] = [r for _, r in iter_jsonl(p) if "loss" in r or r.get("kind") == "eval"]
-    files = write_report(results, curves, str(stage_dir(workdir, name)), title=f"Synthetic multi-hop world (seed {config.seed})")
+    out = str(stage_dir(workdir, name))
+    files = write_report(results, curves, out, title=f"Synthetic multi-hop world (seed {config.seed})")
+    extra = []
+    agreement = os.path.join(wd, "agreement", "agreement.md")
+    if os.path.exists(agreement):
+        extra.append("## Annotator agreement with the oracle (dev states)\n\n" + open(agreement).read())
+    bestofn = os.path.join(wd, "bestofn", "bestofn.json")
+    if os.path.exists(bestofn):
+        b = read_json(bestofn)
+        lines = ["| N | selector | EM | F1 |", "|---|---|---|---|"]
+        lines += [f"| {r['n']} | {r['selector']} | {r['em']:.3f} | {r['f1']:.3f} |" for r in b["rows"]]
+        extra.append(f"## PRM-guided best-of-N ({b['split']}, T = {b['temperature']})\n\n" + "\n".join(lines) + "\n")
+        shutil.copy(os.path.join(wd, "bestofn", "bestofn.png"), os.path.join(out, "bestofn.png"))
+        files.append(os.path.join(out, "bestofn.png"))
+    if extra:
+        with open(files[0], "a") as f:
+            f.write("\n" + "\n".join(extra))
     log(name, ", ".join(files))

@@ -1,0 +1,89 @@
+"""Two studies of the learned critic: annotator agreement (RAG-Gym Table 4 analogue) and accuracy vs N for
+PRM-guided best-of-N (RAG-Gym Fig. 4 analogue).
+
+agreement: config[name].records (the supervision stage: its agreement/records_<source>.jsonl on dev states),
+critic (the critic stage, which scores the same states). Pairwise ranking agreement of every source with the oracle.
+bestofn: config[name].policy, critic, agent, ns (candidates per step), split, max_questions, temperature. For each N,
+the critic's argmax vs the first valid sample (no critic) at the same N. Outputs: bestofn.json, bestofn.png.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from jaxrag.pipelines.common import log, stage_dir, write_json
+from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever
+
+
+def agreement_stage(config, workdir, name) -> None:
+    from jaxrag.env.agents import get_agent
+    from jaxrag.pipelines.synthetic.preference import critic_scorer
+    from jaxrag.supervision.agreement import agreement_table, write_agreement
+    from jaxrag.supervision.critic import score_records
+    from jaxrag.supervision.records import read_records, write_records
+
+    s = config[name]
+    src_dir = Path(workdir) / s.records / "agreement"
+    sources = {p.stem.removeprefix("records_"): read_records(p) for p in sorted(src_dir.glob("records_*.jsonl"))}
+    if "oracle" not in sources or not sources["oracle"]:
+        raise FileNotFoundError(f"{src_dir}/records_oracle.jsonl: missing or empty (run the supervision stage)")
+    agent = get_agent(s.agent, mode="plain")
+    sources["critic"] = score_records(critic_scorer(workdir, s.critic, agent), sources["oracle"])
+    out = stage_dir(workdir, name)
+    write_records(out / "records_critic.jsonl", sources["critic"])
+    rows = agreement_table(sources, reference="oracle")
+    write_agreement(rows, out)
+    write_json(out / "agreement.json", rows)
+    log(name, "; ".join(f"{r}" for r in rows))
+
+
+def bestofn_stage(config, workdir, name) -> None:
+    from jaxrag.env.agents import get_agent
+    from jaxrag.env.rollout import rollout
+    from jaxrag.pipelines.synthetic.evaluate import rollout_config, score_episodes, stratified
+    from jaxrag.pipelines.synthetic.preference import critic_select
+    from jaxrag.pipelines.synthetic.supervise import policy_from
+
+    s = config[name]
+    tok = load_tokenizer(workdir)
+    retriever = make_retriever(config, workdir)
+    agent = get_agent(s.agent, mode="plain")
+    policy = policy_from(workdir, s.policy, tok)
+    select = critic_select(workdir, s.critic, tok, agent)
+    qs = stratified(load_questions(workdir, s.split), s.max_questions)
+    qmap = {q["id"]: q for q in qs}
+    rows = []
+    for n in s.ns:
+        rc = dataclasses.replace(rollout_config(config, s), n_candidates=n, temperature=s.temperature if n > 1 else 0.0)
+        for selector in ("critic", "first_valid"):
+            if selector == "first_valid" and n == 1:
+                continue  # the same greedy run as the critic's N = 1
+            eps = rollout(policy, retriever, agent, qs, rc, select=select if selector == "critic" else None)
+            m = score_episodes(eps, qmap)["all"]
+            rows.append({"n": n, "selector": selector, "em": m["em"], "f1": m["f1"], "n_questions": m["n"],
+                         "searches_mean": m["searches_mean"]})
+            log(name, f"N={n} {selector}: EM {m['em']:.3f}")
+    out = stage_dir(workdir, name)
+    write_json(out / "bestofn.json", {"split": s.split, "temperature": s.temperature, "rows": rows})
+    plot_bestofn(rows, out / "bestofn.png", s.split)
+
+
+def plot_bestofn(rows: list[dict], path, split: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    greedy = [r for r in rows if r["n"] == 1]
+    for selector, label in (("critic", "critic argmax (PRM best-of-N)"), ("first_valid", "first valid sample")):
+        pts = sorted(greedy + [r for r in rows if r["selector"] == selector and r["n"] > 1], key=lambda r: r["n"])
+        ax.plot([r["n"] for r in pts], [r["em"] for r in pts], marker="o", label=label)
+    ax.set(xscale="log", xlabel="candidates per step (N)", ylabel="EM", title=f"best-of-N ({split})")
+    ax.set_xticks(sorted({r["n"] for r in rows}), [str(n) for n in sorted({r["n"] for r in rows})])
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

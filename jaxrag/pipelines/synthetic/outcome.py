@@ -1,0 +1,59 @@
+"""The outcome-supervision baseline at equal sampled data: rejection sampling (SFT on the policy's own correct
+trajectories), so that "process beats outcome supervision" is tested, not assumed.
+
+config[name]: policy (the stage whose model samples and is fine-tuned), budget_from (the supervision stage: its
+stats.json says how many actions it sampled; this stage samples as many, in whole trajectories), agent,
+max_questions (the same seeded train subset as the supervision stage), temperature, max_steps, batch_size,
+max_new_tokens, max_len, and `train` (loss "sft"). Outputs: episodes.jsonl, model/, metrics.jsonl, summary.json.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jaxrag.pipelines.common import load_checkpoint, log, model_dir, read_json, save_checkpoint, stage_dir, write_json
+from jaxrag.pipelines.synthetic.sft import RandomRows, sft_arrays
+from jaxrag.pipelines.synthetic.supervise import policy_from, train_subset
+from jaxrag.pipelines.synthetic.world import load_tokenizer, make_retriever, tokenizer_path
+
+
+def outcome_stage(config, workdir, name) -> None:
+    from jaxrag.env.agents import get_agent
+    from jaxrag.env.mdp import write_episodes
+    from jaxrag.env.rollout import RolloutConfig, rollout
+    from jaxrag.metrics import exact_match
+    from jaxrag.train import config as tconfig
+    from jaxrag.train.loop import fit
+
+    s = config[name]
+    out = stage_dir(workdir, name)
+    budget = int(read_json(Path(workdir) / s.budget_from / "stats.json")["sampled_actions_all"])
+    tok = load_tokenizer(workdir)
+    retriever = make_retriever(config, workdir)
+    agent = get_agent(s.agent, mode="plain")
+    policy = policy_from(workdir, s.policy, tok)
+    questions = train_subset(workdir, s.max_questions, config.seed)
+    episodes, sampled, rounds = [], 0, 0
+    while sampled < budget and rounds < 100:
+        rc = RolloutConfig(k=config.index.k, max_steps=s.max_steps, batch_size=s.batch_size, temperature=s.temperature,
+                           max_new_tokens=s.max_new_tokens, reward="em", seed=config.seed + 7919 * (rounds + 1))
+        for ep in rollout(policy, retriever, agent, questions, rc):
+            if sampled >= budget:
+                break
+            episodes.append(ep)
+            sampled += len(ep.steps)
+        rounds += 1
+    write_episodes(out / "episodes.jsonl", episodes)
+    correct = [e for e in episodes if exact_match(e.answer, e.gold) > 0]
+    if not correct:
+        raise ValueError(f"{name}: none of {len(episodes)} sampled trajectories is correct; nothing to train on")
+    tc = tconfig.resolve(s.train)
+    arrays, info = sft_arrays(correct, agent, tok, s.max_len, pack=True)
+    mcfg, params = load_checkpoint(model_dir(workdir, s.policy))
+    info.update({"budget_actions": budget, "sampled_actions": sampled, "trajectories": len(episodes),
+                 "correct": len(correct), "rounds": rounds})
+    log(name, str(info))
+    result = fit(mcfg, params, RandomRows(arrays, tc.batch_size, tuple(tc.seq_buckets), tc.seed), train_config=tc,
+                 workdir=out)
+    save_checkpoint(model_dir(workdir, name), mcfg, result.params, tokenizer_path(workdir))
+    write_json(out / "summary.json", {**info, "steps": result.step, "final_loss": result.metrics.get("loss")})

@@ -1,0 +1,72 @@
+"""Training on process-level preference pairs: DPO of the policy, and a Bradley–Terry critic (PRM) for best-of-N.
+
+config[name]: pairs (the supervision stage whose pairs.jsonl to read), init (the stage whose model starts training:
+the SFT policy; for DPO it is also the frozen reference), max_len, and `train` (the trainer config; its loss is
+"dpo" or "bt"). Both train through jaxrag.train.fit and save workdir/<name>/model (the critic with head.npz).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jaxrag.pipelines.common import load_checkpoint, log, model_dir, stage_dir, write_json
+from jaxrag.pipelines.synthetic.world import load_tokenizer, tokenizer_path
+
+
+def pair_stream(workdir, s, tok, tc):
+    """Pairs -> PreferencePair ids (prompt masked) -> a resumable BatchStream of pair batches; over-long pairs
+    (prompt + the longer action > max_len) are dropped and counted."""
+    from jaxrag.supervision.records import pair_examples, read_pairs
+    from jaxrag.train.batching import BatchStream, pair_batch
+
+    pairs = read_pairs(Path(workdir) / s.pairs / "pairs.jsonl")
+    if not pairs:
+        raise ValueError(f"{Path(workdir) / s.pairs / 'pairs.jsonl'}: empty (the supervision stage found no pairs)")
+    examples = pair_examples(pairs, tok)
+    kept = [e for e in examples if len(e.prompt) + max(len(e.chosen), len(e.rejected)) <= s.max_len]
+    if not kept:
+        raise ValueError(f"no preference pair fits max_len={s.max_len}")
+    batch = min(tc.batch_size, len(kept))
+    stream = BatchStream(kept, batch, lambda ex: pair_batch(ex, tuple(tc.seq_buckets), tok.pad_id), seed=tc.seed)
+    return stream, {"pairs": len(pairs), "kept": len(kept), "batch_size": batch}
+
+
+def preference_stage(config, workdir, name) -> None:
+    """DPO (train.loss = "dpo") or the Bradley–Terry critic (train.loss = "bt") on the supervision stage's pairs."""
+    from jaxrag.train import config as tconfig
+    from jaxrag.train.loop import fit
+
+    s = config[name]
+    tc = tconfig.resolve(s.train)
+    if tc.loss not in ("dpo", "bt"):
+        raise ValueError(f"config.{name}.train.loss={tc.loss!r}: the preference stage trains 'dpo' or 'bt'")
+    tok = load_tokenizer(workdir)
+    stream, info = pair_stream(workdir, s, tok, tc)
+    if info["batch_size"] != tc.batch_size:
+        with tc.unlocked():
+            tc.batch_size = info["batch_size"]
+    mcfg, params = load_checkpoint(model_dir(workdir, s.init))
+    log(name, f"loss={tc.loss} {info} steps={tc.steps}")
+    result = fit(mcfg, params, stream, train_config=tc, workdir=stage_dir(workdir, name))
+    from jaxrag.pipelines.common import save_checkpoint
+
+    save_checkpoint(model_dir(workdir, name), mcfg, result.params, tokenizer_path(workdir), head=result.head)
+    write_json(stage_dir(workdir, name) / "summary.json", {**info, "steps": result.step, "final": result.metrics})
+
+
+def critic_scorer(workdir, stage: str, agent=None):
+    """A CriticScorer over workdir/<stage>/model (backbone + head.npz) with the checkpoint's own tokenizer."""
+    from jaxrag.supervision.critic import CriticScorer
+    from jaxrag.tokenizer import load_tokenizer as load
+
+    mcfg, params, head = load_checkpoint(model_dir(workdir, stage), with_head=True)
+    if head is None:
+        raise FileNotFoundError(f"{model_dir(workdir, stage)}: no head.npz (is '{stage}' a critic stage?)")
+    return CriticScorer(mcfg, params, head, load(model_dir(workdir, stage)), agent, batch_size=128)
+
+
+def critic_select(workdir, stage: str, tok, agent):
+    """The rollout engine's `select` for PRM-guided best-of-N (RAG-Gym Alg. 1): execute argmax_a r_φ(s, a)."""
+    from jaxrag.supervision.critic import critic_select as select
+
+    return select(critic_scorer(workdir, stage, agent))

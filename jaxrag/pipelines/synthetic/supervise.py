@@ -1,0 +1,90 @@
+"""Process-reward collection in the synthetic world (RAG-Gym ranking collection, METHODS.md §5), with the SFT policy.
+
+config[name]: policy (the stage whose model samples), agent, max_questions (train questions, a seeded subset),
+n_candidates, temperature, max_steps, batch_size, max_new_tokens, outcome_threshold (keep a trajectory iff its
+answer's F1 > threshold), agreement_questions (dev questions whose states every annotator scores, for the
+agreement table; never trained on), rollout_m (Math-Shepherd continuations per candidate on those states; 0 = off),
+http_judge ({} or {base_url, model}: an OpenAI-compatible judge ranking the same states with RAG-Gym's prompt).
+The oracle (the world's gold chain) scores each candidate 0/1 (a "step_score" request: a tie-aware score, where
+RAG-Gym's 1/(1+rank) would rank equally good candidates apart and pair them against each other).
+Outputs under workdir/<name>/: records_oracle.jsonl + pairs.jsonl (train states: chosen ≻ rejected at one state),
+episodes.jsonl (every collected train trajectory), agreement/records_<source>.jsonl (dev states), stats.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxrag.pipelines.common import load_checkpoint, log, model_dir, stage_dir, write_json
+from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever
+
+
+def train_subset(workdir, n: int, seed: int, offset: int = 0) -> list[dict]:
+    """A seeded subset of the train questions (the same for every stage that asks with the same seed/offset)."""
+    qs = load_questions(workdir, "train")
+    order = np.random.default_rng(seed).permutation(len(qs))
+    return [qs[i] for i in order[offset:offset + n]] if n else [qs[i] for i in order]
+
+
+def policy_from(workdir, stage: str, tok):
+    from jaxrag.policy import JaxPolicy
+
+    mcfg, params = load_checkpoint(model_dir(workdir, stage))
+    return JaxPolicy(mcfg, params, tok)
+
+
+def supervision_stage(config, workdir, name) -> None:
+    from jaxrag.env.agents import get_agent
+    from jaxrag.env.mdp import write_episodes
+    from jaxrag.supervision.judges import get_judge
+    from jaxrag.supervision.ranking import RankingConfig, collect_ranking, ranking_pairs
+    from jaxrag.supervision.records import write_pairs, write_records
+
+    s = config[name]
+    out = stage_dir(workdir, name)
+    tok = load_tokenizer(workdir)
+    retriever = make_retriever(config, workdir)
+    agent = get_agent(s.agent, mode="plain")
+    policy = policy_from(workdir, s.policy, tok)
+    questions = train_subset(workdir, s.max_questions, config.seed)
+    judge = get_judge("oracle", retriever=retriever, k=config.index.k)
+    rc = RankingConfig(n_candidates=s.n_candidates, temperature=s.temperature, max_steps=s.max_steps,
+                       k=config.index.k, batch_size=s.batch_size, max_new_tokens=s.max_new_tokens,
+                       outcome_metric="f1", outcome_threshold=s.outcome_threshold, seed=config.seed,
+                       judge_kind="step_score")
+    episodes: list = []
+    records, stats = collect_ranking(policy, retriever, agent, judge, questions, rc, episodes=episodes)
+    write_records(out / "records_oracle.jsonl", records)
+    write_episodes(out / "episodes.jsonl", episodes)
+    pairs = ranking_pairs(records)
+    write_pairs(out / "pairs.jsonl", pairs)
+    stats["pairs"] = len(pairs)
+    stats["sampled_actions_all"] = stats["states"] * s.n_candidates  # the outcome baseline samples as many
+
+    # Annotators on held-out (dev) states: the oracle, rollout values, an HTTP judge; the critic joins later.
+    dev = load_questions(workdir, "dev")[: s.agreement_questions]
+    agree = {}
+    if dev:
+        agree["oracle"], _ = collect_ranking(policy, retriever, agent, judge, dev,
+                                             dataclasses.replace(rc, outcome_threshold=-1.0, seed=config.seed + 1))
+    if dev and s.rollout_m:
+        from jaxrag.supervision.rollout_values import RolloutValueConfig, rollout_values
+
+        agree["rollout"] = rollout_values(policy, retriever, agent, agree["oracle"], RolloutValueConfig(
+            m=s.rollout_m, temperature=s.temperature, metric="em", max_steps=s.max_steps, k=config.index.k,
+            batch_size=s.batch_size * s.n_candidates, max_new_tokens=s.max_new_tokens, seed=config.seed + 2))
+    if dev and s.http_judge.get("base_url"):
+        from jaxrag.supervision.judges import judge_records
+
+        hj = get_judge("http", base_url=s.http_judge.base_url, model=s.http_judge.model)
+        agree["http"] = judge_records(hj, agree["oracle"], kind="rank", source=f"rank:{hj.name}")
+        stats["http_judge_failed_states"] = sum(any(c.score is None for c in r.candidates) for r in agree["http"])
+    for source, recs in agree.items():
+        write_records(out / "agreement" / f"records_{source}.jsonl", recs)
+    stats["agreement_states"] = {k: len(v) for k, v in agree.items()}
+    write_json(out / "stats.json", stats)
+    log(name, f"{stats['states']} states ({stats['records_kept']} kept), {len(pairs)} pairs, "
+              f"{stats['trajectories_kept']}/{stats['questions']} trajectories correct, "
+              f"{stats['states_per_s']:.1f} states/s")
