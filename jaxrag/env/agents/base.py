@@ -1,9 +1,10 @@
 """What every agent design shares: chat/plain rendering helpers and the safe-parse wrapper.
 
-An agent is `render(state) -> prompt`, `parse(text) -> Action` (never raises), `format(action) -> text`
-(the inverse of parse on canonical actions) and `stop` strings. Agents that post-process retrieved
-documents with a second generation (Search-o1/Re²Search summaries, ReasonRAG grounding) also define
-`render_summary / parse_summary / format_summary / summary_stop` and set `summarizes = True`.
+An agent is `render(state, fits=None) -> prompt`, `parse(text) -> Action` (never raises),
+`format(action) -> text` (the inverse of parse on canonical actions) and `stop` strings. Agents that
+post-process retrieved documents with a second generation (Search-o1/Re²Search summaries, ReasonRAG grounding)
+also define `summary_prompt / parse_summary / format_summary / summary_stop` and set `summarizes = True`;
+callers render summary prompts with `render_summary(state, query, docs, fits=None)`.
 
 Two rendering modes: "chat" (the papers' prompts, through `tokenizer.chat` for instruct checkpoints)
 and "plain" (short line-based prompts for the synthetic world: `question: ...`, `search: ...`,
