@@ -1,25 +1,46 @@
 """Answer and trajectory metrics (METHODS.md §6).
 
 Answer scores take a prediction and a list of golden answers and return the max over the golds.
-Normalization: NFKC, lowercase, '_' -> space, delete punctuation (any Unicode P* char), drop articles
-(a, an, the), collapse whitespace.
+
+Normalization (`normalize_answer`), by default exactly the official HotpotQA / SQuAD v1.1 evaluation script's
+`normalize_answer`, which FlashRAG and the four papers' evaluations use: lowercase, delete every ASCII punctuation
+character (`string.punctuation`, symbols such as `$ + < = > ^ ` | ~` included), drop the articles a / an / the,
+collapse whitespace. `normalization="unicode"` is an explicit extra, off for the papers' tables: Unicode NFKC,
+accents removed (NFKD, combining marks dropped), `_` -> space (before deletion), and deletion of every Unicode
+punctuation character (category P*) as well. Every answer metric takes `normalization=`; every caller in the package
+(evaluation, rollout rewards, supervision rewards) uses the default, "official".
+
+CEM ("cover EM") is FlashRAG's `acc` (Sub_ExactMatch): a normalized golden answer is a substring of the
+normalized prediction (plain substring, so gold "1" covers "1990"). One guard: a gold that normalizes to the
+empty string ("The", "!") never counts as covered (FlashRAG would count it for every prediction).
 """
 from __future__ import annotations
 
 import collections
 import re
+import string
 import unicodedata
 from typing import Iterable, Sequence
 
 import numpy as np
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
+_ASCII_PUNCT = frozenset(string.punctuation)
+NORMALIZATIONS = ("official", "unicode")
 LETTERS = "ABCDEFGHIJ"
 
 
-def normalize_answer(s: str) -> str:
-    s = unicodedata.normalize("NFKC", s or "").lower().replace("_", " ")
-    s = "".join(ch for ch in s if not unicodedata.category(ch).startswith("P"))
+def normalize_answer(s: str | None, normalization: str = "official") -> str:
+    """HotpotQA/SQuAD official normalization ("official"), or with the Unicode extras ("unicode"); see the module doc."""
+    s = s or ""
+    if normalization == "unicode":
+        s = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", s))
+        s = "".join(ch for ch in s if not unicodedata.combining(ch)).lower().replace("_", " ")
+        s = "".join(ch for ch in s if ch not in _ASCII_PUNCT and not unicodedata.category(ch).startswith("P"))
+    elif normalization == "official":
+        s = "".join(ch for ch in s.lower() if ch not in _ASCII_PUNCT)
+    else:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
     s = _ARTICLES.sub(" ", s)
     return " ".join(s.split())
 
@@ -28,23 +49,25 @@ def _golds(gold: str | Sequence[str]) -> list[str]:
     return [gold] if isinstance(gold, str) else list(gold)
 
 
-def exact_match(pred: str | None, gold: str | Sequence[str]) -> float:
+def exact_match(pred: str | None, gold: str | Sequence[str], normalization: str = "official") -> float:
+    """EM: the normalized prediction equals a normalized golden answer."""
     if pred is None:
         return 0.0
-    p = normalize_answer(pred)
-    return float(any(p == normalize_answer(g) for g in _golds(gold)))
+    p = normalize_answer(pred, normalization)
+    return float(any(p == normalize_answer(g, normalization) for g in _golds(gold)))
 
 
-def cover_exact_match(pred: str | None, gold: str | Sequence[str]) -> float:
-    """CEM: a normalized golden answer occurs in the normalized prediction (as a token span)."""
+def cover_exact_match(pred: str | None, gold: str | Sequence[str], normalization: str = "official") -> float:
+    """CEM (FlashRAG "acc"): a non-empty normalized golden answer is a substring of the normalized prediction."""
     if pred is None:
         return 0.0
-    p = f" {normalize_answer(pred)} "
-    return float(any(normalize_answer(g) and f" {normalize_answer(g)} " in p for g in _golds(gold)))
+    p = normalize_answer(pred, normalization)
+    return float(any(g and g in p for g in (normalize_answer(x, normalization) for x in _golds(gold))))
 
 
-def _f1(pred: str, gold: str) -> float:
-    p, g = normalize_answer(pred), normalize_answer(gold)
+def _f1(pred: str, gold: str, normalization: str = "official") -> float:
+    """Token F1 of the official HotpotQA script (yes / no / noanswer must match exactly)."""
+    p, g = normalize_answer(pred, normalization), normalize_answer(gold, normalization)
     special = ("yes", "no", "noanswer")
     if (p in special or g in special) and p != g:
         return 0.0
@@ -57,10 +80,11 @@ def _f1(pred: str, gold: str) -> float:
     return 2 * prec * rec / (prec + rec)
 
 
-def f1_score(pred: str | None, gold: str | Sequence[str]) -> float:
+def f1_score(pred: str | None, gold: str | Sequence[str], normalization: str = "official") -> float:
+    """Token-level F1, max over the golden answers."""
     if pred is None:
         return 0.0
-    return max((_f1(pred, g) for g in _golds(gold)), default=0.0)
+    return max((_f1(pred, g, normalization) for g in _golds(gold)), default=0.0)
 
 
 def choice_letter(pred: str | None, choices: Sequence[str]) -> str | None:

@@ -1,6 +1,13 @@
 """Policy: text prompts in, sampled completions out. The rollout engine knows only this protocol.
 
 `JaxPolicy` runs jaxrag's jitted sampler over a params pytree; tests use scripted fakes with the same method.
+
+Prompt budget (optional part of the protocol): a policy with a context limit also has
+`prompt_fits(prompt, max_new_tokens) -> bool`. The rollout engine passes it to `agent.render(state, fits)`, and
+the agent, which knows its format, drops whole old steps (never the question) until the prompt fits. The policy
+only supplies the budget; what it still gets over budget (a question alone longer than the context) it cuts in
+the middle of the token ids, keeping the head (BOS, system prompt) and the tail (generation prompt), counted in
+`prompts_cut` and warned about once.
 """
 
 from __future__ import annotations
@@ -42,19 +49,54 @@ class Policy(Protocol):
 
 
 class JaxPolicy:
-    """The model + tokenizer as a Policy. `max_prompt_tokens` keeps the end of over-long prompts (logged)."""
+    """The model + tokenizer as a Policy.
+
+    Prompt tokens: exactly one BOS (`add_bos`; none doubled when the chat template already starts with it) and
+    at most `prompt_budget(max_new_tokens) = min(max_prompt_tokens or max_seq_len, max_seq_len - max_new_tokens)`
+    tokens (see the module doc for who shortens over-long prompts)."""
+
+    _CACHE = 256   # encoded prompts kept between prompt_fits and generate
 
     def __init__(self, cfg: ModelConfig, params, tokenizer, *, top_k: int = 0, top_p: float = 1.0, add_bos: bool = True, max_prompt_tokens: int | None = None):
         self.cfg, self.params, self.tokenizer = cfg, params, tokenizer
         self.top_k, self.top_p, self.add_bos = top_k, top_p, add_bos
         self.max_prompt_tokens = max_prompt_tokens
+        self.prompts_cut = 0
+        self._encoded: dict[str, list[int]] = {}
+
+    def prompt_budget(self, max_new_tokens: int) -> int:
+        limit = min(self.max_prompt_tokens or self.cfg.max_seq_len, self.cfg.max_seq_len - max_new_tokens)
+        if limit < 1:
+            raise ValueError(f"no room for a prompt: max_new_tokens={max_new_tokens} >= the model's "
+                             f"max_seq_len={self.cfg.max_seq_len}")
+        return limit
+
+    def _encode(self, prompt: str) -> list[int]:
+        ids = self._encoded.get(prompt)
+        if ids is None:
+            ids = self.tokenizer.encode(prompt, add_bos=self.add_bos)
+            if len(self._encoded) >= self._CACHE:
+                self._encoded.clear()
+            self._encoded[prompt] = ids
+        return ids
+
+    def prompt_fits(self, prompt: str, max_new_tokens: int) -> bool:
+        """Whether `prompt` (BOS included) fits the budget; what an agent renders against (`agent.render(s, fits)`)."""
+        return len(self._encode(prompt)) <= self.prompt_budget(max_new_tokens)
 
     def encode_prompt(self, prompt: str, max_new_tokens: int) -> list[int]:
-        ids = self.tokenizer.encode(prompt, add_bos=self.add_bos)
-        limit = min(self.max_prompt_tokens or self.cfg.max_seq_len, self.cfg.max_seq_len - max_new_tokens)
+        """The prompt's token ids (one BOS). Over budget (the agent could not shorten it enough): the middle ids
+        are dropped, keeping the first and the last half of the budget; counted in `prompts_cut`, warned once."""
+        ids = self._encode(prompt)
+        self._encoded.pop(prompt, None)
+        limit = self.prompt_budget(max_new_tokens)
         if len(ids) > limit:
-            log.warning("prompt of %d tokens truncated to its last %d", len(ids), limit)
-            ids = ids[:1] + ids[len(ids) - limit + 1:] if self.add_bos else ids[-limit:]
+            self.prompts_cut += 1
+            if self.prompts_cut == 1:
+                log.warning("a prompt of %d tokens is over the budget of %d even as its agent rendered it: its middle "
+                            "tokens are dropped; further ones are only counted in policy.prompts_cut", len(ids), limit)
+            head = (limit + 1) // 2
+            ids = ids[:head] + ids[len(ids) - (limit - head):]
         return ids
 
     def generate(self, prompts, *, n=1, temperature=0.0, max_new_tokens=128, stop=None, seed=0):

@@ -2,6 +2,11 @@
 
 `chat(messages)` renders a conversation with the checkpoint's chat template when it has one (instruct
 checkpoints), and as a plain join of the contents otherwise (base models, the synthetic world).
+
+BOS: `encode(text, add_bos=True)` gives exactly one leading BOS whatever the text holds. Llama-3 chat templates
+already begin with `<|begin_of_text|>` (the BOS, tokenized as its special id), so the rendered prompt keeps that
+one and no second is added; a template without BOS (Qwen2, the plain join) gets one prepended when the
+tokenizer has a BOS at all.
 """
 
 from __future__ import annotations
@@ -27,6 +32,17 @@ def _plain_chat(messages: list[dict]) -> str:
     return "\n\n".join(m["content"] for m in messages)
 
 
+def with_one_bos(ids: list[int], bos_id: int | None, add_bos: bool) -> list[int]:
+    """`ids` with exactly one leading BOS when `add_bos` (none added if the text already began with it;
+    repeated leading BOS collapse to one); unchanged when not `add_bos` or the tokenizer has no BOS."""
+    if not add_bos or bos_id is None:
+        return ids
+    i = 0
+    while i < len(ids) and ids[i] == bos_id:
+        i += 1
+    return [bos_id] + ids[i:]
+
+
 class SentencePieceTokenizer:
     """A sentencepiece *.model file (trained by jaxrag for the synthetic world, or Llama-2-style models)."""
 
@@ -48,8 +64,7 @@ class SentencePieceTokenizer:
         return () if self.eos_id is None else (self.eos_id,)
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
-        ids = self.sp.encode(text)
-        return ([self.bos_id] if add_bos and self.bos_id is not None else []) + ids
+        return with_one_bos(self.sp.encode(text), self.bos_id, add_bos)
 
     def decode(self, ids: Sequence[int]) -> str:
         specials = {self.bos_id, self.eos_id, self.pad_id}
@@ -86,8 +101,7 @@ class HFTokenizer:
         return tuple(sorted(ids))
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
-        ids = self.tok.encode(text, add_special_tokens=False)
-        return ([self.bos_id] if add_bos and self.bos_id is not None else []) + ids
+        return with_one_bos(self.tok.encode(text, add_special_tokens=False), self.bos_id, add_bos)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)

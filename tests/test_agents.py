@@ -7,6 +7,7 @@ from jaxrag.env.mdp import Action, Doc, State, Step
 
 AGENTS = ["direct", "cot", "rag", "react", "search_o1", "re2search", "reasonrag", "arena", "smartsearch"]
 ANSWER_ONLY = {"direct", "cot", "rag", "arena"}
+RAG_GYM = {"direct", "cot", "rag", "react", "search_o1", "re2search"}
 
 
 def test_registry_lists_every_design_and_rejects_unknown():
@@ -79,13 +80,21 @@ def test_parse_never_raises(name, mode):
 
 CASES = [
     # (agent, messy generation, kind, text)
-    ("react", "I should look up X.\n\n**Query:** Who founded  X?", "query", "Who founded X?"),
-    ("react", "Reasoning.\nQuery: wrong\nSo, final.\n### Answer: Paris", "answer", "Paris"),
-    ("react", "```json\n{\"query\": \"birth place of Y\",}\n```", "query", "birth place of Y"),
+    ("react", "I should look up X.\n\n### Structured Output\n```json\n{\"generated_query\": \"Who founded  X?\",}\n```",
+     "query", "Who founded X?"),
+    ("react", "### Step-by-step Reasoning\nr {\"generated_query\": \"no\"}\n\n**### Structured Output**:\n```json\n{\n"
+     "  \"predicted_answer\": \"Paris\"\n}\n``` and some trailing text", "answer", "Paris"),
+    ("react", "{'generated_query': ['birth place of Y', 'z'], 'predicted_answer': None}", "query", "birth place of Y"),
+    ("react", '{"generated_query": "None", "predicted_answer": 1932}', "answer", "1932"),
     ("react", "I cannot help with that.", "invalid", ""),
-    ("direct", "Answer: C", "answer", "C"),
-    ("direct", "Query: something", "invalid", ""),
-    ("cot", "Step 1 ... Step 2 ...\nFinal Answer: 1932", "answer", "1932"),
+    ("react", "Reasoning.\nQuery: who is X", "invalid", ""),          # the old marker lines are not the format
+    ("search_o1", '```json\n{"generated_query": "capital of France"}\n```', "query", "capital of France"),
+    ("direct", '```json\n{\n"predicted_answer": "C"\n}\n```', "answer", "C"),
+    ("direct", '{"generated_query": "something"}', "invalid", ""),
+    ("direct", "Answer: C", "invalid", ""),
+    ("cot", "Step 1 ... Step 2 ...\n### Structured Output\n```json\n{\"predicted_answer\": \"1932\"\n```", "answer", "1932"),
+    ("cot", 'Reasoning {"predicted_answer": "wrong"}\n### Structured Output\nnothing here', "invalid", ""),
+    ("rag", "### Structured Output\npredicted_answer: \"Paris\"", "answer", "Paris"),
     ("re2search", "### Step-by-step Reasoning\nr\n### Structured Output\n```json\n{\"predicted_answer\": \"Paris\", "
      "\"generated_query\": \"capital of France\",}\n```", "query", "capital of France"),
     ("re2search", "```json\n{'predicted_answer': 'Paris', 'generated_query': None}\n```", "answer", "Paris"),
@@ -142,13 +151,16 @@ def test_chat_prompts_hold_the_papers_pieces(name):
     if name == "arena":
         assert "1. Ref: Reference text." in p and "<references>" in p
     mc = agent.render(MC)
-    assert "A. Aspirin" in mc and "D. Heparin" in mc
+    if name in RAG_GYM:     # the released pipeline: f"{question} {options}", options a {letter: text} dict
+        assert "Which drug? {'A': 'Aspirin', 'B': 'Metformin', 'C': 'Insulin', 'D': 'Heparin'}" in mc
+    else:
+        assert "A. Aspirin" in mc and "D. Heparin" in mc
 
 
 def test_paper_templates():
     assert "Unverified Claim Identification" in get_agent("re2search").render(STATE)
     s = get_agent("search_o1").render_summary(STATE, "Il Coraggio film", STATE.history[0].docs)
-    assert "Follow-up Query\nIl Coraggio film" in s and "explicitly point this out" in s
+    assert "### Follow-up Query\nIl Coraggio film" in s and "explicitly point this out" in s
     g = get_agent("reasonrag").render_summary(STATE, "q", STATE.history[0].docs)
     assert "<evidence>None</evidence>" in g and "A 1955 film" in g
     assert "\\boxed{}" in get_agent("smartsearch").render(STATE)

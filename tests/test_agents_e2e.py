@@ -24,15 +24,16 @@ def hotpot():
 
 # canned (query-step, answer-step) texts per agent: messy on purpose (fences, bold, missing closing tags)
 QUERY = {
-    "react": "The question needs the actress.\n**Query:** {q}",
-    "search_o1": "Need info.\nQuery: {q}",
+    "react": "The question needs the actress.\n**### Structured Output**\n```json\n{{\"generated_query\": \"{q}\",}}\n```",
+    "search_o1": "Need info.\n{{'generated_query': '{q}'}}",
     "re2search": "### Step-by-step Reasoning\nI guess.\n### Structured Output\n```json\n{{'predicted_answer': 'guess', 'generated_query': '{q}',}}\n```",
     "reasonrag": "Not enough. So the next query is <query>{q}",
     "smartsearch": "<think>search first</think>\n<search> {q} </search>",
 }
+_JSON_ANSWER = "### Step-by-step Reasoning\nEnough.\n\n### Structured Output\n```json\n{{\"predicted_answer\": \"{a}\"}}\n``` done"
 ANSWER = {
-    "react": "Enough.\nAnswer: {a}", "search_o1": "Answer: {a}", "direct": "Answer: {a}", "cot": "Think.\nAnswer: {a}",
-    "rag": "From the documents.\nAnswer: {a}",
+    "react": _JSON_ANSWER, "search_o1": '{{"predicted_answer": "{a}"', "direct": '```json\n{{\n"predicted_answer": "{a}"\n}}\n```',
+    "cot": _JSON_ANSWER, "rag": _JSON_ANSWER,
     "re2search": '```json\n{{"predicted_answer": "{a}", "generated_query": "None"}}\n```',
     "reasonrag": "So the answer is <answer>{a}</answer>",
     "smartsearch": "<think>done</think><answer> The final answer is \\boxed{{{a}}} </answer>",

@@ -10,9 +10,11 @@ def test_loads_lenient_variants():
               "{'predicted_answer': 'Paris', 'generated_query': 'None'}",
               '“predicted_answer”: x {“predicted_answer”: “Paris”, “generated_query”: “None”,}',
               'text {"predicted_answer": "Paris", "generated_query": "None"',
-              '{"a": 1} then {"predicted_answer": "Paris",\n "generated_query": "None",\n}']:
+              '{"a": 1} then {"predicted_answer": "Paris",\n "generated_query": "None",\n}',
+              '{"predicted_answer": "Paris", // the capital\n "generated_query": "None" // no query\n}']:
         assert loads_lenient(s) == want, s
     assert loads_lenient("{'x': None, 'y': true}") == {"x": None, "y": True}
+    assert loads_lenient('{"url": "http://x.org/a // b"}') == {"url": "http://x.org/a // b"}   # inside a string
     assert loads_lenient("no json here") is None
     assert loads_lenient("{broken: [}") is None
 

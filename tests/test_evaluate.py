@@ -70,3 +70,31 @@ def test_eval_stage_from_config(tmp_path):
     table = (tmp_path / "eval" / "table.md").read_text()
     assert "MedQA Acc" in table and "| direct | 50.00 | 50.00 | 33.33 | 50.00 | 50.00 | 41.67 |" in table
     assert len((tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()) == 4
+
+
+def react_searcher(pcfg=None, workdir=None):
+    """Plain Search-o1: one search, then answer."""
+    return ScriptedPolicy(lambda p, j: "answer: done" if "\nsummary: " in p else "search: first fact")
+
+
+def base_summarizer(pcfg=None, workdir=None):
+    return ScriptedPolicy(lambda p, j: "summary: from the base model")
+
+
+def test_eval_stage_summarizer_and_document_cut(tmp_path):
+    c = ml_collections.ConfigDict()
+    c.eval = ml_collections.ConfigDict({
+        "agents": [{"name": "search_o1", "opts": {"mode": "plain"}},
+                   {"name": "react", "opts": {"mode": "plain", "max_doc_chars": 30}}],
+        "datasets": [{"name": "HotpotQA", "path": str(BENCH / "hotpotqa_dev_500.jsonl"), "select": "first:1"}],
+        "policy": {"fn": "test_evaluate:react_searcher"}, "retriever": {"fn": "test_evaluate:small_retriever"},
+        "summarizer": {"fn": "test_evaluate:base_summarizer"}, "max_doc_chars": 12, "rollout": {"k": 2, "max_steps": 3},
+    })
+    eval_stage(c, tmp_path, "eval")
+    [ep] = read_episodes(tmp_path / "eval" / "search_o1__HotpotQA.episodes.jsonl")
+    assert ep.steps[0].summary == "from the base model" and "summary: from the base model" in ep.steps[1].prompt
+    docs = [ln for ln in ep.steps[0].summary_prompt.splitlines() if ln.startswith("doc: ")]
+    assert docs and all(len(ln.split(": ", 2)[2]) <= 12 + 4 for ln in docs)        # eval.max_doc_chars: 12 (+ " ...")
+    [ep] = read_episodes(tmp_path / "eval" / "react__HotpotQA.episodes.jsonl")
+    docs = [ln for ln in ep.steps[1].prompt.splitlines() if ln.startswith("doc: ")]
+    assert any(len(ln.split(": ", 2)[2]) > 16 for ln in docs)                    # the agent's own opts win

@@ -10,6 +10,7 @@ import pytest
 
 from fakes import BENCH, CORPUS
 from jaxrag.data.qa import load_qa
+from jaxrag.env.agents import get_agent
 from jaxrag.env.mdp import read_episodes
 from jaxrag.pipelines.eval import eval_stage, load_policy
 
@@ -96,9 +97,14 @@ def test_load_policy_reads_checkpoint_and_tokenizer(run):
         for ep in read_episodes(wd / "eval" / f"{method}__HotpotQA.episodes.jsonl"):
             s = ep.steps[-1]
             assert s.action.raw == pol.tokenizer.decode(s.token_ids) and all(lp <= 0 for lp in s.logprobs)
-    # greedy parity: the stage's policy cut the long RAG prompt to max_prompt_tokens, as this one does
-    s = read_episodes(wd / "eval" / "RAG__HotpotQA.episodes.jsonl")[0].steps[-1]
-    assert len(pol.tokenizer.encode(s.prompt)) > 250 and len(pol.encode_prompt(s.prompt, 12)) == 250
+    # over max_prompt_tokens the RAG agent rendered its prompt with fewer documents, question kept (the
+    # full prompt with its k=3 documents does not fit); greedy parity with the stored prompt
+    ep = read_episodes(wd / "eval" / "RAG__HotpotQA.episodes.jsonl")[0]
+    s = ep.steps[-1]
+    assert pol.prompt_fits(s.prompt, 12) and ep.question in s.prompt and "Document [2]" not in s.prompt
+    full = get_agent("rag", tokenizer=pol.tokenizer).render(ep.state(len(ep.steps) - 1))
+    assert "Document [2]" in full and not pol.prompt_fits(full, 12)
+    assert pol.encode_prompt(s.prompt, 12) == pol.tokenizer.encode(s.prompt, add_bos=True)
     [[c]] = pol.generate([s.prompt], max_new_tokens=12)
     assert c.token_ids == s.token_ids and c.logprobs == pytest.approx(s.logprobs, abs=1e-4)
 

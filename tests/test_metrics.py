@@ -3,13 +3,42 @@ import pytest
 from jaxrag import metrics as M
 
 
+def official_normalize(s):
+    """The HotpotQA / SQuAD v1.1 evaluation script's normalize_answer, restated as the reference."""
+    import re
+    import string
+    s = "".join(ch for ch in s.lower() if ch not in set(string.punctuation))
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", s).split())
+
+
 @pytest.mark.parametrize("s,want", [
-    ("The Eiffel Tower!", "eiffel tower"), ("  an  apple,  a day ", "apple day"), ("snake_case_name", "snake case name"),
-    ("Café «Bar»", "café bar"), ("ＡＢＣ", "abc"), ("1,000.5", "10005"), ("Theatre the", "theatre"),
-    ("", ""), ("¿Qué?", "qué"),
+    ("The Eiffel Tower!", "eiffel tower"), ("  an  apple,  a day ", "apple day"), ("snake_case_name", "snakecasename"),
+    ("$5 million", "5 million"), ("<Paris>", "paris"), ("a+b=c^2 | x~y `z`", "abc2 xy z"),
+    ("Café «Bar»", "café «bar»"), ("ＡＢＣ", "ａｂｃ"), ("1,000.5", "10005"), ("Theatre the", "theatre"),
+    ("", ""), ("¿Qué?", "¿qué"), ("Smith–Jones", "smith–jones"),
 ])
-def test_normalize(s, want):
-    assert M.normalize_answer(s) == want
+def test_normalize_is_the_official_script(s, want):
+    assert M.normalize_answer(s) == want == official_normalize(s)
+
+
+@pytest.mark.parametrize("s,want", [
+    ("snake_case_name", "snake case name"), ("Café «Bar»", "cafe bar"), ("ＡＢＣ", "abc"), ("¿Qué?", "que"),
+    ("$5 million", "5 million"), ("Smith–Jones", "smithjones"),
+])
+def test_unicode_normalization_is_an_explicit_option(s, want):
+    assert M.normalize_answer(s, "unicode") == want
+    with pytest.raises(ValueError, match="normalization must be one of"):
+        M.normalize_answer(s, "nfkc")
+
+
+def test_symbols_are_punctuation_in_every_answer_metric():
+    assert M.exact_match("$5 million", ["5 million"]) == 1.0
+    assert M.exact_match("<Paris>", "Paris") == 1.0
+    assert M.f1_score("$5 million", ["5 million"]) == 1.0
+    assert M.cover_exact_match("about $5 million", ["5 million"]) == 1.0
+    assert M.exact_match("Café", ["cafe"]) == 0.0 and M.exact_match("Café", ["cafe"], normalization="unicode") == 1.0
+    from jaxrag.env.mdp import answer_reward       # the rollout reward takes the official path
+    assert answer_reward("<Paris>", ["Paris"], "em") == 1.0 and answer_reward("Café", ["cafe"], "em") == 0.0
 
 
 def test_exact_match_max_over_golds_and_none():
@@ -29,11 +58,14 @@ def test_f1_values():
     assert M.f1_score("1 1 2", ["1 2 2"]) == pytest.approx(2 / 3)  # multiset overlap 2 of 3 each
 
 
-def test_cover_exact_match_is_token_span():
+def test_cover_exact_match_is_flashrag_substring():
     assert M.cover_exact_match("It was 1,000 people", ["1000"]) == 1.0
     assert M.cover_exact_match("Paris, France", ["paris"]) == 1.0
-    assert M.cover_exact_match("Parisian", ["paris"]) == 0.0
-    assert M.cover_exact_match("x", [""]) == 0.0
+    assert M.cover_exact_match("Parisian", ["paris"]) == 1.0       # substring, as FlashRAG's acc
+    assert M.cover_exact_match("in 1990", ["1"]) == 1.0
+    assert M.cover_exact_match("Lyon", ["paris", "lyon"]) == 1.0 and M.cover_exact_match("Lyon", ["paris"]) == 0.0
+    assert M.cover_exact_match("x", [""]) == 0.0 and M.cover_exact_match("x", ["The"]) == 0.0   # empty gold
+    assert M.cover_exact_match(None, ["x"]) == 0.0
 
 
 def test_choice_accuracy_letters_and_texts():

@@ -92,9 +92,16 @@ def _balanced_objects(text: str) -> list[str]:
     return spans
 
 
+_COMMENT = re.compile(r"[ \t]//[^\n]*")   # ` // note` line comments (the RAG-Gym parser drops them the same way)
+
+
 def _load_one(s: str) -> dict | None:
     s = s.translate(_SMART)
-    for cand in (s, re.sub(r",\s*([}\]])", r"\1", s)):
+    cands = [s, re.sub(r",\s*([}\]])", r"\1", s)]
+    if _COMMENT.search(s):
+        bare = _COMMENT.sub("", s)
+        cands += [bare, re.sub(r",\s*([}\]])", r"\1", bare)]
+    for cand in cands:
         try:
             v = json.loads(cand)
             if isinstance(v, dict):
@@ -115,7 +122,7 @@ def loads_lenient(text: str) -> dict | None:
     """The last JSON object in `text` that parses under lenient rules.
 
     Tolerates markdown fences, trailing commas, single quotes, smart quotes, Python literals
-    (None/True/False), a missing closing brace. Returns None when no object parses.
+    (None/True/False), ` // comments`, a missing closing brace. Returns None when no object parses.
     """
     for s in reversed(_balanced_objects(strip_fences(text))):
         v = _load_one(s)

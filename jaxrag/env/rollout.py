@@ -65,12 +65,20 @@ def select_first_valid(states: Sequence[State], cands: Sequence[Sequence[Candida
     return [next((i for i, c in enumerate(cs) if c.action.kind != INVALID), 0) for cs in cands]
 
 
+def prompt_fits(policy, max_new_tokens: int):
+    """The policy's prompt-budget test for `agent.render(state, fits)`; None for a policy without a limit."""
+    check = getattr(policy, "prompt_fits", None)
+    return None if check is None else (lambda prompt: check(prompt, max_new_tokens))
+
+
 def candidates(policy, agent: Agent, states: Sequence[State], n: int = 1, *, temperature: float = 0.0,
                max_new_tokens: int = 256, seed: int = 0) -> tuple[list[str], list[list[Candidate]]]:
-    """N candidate actions for each state from ONE batched policy call: (prompts, candidates[state][n])."""
+    """N candidate actions for each state from ONE batched policy call: (prompts, candidates[state][n]).
+    Over-long prompts are rendered shorter by the agent within the policy's budget (Agent.render)."""
     if not states:
         return [], []
-    prompts = [agent.render(s) for s in states]
+    fits = prompt_fits(policy, max_new_tokens)
+    prompts = [agent.render(s, fits) for s in states]
     outs = policy.generate(prompts, n=n, temperature=temperature, max_new_tokens=max_new_tokens,
                            stop=list(agent.stop) or None, seed=seed)
     if len(outs) != len(prompts):
@@ -93,7 +101,8 @@ def summarize(policy, agent: Agent, states: Sequence[State], steps: Sequence[Ste
     """Fill step.summary (Search-o1 summary / ReasonRAG evidence) for query steps, in one batched call."""
     if not steps:
         return
-    prompts = [agent.render_summary(s, st.action.text, st.docs) for s, st in zip(states, steps)]
+    fits = prompt_fits(policy, max_new_tokens)
+    prompts = [agent.render_summary(s, st.action.text, st.docs, fits) for s, st in zip(states, steps)]
     outs = policy.generate(prompts, n=1, temperature=temperature, max_new_tokens=max_new_tokens,
                            stop=list(agent.summary_stop) or None, seed=seed)
     for st, p, out in zip(steps, prompts, outs):
@@ -177,6 +186,7 @@ def rollout(policy, retriever, agent: Agent, items: Iterable, cfg: RolloutConfig
     done: dict[int, Episode] = {}
     st = {"generate_s": 0.0, "retrieve_s": 0.0, "summarize_s": 0.0, "policy_calls": 0, "engine_steps": 0,
           "generations": 0, "queries": 0}
+    cuts_before = dict(getattr(agent, "prompt_cuts", {}))
     t_start = time.perf_counter()
     bar = _progress(total, cfg.progress)
     it = 0
@@ -265,6 +275,8 @@ def rollout(policy, retriever, agent: Agent, items: Iterable, cfg: RolloutConfig
     bar.close()
     st["engine_steps"] = it
     st["episodes"] = total
+    for kind in ("shortened", "over_budget"):   # prompts the agent rendered shorter to fit the policy's budget
+        st[f"prompts_{kind}"] = getattr(agent, "prompt_cuts", {}).get(kind, 0) - cuts_before.get(kind, 0)
     st["total_s"] = time.perf_counter() - t_start
     st["host_s"] = st["total_s"] - st["generate_s"] - st["retrieve_s"] - st["summarize_s"]
     if stats is not None:

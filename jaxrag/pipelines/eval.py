@@ -1,7 +1,11 @@
 """The evaluation stage of the paper configs (configs/eval_*.py): agents x datasets -> episodes, metrics, tables.
 
 config[name]: agents (names or {name, method, opts}), datasets ({name, path, select, limit}), policy ({fn, path,
-tokenizer, ...}), retriever ({fn, index_dir | corpus, ...}), rollout (RolloutConfig fields), judge. Writes
+tokenizer, ...}), retriever ({fn, index_dir | corpus, ...}), rollout (RolloutConfig fields), judge. Optional:
+summarizer (a policy spec like `policy`: the model that writes Search-o1 / Re²Search summaries and ReasonRAG
+evidence, e.g. the untuned base model as in RAG-Gym; absent or None: the policy; it must share the policy's
+tokenizer, whose chat template renders its prompts) and max_doc_chars (every agent's per-document character cut
+unless its own opts set one; None: no cut, the papers' setting; absent: the agents' default, 1,000). Writes
 `workdir/<name>/{method}__{dataset}.episodes.jsonl`, `metrics.jsonl`, `table.md`, `table.csv`.
 """
 from __future__ import annotations
@@ -67,6 +71,9 @@ def eval_stage(config, workdir: str | Path, name: str) -> dict:
     pcfg, rcfg = _plain(ec.policy), _plain(ec.retriever)
     policy = resolve_fn(pcfg.get("fn", "jaxrag.pipelines.eval:load_policy"), f"config.{name}.policy.fn")(pcfg, workdir)
     retriever = resolve_fn(rcfg.get("fn", "jaxrag.pipelines.eval:load_index"), f"config.{name}.retriever.fn")(rcfg, workdir)
+    scfg = _plain(ec.get("summarizer", None))
+    summarizer = (resolve_fn(scfg.get("fn", "jaxrag.pipelines.eval:load_policy"), f"config.{name}.summarizer.fn")
+                  (scfg, workdir) if scfg else None)
     judge = judge_from_config(_plain(ec.get("judge", None)))
     rc = RolloutConfig(**_plain(ec.get("rollout", {})))
     results: dict[str, dict[str, dict]] = {}
@@ -77,13 +84,15 @@ def eval_stage(config, workdir: str | Path, name: str) -> dict:
         opts = dict(a.get("opts", {}))
         if opts.get("mode", "chat") == "chat" and "tokenizer" not in opts:
             opts["tokenizer"] = getattr(policy, "tokenizer", None)
+        if "max_doc_chars" in ec:
+            opts.setdefault("max_doc_chars", ec.max_doc_chars)
         agent = get_agent(a["name"], **opts)
         method = a.get("method", a["name"])
         for d in _plain(ec.datasets):
             examples = load_qa(d["path"], d.get("select"), limit=d.get("limit"))
             name = d.get("name", Path(d["path"]).stem)
             log.info("eval %s on %s (%d questions)", method, name, len(examples))
-            _, m = evaluate(policy, retriever, agent, examples, cfg=rc, judge=judge,
+            _, m = evaluate(policy, retriever, agent, examples, cfg=rc, judge=judge, summarizer=summarizer,
                             out_path=out_dir / f"{method}__{name}.episodes.jsonl")
             results.setdefault(method, {})[name] = m
             with metrics_path.open("a") as f:

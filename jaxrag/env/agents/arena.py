@@ -31,6 +31,12 @@ class Arena(base.Agent):
                 f"<references>\n{self.references_block(state)}\n</references>")
         return self.chat(SYSTEM, user)
 
+    def shorter_views(self, state: State) -> list[State]:
+        """Over budget: drop references from the end (the others keep their numbers). ARENA answers in one
+        generation, so it has no last-step variant."""
+        refs = tuple(state.references)
+        return [dataclasses.replace(state, references=refs[:n]) for n in range(len(refs) - 1, -1, -1)]
+
     def render_plain(self, state: State) -> str:
         return base.plain_question(state) + "".join(
             f"doc {i}: {canon(d.title)}: {self.clip(d.text)}\n" for i, d in enumerate(state.references, 1))

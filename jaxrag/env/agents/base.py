@@ -1,25 +1,57 @@
 """What every agent design shares: chat/plain rendering helpers and the safe-parse wrapper.
 
-An agent is `render(state) -> prompt`, `parse(text) -> Action` (never raises), `format(action) -> text`
-(the inverse of parse on canonical actions) and `stop` strings. Agents that post-process retrieved
-documents with a second generation (Search-o1/Re²Search summaries, ReasonRAG grounding) also define
-`render_summary / parse_summary / format_summary / summary_stop` and set `summarizes = True`.
+An agent is `render(state, fits=None) -> prompt`, `parse(text) -> Action` (never raises),
+`format(action) -> text` (the inverse of parse on canonical actions) and `stop` strings. Agents that
+post-process retrieved documents with a second generation (Search-o1/Re²Search summaries, ReasonRAG grounding)
+also define `summary_prompt / parse_summary / format_summary / summary_stop` and set `summarizes = True`;
+callers render summary prompts with `render_summary(state, query, docs, fits=None)`.
 
 Two rendering modes: "chat" (the papers' prompts, through `tokenizer.chat` for instruct checkpoints)
 and "plain" (short line-based prompts for the synthetic world: `question: ...`, `search: ...`,
 `doc: title: text`, the action as one line `search: ...` / `answer: ...`).
+
+Over-long prompts (one rule for every design): `render(state, fits)` takes the policy's budget test
+(`fits(prompt) -> bool`, e.g. `JaxPolicy.prompt_fits`); when the full prompt does not fit, the agent renders
+`shorter_views(state)` (default: whole searches dropped oldest first down to the most recent one, then that
+search's lowest-ranked documents, then no history) and keeps the longest that fits, found by bisection. The
+question is never dropped. Each agent counts what it did in `prompt_cuts` ("shortened": a shorter view fitted;
+"over_budget": even the shortest did not, the policy then cuts tokens) and warns once per kind, not per prompt.
+Summary prompts follow the same rule over the query's documents (`render_summary(..., fits)`).
+
+The must-answer step (`state.must_answer`, set by the engine on the last allowed step): in chat mode each design
+whose generation may search says there that it must answer now (`must_answer_prompt`, default True): ReAct and
+Search-o1 with RAG-Gym's released `truncated` template, ReasonRAG with its released answer-generation prompt,
+Re²Search and SmartSearch (no released variant) with jaxrag's wording. Direct, CoT, RAG and ARENA answer in
+their one generation anyway. Plain prompts never change at that step: the synthetic policy is trained without
+such a marker, and the engine still takes Re²Search's predicted answer there.
+
+Documents: `max_doc_chars` cuts each shown document (1,000 characters by default; None: no cut, which is every
+paper's setting: RAG-Gym, ReasonRAG, SmartSearch and ARENA feed whole retrieval units (wiki-18 100-word passages,
+MedRAG snippets, the datasets' own paragraphs) in their released code).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import logging
 import re
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Action, Doc, State
-from jaxrag.env.parsing import canon, find_marker, loads_lenient, strip_fences
+from jaxrag.env.parsing import canon
 from jaxrag.metrics import LETTERS
 
+log = logging.getLogger(__name__)
+
 PLAIN_STOP = ("\n",)
+# jaxrag's own last-step line, for designs whose released code has no last-step prompt (SmartSearch)
+MUST_ANSWER_NOTE = "This is the last step: no more searches are possible. Give your final answer now."
+Fits = Callable[[str], bool]
+_CUT_MESSAGES = {
+    "shortened": "a prompt over the policy's token budget was rendered with its oldest searches / lowest-ranked "
+                 "documents dropped (the question kept)",
+    "over_budget": "a prompt stays over the policy's token budget even without history; the policy cuts its tokens",
+}
 
 
 @dataclasses.dataclass
@@ -29,16 +61,69 @@ class Agent:
     mode: str = "chat"                        # "chat" | "plain"
     tokenizer: Any = None                     # anything with .chat(messages) -> str; None: plain join
     max_docs: int | None = None               # docs shown per search (None: all retrieved)
-    max_doc_chars: int = 1000
+    max_doc_chars: int | None = 1000          # per-document character cut (None: none, the papers' setting)
     summarizes: bool = False
+    must_answer_prompt: bool = True           # chat: the last allowed step's prompt says "answer now"
+    prompt_cuts: collections.Counter = dataclasses.field(default_factory=collections.Counter, init=False,
+                                                         repr=False, compare=False)
 
     def __post_init__(self):
         if self.mode not in ("chat", "plain"):
             raise ValueError(f"{self.name}: mode must be 'chat' or 'plain', got {self.mode!r}")
 
     # ---- the protocol ------------------------------------------------------------------------------
-    def render(self, state: State) -> str:
+    def render(self, state: State, fits: Fits | None = None) -> str:
+        """The prompt for `state`; with `fits`, the longest of `shorter_views(state)` whose prompt fits."""
+        views = [state]
+        if fits is not None:
+            views += self.shorter_views(state)
+        return self.fit(lambda i: self._render(views[i]), len(views), fits)
+
+    def _render(self, state: State) -> str:
         return self.render_plain(state) if self.mode == "plain" else self.render_chat(state)
+
+    def render_summary(self, state: State, query: str, docs: Sequence[Doc], fits: Fits | None = None) -> str:
+        """The summary / grounding prompt for one query; with `fits`, its lowest-ranked documents are dropped
+        until it fits. Designs define `summary_prompt(state, query, docs)`."""
+        docs = list(docs)
+        return self.fit(lambda i: self.summary_prompt(state, query, docs[:len(docs) - i]),
+                        len(docs) + 1 if fits is not None else 1, fits)
+
+    def summary_prompt(self, state: State, query: str, docs: Sequence[Doc]) -> str:
+        raise NotImplementedError(f"{self.name} does not summarize")
+
+    def fit(self, render: Callable[[int], str], n: int, fits: Fits | None) -> str:
+        """render(0) if it fits (or no `fits`), else the first of render(1..n-1) that fits (they shrink as i
+        grows, so bisection), else render(n-1). Counts and warns once per kind (see the module doc)."""
+        first = render(0)
+        if fits is None or fits(first):
+            return first
+        lo, hi, best = 1, n - 1, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            p = render(mid)
+            if fits(p):
+                best, hi = p, mid - 1
+            else:
+                lo = mid + 1
+        kind = "shortened" if best is not None else "over_budget"
+        self.prompt_cuts[kind] += 1
+        if self.prompt_cuts[kind] == 1:
+            log.warning("%s: %s; further ones are only counted in agent.prompt_cuts[%r]", self.name,
+                        _CUT_MESSAGES[kind], kind)
+        return best if best is not None else (render(n - 1) if n > 1 else first)
+
+    def shorter_views(self, state: State) -> list[State]:
+        """Shorter and shorter views of `state` for an over-long prompt (the shared rule; the question stays):
+        whole searches dropped oldest first down to the most recent one, then that search's documents from the
+        lowest-ranked, then no history at all. Designs with another layout override it."""
+        searches = state.searches
+        views = [dataclasses.replace(state, history=searches[i:]) for i in range(1, len(searches))]
+        return views + fewer_documents(dataclasses.replace(state, history=searches[-1:]) if searches else state)
+
+    def must_answer_now(self, state: State) -> bool:
+        """The last allowed step, and this agent says so in its prompt."""
+        return bool(state.must_answer and self.must_answer_prompt)
 
     def parse(self, text: str) -> Action:
         """Parse a generation into one macro-action; anything unparseable is Invalid (never raises)."""
@@ -98,7 +183,9 @@ class Agent:
 
     def clip(self, text: str) -> str:
         text = canon(text)
-        return text if len(text) <= self.max_doc_chars else text[:self.max_doc_chars].rstrip() + " ..."
+        if self.max_doc_chars is None or len(text) <= self.max_doc_chars:
+            return text
+        return text[:self.max_doc_chars].rstrip() + " ..."
 
     def docs_block(self, docs: Sequence[Doc], start: int = 1) -> str:
         return "\n".join(f"Document [{i}] (Title: {d.title}) {self.clip(d.text)}"
@@ -106,6 +193,18 @@ class Agent:
 
 
 # ---- shared rendering pieces ---------------------------------------------------------------------------
+def fewer_documents(state: State) -> list[State]:
+    """Views of `state` whose most recent search shows fewer documents (lowest-ranked dropped first, down to
+    none), then the view without any history. [] when there is no search."""
+    searches = state.searches
+    if not searches:
+        return []
+    last = searches[-1]
+    views = [dataclasses.replace(state, history=searches[:-1] + [dataclasses.replace(last, docs=last.docs[:d])])
+             for d in range(len(last.docs) - 1, -1, -1)]
+    return views + [dataclasses.replace(state, history=[])]
+
+
 def options_block(choices: Sequence[str], sep: str = "\n") -> str:
     return sep.join(f"{LETTERS[i]}. {c}" for i, c in enumerate(choices))
 
@@ -115,11 +214,6 @@ def question_block(state: State) -> str:
     if not state.choices:
         return state.question
     return f"{state.question}\nOptions:\n{options_block(state.choices)}"
-
-
-def answer_format(state: State) -> str:
-    return ("a single option letter (A, B, C or D)" if state.choices
-            else "a single word, number or short phrase")
 
 
 def plain_question(state: State) -> str:
@@ -162,39 +256,3 @@ def format_plain_line(action: Action) -> str:
     if action.kind == INVALID:
         return action.raw
     return f"{'search' if action.kind == QUERY else 'answer'}: {action.text}"
-
-
-# ---- the "Query: ... / Answer: ..." convention of the RAG-Gym baselines ---------------------------------
-_MARKERS = ("query", "search query", "search", "answer", "final answer")
-
-
-def parse_marked(text: str, allow_query: bool = True) -> Action:
-    """Reasoning text then a last line `Query: ...` or `Answer: ...`; JSON {"query"|"answer": ...} also works."""
-    body = strip_fences(text)
-    hit = find_marker(body, _MARKERS if allow_query else ("answer", "final answer"))
-    if hit is None:
-        obj = loads_lenient(text) or {}
-        lowered = {str(k).lower(): v for k, v in obj.items()}
-        q, a = lowered.get("query"), lowered.get("answer", lowered.get("predicted_answer"))
-        if allow_query and q is not None and canon(str(q)) and canon(str(q)).lower() != "none":
-            return Action(QUERY, canon(str(q)), text)
-        if a is not None and canon(str(a)):
-            return Action(ANSWER, canon(str(a)), text)
-        return Action.invalid(text, "no 'Query:' or 'Answer:' line")
-    name, value = hit
-    kind = ANSWER if "answer" in name else QUERY
-    # reasoning: everything before the last marker line
-    last = None
-    for m in re.finditer(r"^.*$", body, re.M):
-        if find_marker(m.group(0), (name,)) is not None:
-            last = m
-    reasoning = canon(body[:last.start()]) if last is not None else ""
-    return Action(kind, value, text, {"reasoning": reasoning} if reasoning else {})
-
-
-def format_marked(action: Action) -> str:
-    if action.kind == INVALID:
-        return action.raw
-    line = f"{'Query' if action.kind == QUERY else 'Answer'}: {action.text}"
-    reasoning = action.extra.get("reasoning", "")
-    return f"{reasoning}\n\n{line}" if reasoning else line

@@ -1,25 +1,27 @@
-"""Direct: answer at once from parametric knowledge (RAG-Gym App. D)."""
+"""Direct: answer at once from parametric knowledge (RAG-Gym; prompt and JSON output of the released
+rag_gym/agents/direct.py, see _rag_gym.py). Plain mode: `question: ...` -> `answer: ...`."""
 import dataclasses
 
+from jaxrag.env.agents import _rag_gym as rg
 from jaxrag.env.agents import base
 from jaxrag.env.mdp import QUERY, Action, State
 
 
 @dataclasses.dataclass
 class Direct(base.Agent):
+    """Answers in one generation, so every step is already a must-answer step: no last-step variant."""
     name = "direct"
-    instruction = "Answer the question directly, without explanation."
+    system = rg.DIRECT_SYSTEM
+    user = rg.DIRECT_USER
 
     def render_chat(self, state: State) -> str:
-        system = (f"You are a helpful assistant. {self.instruction} End your response with one line "
-                  f"'Answer: <answer>', where <answer> is {base.answer_format(state)}.")
-        return self.chat(system, f"Question: {base.question_block(state)}")
+        return self.chat(self.system, rg.fill(self.user, question=rg.question(state)))
 
     def parse_chat(self, text: str) -> Action:
-        return base.parse_marked(text, allow_query=False)
+        return rg.parse(text, allow_query=False)
 
     def format_chat(self, action: Action) -> str:
-        return base.format_marked(action)
+        return rg.format_output(action)
 
     def render_plain(self, state: State) -> str:
         return base.plain_question(state)

@@ -1,14 +1,16 @@
-"""Re²Search (RAG-Gym App. H Fig. 9): reason to an answer, reflect on unverified claims, query for the
-first missing piece. Output JSON {"predicted_answer", "generated_query"}; a 'None' query means answer.
-History: (query, summary) pairs from the Fig. 8 summarizer (chat default) or raw documents (plain default)."""
+"""Re²Search (RAG-Gym 001 App. H Fig. 9, verbatim): reason to an answer, reflect on unverified claims, query for
+the first missing piece. Output JSON {"predicted_answer", "generated_query"}; a 'None' query means answer.
+History: (query, summary) pairs from the Fig. 8 summarizer (chat default) or raw documents (plain default), in
+the released code's layout (see _rag_gym.py; the released ReSearch template differs from Fig. 9 in a few words)."""
 import dataclasses
 import json
 import re
 
+from jaxrag.env.agents import _rag_gym as rg
 from jaxrag.env.agents import base
 from jaxrag.env.agents.search_o1 import Summarizing
 from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Action, State
-from jaxrag.env.parsing import canon, json_field, loads_lenient
+from jaxrag.env.parsing import canon
 
 SYSTEM = "You are a helpful assistant. Your task is to answer a given question following user instructions."
 USER = """### Information-seeking History
@@ -34,13 +36,26 @@ Your output must include three sections:
     "generated_query": "Provide an entity, question, or statement to be searched in an external knowledge base. Output \\"None\\" if no query is generated.",
 }}
 ```"""
-_NO_QUERY = {"", "none", "null", "n/a", "no query", "no query needed", "no further query is needed"}
-_SECTION = r"#+\s*\**\s*{title}\s*\**\s*:?\s*\**\s*\n(.*?)(?=\n\s*#+\s|\n\s*```|\Z)"
+# The last allowed step. The released code keeps Fig. 9 there and the environment takes the predicted answer;
+# jaxrag (must_answer_prompt=True, the default) says it in the prompt, the way the released code derives ReAct's
+# `truncated` template from its own: the search option (here: section 2 and the query field) removed.
+USER_FINAL = """### Information-seeking History
+{history}
 
+### Original Question
+{question}
 
-def _section(text: str, title: str) -> str:
-    m = re.search(_SECTION.format(title=title), text, re.S | re.I)
-    return canon(m.group(1)) if m else ""
+Your output must include two sections:
+1. **### Step-by-step Reasoning**:
+- Think step-by-step and then answer the question.
+
+2. **### Structured Output**:
+- Present your predicted answer in the following JSON format:
+```json
+{{
+    "predicted_answer": "Provide a single letter (for multiple-choice questions), digit, word, or short phrase here.",
+}}
+```"""
 
 
 @dataclasses.dataclass
@@ -55,30 +70,18 @@ class Re2Search(Summarizing, base.Agent):
 
     def history_block(self, state: State) -> str:
         if self.summarizes:
-            parts = [f"Query: {s.action.text}\nAnswer: {s.summary or 'No information found.'}" for s in state.searches]
-        else:
-            parts = [f"Query: {s.action.text}\nDocuments:\n{self.docs_block(s.docs) or '(no documents)'}"
-                     for s in state.searches]
-        return "\n\n".join(parts) or "(empty)"
+            return rg.history_with_summaries(state)
+        return rg.history_with_documents(state, self.shown, self.clip)
 
     def render_chat(self, state: State) -> str:
-        return self.chat(SYSTEM, USER.format(history=self.history_block(state), question=base.question_block(state)))
+        user = USER_FINAL if self.must_answer_now(state) else USER
+        return self.chat(SYSTEM, user.format(history=self.history_block(state), question=rg.question(state)))
 
     def parse_chat(self, text: str) -> Action:
-        obj = loads_lenient(text) or {}
-        obj = {str(k).lower().strip(): v for k, v in obj.items()}
-        pa, gq = obj.get("predicted_answer"), obj.get("generated_query")
-        if pa is None:
-            pa = json_field(text, "predicted_answer")
-        if gq is None:
-            gq = json_field(text, "generated_query")
-        pa = canon(pa) if pa is not None else ""
-        gq = canon(gq) if gq is not None else ""
-        if pa == "None":
-            pa = ""
-        extra = {k: v for k, v in (("reasoning", _section(text, "Step-by-step Reasoning")),
-                                   ("claims", _section(text, "Unverified Claim Identification"))) if v}
-        if gq.lower().rstrip(".") not in _NO_QUERY:
+        pa, gq = rg.structured_fields(text)
+        extra = {k: v for k, v in (("reasoning", rg.section(text, "Step-by-step Reasoning")),
+                                   ("claims", rg.section(text, "Unverified Claim Identification"))) if v}
+        if gq:
             if pa:
                 extra["predicted_answer"] = pa
             return Action(QUERY, gq, text, extra)

@@ -1,6 +1,8 @@
-"""ReAct: reason, then either search or answer, every step (RAG-Gym App. D)."""
+"""ReAct: reason, then either search or answer, every step (RAG-Gym; released rag_gym/agents/react.py,
+see _rag_gym.py). On the last allowed step the released `truncated` template offers Finish only."""
 import dataclasses
 
+from jaxrag.env.agents import _rag_gym as rg
 from jaxrag.env.agents import base
 from jaxrag.env.mdp import Action, State
 
@@ -9,29 +11,18 @@ from jaxrag.env.mdp import Action, State
 class ReAct(base.Agent):
     name = "react"
 
-    def system_prompt(self, state: State) -> str:
-        return ("You are a helpful assistant that answers a question by searching an external knowledge "
-                "base. Reason step by step about the information-seeking history. If it is not yet "
-                "sufficient, ask for the first missing piece of information with one search query; "
-                "otherwise give the final answer. End your response with exactly one line, either\n"
-                "Query: <search query>\nor\nAnswer: <answer>\n"
-                f"where <answer> is {base.answer_format(state)}.")
-
     def history_block(self, state: State) -> str:
-        parts = [f"Query: {s.action.text}\nDocuments:\n{self.docs_block(s.docs) or '(no documents)'}"
-                 for s in state.searches]
-        return "\n\n".join(parts) or "(empty)"
+        return rg.history_with_documents(state, self.shown, self.clip)
 
     def render_chat(self, state: State) -> str:
-        user = (f"Information-seeking History:\n{self.history_block(state)}\n\n"
-                f"Original Question:\n{base.question_block(state)}")
-        return self.chat(self.system_prompt(state), user)
+        user = rg.REACT_FINAL_USER if self.must_answer_now(state) else rg.REACT_USER
+        return self.chat(rg.REACT_SYSTEM, rg.fill(user, history=self.history_block(state), question=rg.question(state)))
 
     def parse_chat(self, text: str) -> Action:
-        return base.parse_marked(text)
+        return rg.parse(text, allow_query=True)
 
     def format_chat(self, action: Action) -> str:
-        return base.format_marked(action)
+        return rg.format_output(action)
 
 
 AGENT = ReAct

@@ -25,6 +25,11 @@ Instructions:
 * Search the documents for evidence that supports the query.
 * Response format: If relevant evidence is found, output: Based on the query, the relevant evidence is <evidence>evidence</evidence>. If no relevant evidence is found, output: <evidence>None</evidence>."""
 
+# The last allowed step (released pipeline/reasonrag_pipeline.py, ANSWER_GENERATION_PROMPT, used once
+# `iteration_count >= max_iter - 1`), verbatim.
+ANSWER_GENERATION_SYSTEM = """You are a reasoning assistant with retrieval. Give a precise and very concise final answer for the given question, conclude with 'So the answer is <answer>{answer_format}</answer>'. Keep your final answer brief and to the point, followed without any explanation.
+"""
+
 _LEADS = r"\s*(?:so\s+)?(?:the\s+)?(?:next\s+query\s+is|answer\s+is)\s*:?\s*$"
 
 
@@ -39,7 +44,8 @@ class ReasonRAG(base.Agent):
                        for s in state.searches)
 
     def render_chat(self, state: State) -> str:
-        system = REASONING_SYSTEM.format(answer_format=("option letter" if state.choices else "short answer"))
+        template = ANSWER_GENERATION_SYSTEM if self.must_answer_now(state) else REASONING_SYSTEM
+        system = template.format(answer_format=("option letter" if state.choices else "short answer"))
         return self.chat(system, f"Question: {base.question_block(state)}", prefix=self.transcript(state))
 
     def parse_chat(self, text: str) -> Action:
@@ -61,7 +67,7 @@ class ReasonRAG(base.Agent):
         return f"{action.extra['reasoning']} {s}" if action.extra.get("reasoning") else s
 
     # ---- Grounding stage ------------------------------------------------------------------------------
-    def render_summary(self, state: State, query: str, docs: Sequence[Doc]) -> str:
+    def summary_prompt(self, state: State, query: str, docs: Sequence[Doc]) -> str:
         if self.mode == "plain":
             return (base.plain_question(state) + base.plain_history(state, self, summaries=True, summary_tag="evidence")
                     + f"search: {canon(query)}\n" + base.plain_docs(docs, self))

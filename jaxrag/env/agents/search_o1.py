@@ -1,33 +1,25 @@
 """Search-o1 (as in RAG-Gym): ReAct whose history holds (query, summary) pairs; a summarizer prompt
-(RAG-Gym App. H Fig. 8) turns each query's documents into a short answer to that query."""
+(App. H Fig. 8; released RAGModule in rag_gym/agents/search_o1.py) turns each query's documents into a short
+answer to that query. Prompts and output as ReAct's (the released search_o1.py holds identical copies)."""
 import dataclasses
 import re
 from typing import Sequence
 
+from jaxrag.env.agents import _rag_gym as rg
 from jaxrag.env.agents import base
 from jaxrag.env.agents.react import ReAct
 from jaxrag.env.mdp import Doc, State
 from jaxrag.env.parsing import canon, find_marker, strip_fences
 
-SUMMARY_SYSTEM = ("You are a helpful assistant tasked with answering a follow-up query using the relevant "
-                  "documents provided.")
-SUMMARY_USER = ("Relevant Documents\n{documents}\n\nContext\nOriginal question: {question}\n\n"
-                "Follow-up Query\n{query}\n\nAnswer the follow-up query succinctly, using only the "
-                "information from the documents. When the documents do not provide sufficient information, "
-                "explicitly point this out instead of making up facts. Do not include unrelated or excessive "
-                "details in the response.")
-
 
 @dataclasses.dataclass
 class Summarizing:
-    """Mixin: summary prompt (Fig. 8) and its lenient parser."""
+    """Mixin: the summary prompt (Fig. 8 / RAGModule) and its lenient parser."""
 
-    def render_summary(self, state: State, query: str, docs: Sequence[Doc]) -> str:
+    def summary_prompt(self, state: State, query: str, docs: Sequence[Doc]) -> str:
         if self.mode == "plain":
             return (base.plain_question(state) + f"search: {canon(query)}\n" + base.plain_docs(docs, self))
-        user = SUMMARY_USER.format(documents=self.docs_block(docs) or "(no documents)",
-                                   question=base.question_block(state), query=query)
-        return self.chat(SUMMARY_SYSTEM, user)
+        return self.chat(rg.SUMMARY_SYSTEM, rg.summary_user(state, query, self.shown(docs), self.clip))
 
     def parse_summary(self, text: str) -> str | None:
         text = strip_fences(text or "")
@@ -51,8 +43,9 @@ class SearchO1(Summarizing, ReAct):
     summarizes: bool = True
 
     def history_block(self, state: State) -> str:
-        parts = [f"Query: {s.action.text}\nAnswer: {s.summary or 'No information found.'}" for s in state.searches]
-        return "\n\n".join(parts) or "(empty)"
+        if not self.summarizes:
+            return super().history_block(state)
+        return rg.history_with_summaries(state)
 
     def render_plain(self, state: State) -> str:
         return base.plain_question(state) + base.plain_history(state, self, summaries=self.summarizes)

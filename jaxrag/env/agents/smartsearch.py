@@ -43,9 +43,14 @@ class SmartSearch(base.Agent):
         return "\n".join(f'"{d.title}" {self.clip(d.text)}' for d in self.shown(state_docs))
 
     def render_chat(self, state: State) -> str:
+        """The released code has no last-step prompt (it stops after 10 turns); with must_answer_prompt the
+        user message ends with jaxrag's base.MUST_ANSWER_NOTE on the last allowed step."""
         transcript = "".join(f"{self.format_chat(s.action)}\n<result>\n{self.result_block(s.docs)}\n</result>\n"
                              for s in state.searches)
-        return self.chat(SYSTEM, f"Question: {base.question_block(state)}", prefix=transcript)
+        user = f"Question: {base.question_block(state)}"
+        if self.must_answer_now(state):
+            user += f"\n\n{base.MUST_ANSWER_NOTE}"
+        return self.chat(SYSTEM, user, prefix=transcript)
 
     def render_plain(self, state: State) -> str:
         out = [base.plain_question(state)]
