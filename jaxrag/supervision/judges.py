@@ -1,0 +1,383 @@
+"""Judges: an OpenAI-compatible HTTP endpoint, a local Policy, and the synthetic world's oracle (one protocol).
+
+A request (judge_protocol.JudgeRequest) becomes one or more chat calls with the papers' prompts (prompts.py):
+"rank" one call for all valid candidates; "step_score", "usefulness", "refine" one call per candidate. Invalid
+candidates are never shown to a judge: they score 0 and rank after every judged candidate (candidate order).
+A reply that does not parse is retried like a transport error (bounded); after the last attempt the request's
+JudgeResult has scores=None and `failure` naming the call and the reason, with the reply text kept.
+
+"usefulness" (and optionally "refine") needs the documents each candidate query retrieved:
+`request.metadata["candidate_docs"][i]` (a list of Doc). The oracle searches itself when they are absent.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from typing import Callable, Sequence
+
+from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Doc
+from jaxrag.env.parsing import canon
+from jaxrag.judge import OpenAIJudge
+from jaxrag.metrics import exact_match
+from jaxrag.supervision import prompts as P
+from jaxrag.supervision.judge_protocol import KINDS, JudgeRequest, JudgeResult
+from jaxrag.supervision.records import ProcessRecord, ScoredCandidate
+
+
+def ranks_from_scores(scores: Sequence[float]) -> list[int]:
+    """0 = best; equal scores keep candidate order."""
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    ranks = [0] * len(scores)
+    for r, i in enumerate(order):
+        ranks[i] = r
+    return ranks
+
+
+def candidate_notes(result: JudgeResult, n: int) -> list[str]:
+    """The per-candidate part of a result's rationale (lines "[i] ..."); other text goes to every candidate."""
+    notes = [""] * n
+    other = []
+    for line in (result.rationale or "").splitlines():
+        head, _, rest = line.partition("] ")
+        if head.startswith("[") and head[1:].isdigit() and int(head[1:]) < n:
+            notes[int(head[1:])] = rest
+        elif line.strip():
+            other.append(line)
+    if other:
+        notes = [(x + " | " if x else "") + "\n".join(other) for x in notes]
+    return notes
+
+
+# ------------------------------------------------------------------------------------ request -> chat calls
+@dataclasses.dataclass
+class Call:
+    messages: list[dict]
+    parse: Callable[[str], P.Parsed]
+    cands: list[int]  # the request's candidate indices this call judges
+
+
+@dataclasses.dataclass
+class Outcome:
+    parsed: P.Parsed | None
+    failure: str = ""
+    reply: str = ""
+    attempts: int = 0
+    seconds: float = 0.0
+
+
+def _candidate_docs(req: JudgeRequest, i: int) -> list[Doc] | None:
+    docs = req.metadata.get("candidate_docs")
+    if docs is None or i >= len(docs) or docs[i] is None:
+        return None
+    return [Doc.of(d) for d in docs[i]]
+
+
+def plan_calls(req: JudgeRequest, opts: P.PromptOptions) -> list[Call] | str:
+    """The chat calls one request needs, or the reason it cannot be judged at all."""
+    if req.kind not in KINDS:
+        return f"unknown request kind {req.kind!r} (known: {KINDS})"
+    q, hist, cands = req.state.question, req.state.history, req.candidates
+    valid = [i for i, a in enumerate(cands) if a.kind != INVALID]
+    if req.kind == "rank":
+        if not valid:
+            return []
+        n = len(valid)
+        return [Call(P.rank_messages(q, hist, [cands[i] for i in valid], opts), lambda r, n=n: P.parse_rank(r, n),
+                     valid)]
+    if req.kind == "step_score":
+        variant = opts.step_score_variant
+        return [Call(P.step_score_messages(q, req.gold, hist, cands[i], opts),
+                     lambda r: P.parse_step_score(r, variant), [i]) for i in valid]
+    queries = [i for i in valid if cands[i].kind == QUERY]
+    calls = []
+    for i in queries:
+        docs = _candidate_docs(req, i)
+        if req.kind == "usefulness":
+            if docs is None:
+                return (f"candidate {i}: usefulness needs metadata['candidate_docs'][{i}] "
+                        "(the documents the query retrieved)")
+            calls.append(Call(P.usefulness_messages(q, req.gold, hist, cands[i], docs, opts), P.parse_usefulness, [i]))
+        else:  # refine
+            expl = req.metadata.get("explanations", [req.explanation] * len(cands))[i]
+            calls.append(Call(P.refine_messages(q, hist, cands[i], docs or [], expl, opts), P.parse_refine, [i]))
+    return calls
+
+
+def assemble(req: JudgeRequest, calls: Sequence[Call], outcomes: Sequence[Outcome]) -> JudgeResult:
+    """Per-call outcomes -> one JudgeResult (failed as a whole when any call failed)."""
+    n = len(req.candidates)
+    attempts = max((o.attempts for o in outcomes), default=0)
+    seconds = sum(o.seconds for o in outcomes)
+    bad = [(c, o) for c, o in zip(calls, outcomes) if o.failure or o.parsed is None or not o.parsed.ok]
+    if bad:
+        why = "; ".join(f"candidate {','.join(map(str, c.cands))}: {o.failure or o.parsed.failure}" for c, o in bad)
+        return JudgeResult(None, failure=why, attempts=attempts, seconds=seconds,
+                           reply="\n---\n".join(o.reply for _, o in bad))
+    replies = "\n---\n".join(o.reply for o in outcomes)
+    invalid = [i for i, a in enumerate(req.candidates) if a.kind == INVALID]
+    if req.kind == "rank":
+        judged = []
+        if calls:
+            local = outcomes[0].parsed.ranks
+            judged = [calls[0].cands[j] for j in sorted(range(len(local)), key=lambda j: local[j])]
+        ranks = [0] * n
+        for r, i in enumerate(judged + invalid):
+            ranks[i] = r
+        return JudgeResult([1.0 / (1 + r) for r in ranks], ranks=ranks, attempts=attempts, seconds=seconds,
+                           reply=replies)
+    scores, texts, notes = [0.0] * n, [""] * n, {}
+    for c, o in zip(calls, outcomes):
+        i = c.cands[0]
+        if req.kind == "refine":
+            texts[i], scores[i] = o.parsed.text, 1.0
+        else:
+            scores[i] = o.parsed.scores[0]
+        notes[i] = o.parsed.rationale
+    for i in range(n):
+        notes.setdefault(i, "invalid action" if i in invalid else "not a query: not judged")
+    rationale = "\n".join(f"[{i}] {notes[i]}" for i in range(n))
+    return JudgeResult(scores, ranks=ranks_from_scores(scores), texts=texts if req.kind == "refine" else None,
+                       rationale=rationale, attempts=attempts, seconds=seconds, reply=replies)
+
+
+def _run(requests: Sequence[JudgeRequest], opts: P.PromptOptions,
+         execute: Callable[[list[Call]], list[Outcome]]) -> list[JudgeResult]:
+    plans = [plan_calls(r, opts) for r in requests]
+    flat = [c for p in plans if not isinstance(p, str) for c in p]
+    outs = iter(execute(flat) if flat else [])
+    results = []
+    for req, plan in zip(requests, plans):
+        if isinstance(plan, str):
+            results.append(JudgeResult(None, failure=plan, attempts=0))
+        else:
+            results.append(assemble(req, plan, [next(outs) for _ in plan]))
+    return results
+
+
+# ------------------------------------------------------------------------------------------------ HTTP judge
+class HttpJudge:
+    """The papers' prompts through an OpenAI-compatible chat endpoint (vLLM, SGLang, hosted), one call per
+    thread (`max_workers` at once). Transport: jaxrag.judge.OpenAIJudge.chat_result (1 + max_retries attempts,
+    exponential backoff, Retry-After on 429/503; `sleep` injectable for tests)."""
+
+    def __init__(self, base_url: str, model: str, *, name: str | None = None, api_key_env: str = "OPENAI_API_KEY",
+                 max_retries: int = 2, timeout_s: float = 60.0, backoff_s: float = 1.0, temperature: float = 0.0,
+                 max_tokens: int = 1024, max_workers: int = 8, max_wait_s: float = 120.0,
+                 sleep: Callable[[float], None] = time.sleep, options: P.PromptOptions = P.PromptOptions()):
+        if max_retries < 0 or max_workers < 1:
+            raise ValueError(f"HttpJudge: max_retries={max_retries} must be >= 0, max_workers={max_workers} >= 1")
+        self.name = name or model
+        self.max_retries, self.max_workers, self.options = max_retries, max_workers, options
+        self.transport = OpenAIJudge(base_url, model, api_key_env=api_key_env, timeout_s=timeout_s,
+                                     retries=1 + max_retries, backoff_s=backoff_s, temperature=temperature,
+                                     max_tokens=max_tokens, max_wait_s=max_wait_s, sleep=sleep)
+
+    def _one(self, call: Call) -> Outcome:
+        r = self.transport.chat_result(call.messages, check=lambda text: call.parse(text).failure)
+        parsed = call.parse(r.text) if r.ok else None
+        return Outcome(parsed, r.failure, r.reply, r.attempts, r.seconds)
+
+    def _execute(self, calls: list[Call]) -> list[Outcome]:
+        if self.max_workers == 1 or len(calls) == 1:
+            return [self._one(c) for c in calls]
+        with concurrent.futures.ThreadPoolExecutor(min(self.max_workers, len(calls))) as ex:
+            return list(ex.map(self._one, calls))
+
+    def judge(self, requests: Sequence[JudgeRequest]) -> list[JudgeResult]:
+        return _run(requests, self.options, self._execute)
+
+
+# ----------------------------------------------------------------------------------------------- local judge
+class LocalJudge:
+    """The same prompts through any Policy (a JaxPolicy over a local checkpoint): every pending call of every
+    request in ONE batched `policy.generate` per attempt; calls whose reply does not parse go to the next attempt
+    (1 + max_retries in all; retries sample at `retry_temperature`, since a greedy retry repeats the reply).
+    Messages become a prompt with `chat` (default: the policy tokenizer's chat template, else a plain join)."""
+
+    def __init__(self, policy, *, name: str = "local", chat: Callable[[list[dict]], str] | None = None,
+                 max_retries: int = 2, temperature: float = 0.0, retry_temperature: float = 0.7,
+                 max_new_tokens: int = 512, seed: int = 0, options: P.PromptOptions = P.PromptOptions()):
+        if max_retries < 0:
+            raise ValueError(f"LocalJudge: max_retries={max_retries} must be >= 0")
+        self.policy, self.name, self.max_retries = policy, name, max_retries
+        self.temperature, self.retry_temperature = temperature, retry_temperature
+        self.max_new_tokens, self.seed, self.options = max_new_tokens, seed, options
+        tok = getattr(policy, "tokenizer", None)
+        self.chat = chat or (tok.chat if tok is not None and hasattr(tok, "chat") else
+                             (lambda ms: "\n\n".join(m["content"] for m in ms) + "\n\n"))
+        self.generate_calls = 0
+
+    def _execute(self, calls: list[Call]) -> list[Outcome]:
+        outs = [Outcome(None) for _ in calls]
+        pending = list(range(len(calls)))
+        prompts = [self.chat(c.messages) for c in calls]
+        for attempt in range(1 + self.max_retries):
+            if not pending:
+                break
+            t0 = time.perf_counter()
+            gens = self.policy.generate([prompts[i] for i in pending], n=1,
+                                        temperature=self.temperature if attempt == 0 else self.retry_temperature,
+                                        max_new_tokens=self.max_new_tokens, seed=self.seed + attempt)
+            self.generate_calls += 1
+            share = (time.perf_counter() - t0) / len(pending)
+            still = []
+            for i, g in zip(pending, gens):
+                text = g[0].text if g else ""
+                p = calls[i].parse(text)
+                outs[i].attempts, outs[i].seconds, outs[i].reply = attempt + 1, outs[i].seconds + share, text
+                if p.ok:
+                    outs[i].parsed, outs[i].failure = p, ""
+                else:
+                    outs[i].failure = f"unparseable reply: {p.failure}"
+                    still.append(i)
+            pending = still
+        return outs
+
+    def judge(self, requests: Sequence[JudgeRequest]) -> list[JudgeResult]:
+        return _run(requests, self.options, self._execute)
+
+
+# ---------------------------------------------------------------------------------------------- oracle judge
+class OracleJudge:
+    """The synthetic world's gold chain as a judge (deterministic; no prompt).
+
+    Needs `request.metadata["gold_chain"]` (data/synthetic/questions.py: hops with passage_id, entity, relation,
+    answer). A hop is resolved once its gold passage was retrieved at an executed step. Per candidate:
+      query   1.0 if it retrieves (retriever at k; or metadata["candidate_docs"]) the gold passage of a hop not
+              yet resolved; 0.0 if it repeats an earlier query (case/space-insensitive), retrieves nothing new
+              (only already-seen documents), or finds no unresolved hop's passage (vague / useless);
+      answer  1.0 if correct (normalized EM vs request.gold, else metadata["golden_answers"]), 0.0 otherwise
+              (a premature wrong guess included);
+      invalid 0.0.
+    "rank": ranks from the scores (ties: candidate order) and scores = 1/(1+rank), as RAG-Gym's annotator;
+    "step_score" / "usefulness": the 0/1 scores themselves (ranks derived likewise); "refine": the teacher's
+    first query template for the first unresolved hop. All query candidates of all requests: one search call.
+    """
+
+    name = "oracle"
+
+    def __init__(self, retriever, k: int = 5):
+        if k < 1:
+            raise ValueError(f"OracleJudge: k={k} must be >= 1")
+        self.retriever, self.k = retriever, k
+        self.search_calls = 0
+
+    @staticmethod
+    def _chain(req: JudgeRequest) -> list[dict] | str:
+        chain = req.metadata.get("gold_chain")
+        if not isinstance(chain, list) or not chain or not all(isinstance(h, dict) and "passage_id" in h for h in chain):
+            return "oracle needs metadata['gold_chain'] (a list of hops with passage_id)"
+        return chain
+
+    def judge(self, requests: Sequence[JudgeRequest]) -> list[JudgeResult]:
+        t0 = time.perf_counter()
+        need = [(r, i) for r, req in enumerate(requests) for i, a in enumerate(req.candidates)
+                if a.kind == QUERY and _candidate_docs(req, i) is None and req.kind != "refine"]
+        found: dict[tuple[int, int], set[str]] = {}
+        if need:
+            hits = self.retriever.search([requests[r].candidates[i].text for r, i in need], self.k)
+            self.search_calls += 1
+            for key, hs in zip(need, hits):
+                found[key] = {str(h.doc_id) for h in hs[: self.k]}
+        out = []
+        for r, req in enumerate(requests):
+            res = self._one(r, req, found)
+            res.seconds = (time.perf_counter() - t0) / max(len(requests), 1)
+            out.append(res)
+        return out
+
+    def _one(self, r: int, req: JudgeRequest, found: dict) -> JudgeResult:
+        if req.kind not in KINDS:
+            return JudgeResult(None, failure=f"unknown request kind {req.kind!r} (known: {KINDS})")
+        chain = self._chain(req)
+        if isinstance(chain, str):
+            return JudgeResult(None, failure=chain)
+        seen = {d.doc_id for s in req.state.history for d in s.docs}
+        resolved = [h["passage_id"] in seen for h in chain]
+        if req.kind == "refine":
+            return self._refine(req, chain, resolved)
+        gold = list(req.gold) or list(req.metadata.get("golden_answers", []))
+        before = {canon(q).lower() for q in req.state.queries}
+        scores, notes = [], []
+        for i, a in enumerate(req.candidates):
+            if a.kind == QUERY:
+                given = _candidate_docs(req, i)
+                ids = {d.doc_id for d in given} if given is not None else found.get((r, i), set())
+                hops = [j + 1 for j, h in enumerate(chain) if not resolved[j] and h["passage_id"] in ids]
+                if canon(a.text).lower() in before:
+                    s, why = 0.0, "redundant: repeats an earlier query"
+                elif not ids - seen:
+                    s, why = 0.0, "redundant: retrieves only already-seen documents" if ids else "useless: retrieves nothing"
+                elif hops:
+                    s, why = 1.0, f"finds the gold passage of hop {', '.join(map(str, hops))}"
+                else:
+                    s, why = 0.0, "useless: no unresolved hop's gold passage in the top-k"
+            elif a.kind == ANSWER:
+                if not gold:
+                    return JudgeResult(None, failure="oracle needs the gold answers (request.gold) to judge an answer")
+                ok = exact_match(a.text, gold) > 0
+                s = 1.0 if ok else 0.0
+                open_hops = [j + 1 for j, x in enumerate(resolved) if not x]
+                why = "correct answer" if ok else "wrong answer" + (
+                    f" (premature: hop {', '.join(map(str, open_hops))} unresolved)" if open_hops else "")
+            else:
+                s, why = 0.0, "invalid action"
+            scores.append(s)
+            notes.append(f"[{i}] {why}")
+        ranks = ranks_from_scores(scores)
+        if req.kind == "rank":
+            scores = [1.0 / (1 + x) for x in ranks]
+        return JudgeResult(scores, ranks=ranks, rationale="\n".join(notes), attempts=1)
+
+    @staticmethod
+    def _refine(req: JudgeRequest, chain: list[dict], resolved: list[bool]) -> JudgeResult:
+        from jaxrag.data.synthetic.teacher import QUERY_TEMPLATES
+
+        nxt = next((h for h, ok in zip(chain, resolved) if not ok), None)
+        if nxt is None:
+            return JudgeResult(None, failure="oracle refine: every hop is resolved, nothing left to search")
+        q = QUERY_TEMPLATES[nxt["relation"]][0].format(e=nxt["entity"])
+        n = len(req.candidates)
+        return JudgeResult([1.0] * n, ranks=list(range(n)), texts=[q] * n,
+                           rationale=f"the first query template for hop {nxt.get('hop', '?')}", attempts=1)
+
+
+# -------------------------------------------------------------------------------------------------- registry
+JUDGES = {"oracle": OracleJudge, "http": HttpJudge, "local": LocalJudge}
+
+
+def get_judge(name: str, **kw):
+    """'oracle' (retriever, k) | 'http' (base_url, model, ...) | 'local' (policy, ...)."""
+    if name not in JUDGES:
+        raise ValueError(f"unknown judge {name!r} (known: {sorted(JUDGES)})")
+    return JUDGES[name](**kw)
+
+
+def judge_records(judge, records: Sequence[ProcessRecord], kind: str = "step_score",
+                  source: str | None = None) -> list[ProcessRecord]:
+    """Re-score existing records' candidates with `judge` (one batched judge call): the same states and
+    candidates under another source (e.g. the oracle, for agreement tables). record.metadata is the request's
+    metadata (the synthetic gold chain travels there)."""
+    reqs = []
+    for rec in records:
+        meta = dict(rec.metadata)
+        docs = [c.extra.get("docs") for c in rec.candidates]
+        if any(d is not None for d in docs) and "candidate_docs" not in meta:
+            meta["candidate_docs"] = docs
+        reqs.append(JudgeRequest(kind, rec.state(), [c.action for c in rec.candidates], list(rec.gold), meta))
+    results = judge.judge(reqs)
+    src = source or f"{kind}:{judge.name}"
+    out = []
+    for rec, res in zip(records, results):
+        cands = []
+        notes = candidate_notes(res, len(rec.candidates))
+        for i, c in enumerate(rec.candidates):
+            cands.append(ScoredCandidate(
+                c.raw, c.action, score=res.scores[i] if res.ok else None,
+                rank=res.ranks[i] if res.ok and res.ranks else None,
+                rationale=notes[i], failure=res.failure, token_ids=list(c.token_ids),
+                logprobs=list(c.logprobs), extra=dict(c.extra)))
+        out.append(dataclasses.replace(rec, candidates=cands, source=src))
+    return out
