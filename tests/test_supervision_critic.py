@@ -141,3 +141,9 @@ def test_score_records(critic):
     [o] = score_records(CriticScorer(cfg, params, head, tok), [two])
     assert [c.rank for c in o.candidates] == [0, 1] and o.candidates[0].score == o.candidates[1].score  # ties: order
     assert recs[0].candidates[0].score == 0.5  # the input is not modified
+
+
+def test_critic_select_needs_an_agent(critic):
+    cfg, params, head = critic
+    with pytest.raises(ValueError, match="needs an agent"):
+        critic_select(CriticScorer(cfg, params, head, ShiftTokenizer()))

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from fakes import OverlapRetriever, Passage, ScriptedPolicy
+from fakes import OverlapRetriever, Passage, ScriptedPolicy, completion
 from jaxrag.data.synthetic.questions import generate_questions
 from jaxrag.data.synthetic.teacher import QUERY_TEMPLATES
 from jaxrag.data.synthetic.world import generate_world
@@ -336,3 +336,20 @@ def test_oracle_failures_and_registry(world):
     with pytest.raises(ValueError, match="unknown judge 'gpt'"):
         get_judge("gpt")
     assert ranks_from_scores([0.0, 1.0, 1.0, 0.5]) == [3, 0, 1, 2]
+
+
+def test_local_judge_refine_and_short_policy_output():
+    pol = ScriptedPolicy(lambda p, j: "<search> better query </search>\n<explanation>names the entity</explanation>")
+    req = JudgeRequest("refine", State("Q?"), [Action("query", "vague one"), Action("answer", "x")], [],
+                       {"explanations": ["too vague", None]})
+    [r] = LocalJudge(pol).judge([req])
+    assert r.ok and r.texts == ["better query", ""] and r.scores == [1.0, 0.0]
+    assert len(pol.calls[0]["prompts"]) == 1 and "### Issues of the query\ntoo vague\n" in pol.calls[0]["prompts"][0]
+
+    class Short:  # one completion list for two prompts
+        def generate(self, prompts, **kw):
+            return [[completion("So the score is 1")]]
+
+    reqs = [JudgeRequest("step_score", State("Q?"), [Action("query", "a"), Action("query", "b")], ["G"])]
+    [r] = LocalJudge(Short(), max_retries=3).judge(reqs)
+    assert not r.ok and "policy returned 1 completion lists for 2 prompts" in r.failure and r.attempts == 1

@@ -140,6 +140,8 @@ class CriticSelect:
 
 
 def critic_select(scorer: CriticScorer, valid_only: bool = False) -> CriticSelect:
+    if getattr(scorer, "agent", None) is None:
+        raise ValueError("critic_select: the CriticScorer needs an agent (it renders each state's prompt)")
     return CriticSelect(scorer, valid_only)
 
 

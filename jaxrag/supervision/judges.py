@@ -100,7 +100,8 @@ def plan_calls(req: JudgeRequest, opts: P.PromptOptions) -> list[Call] | str:
                         "(the documents the query retrieved)")
             calls.append(Call(P.usefulness_messages(q, req.gold, hist, cands[i], docs, opts), P.parse_usefulness, [i]))
         else:  # refine
-            expl = req.metadata.get("explanations", [req.explanation] * len(cands))[i]
+            expls = req.metadata.get("explanations") or []
+            expl = expls[i] if i < len(expls) and expls[i] else req.explanation
             calls.append(Call(P.refine_messages(q, hist, cands[i], docs or [], expl, opts), P.parse_refine, [i]))
     return calls
 
@@ -112,7 +113,8 @@ def assemble(req: JudgeRequest, calls: Sequence[Call], outcomes: Sequence[Outcom
     seconds = sum(o.seconds for o in outcomes)
     bad = [(c, o) for c, o in zip(calls, outcomes) if o.failure or o.parsed is None or not o.parsed.ok]
     if bad:
-        why = "; ".join(f"candidate {','.join(map(str, c.cands))}: {o.failure or o.parsed.failure}" for c, o in bad)
+        why = "; ".join(f"candidate {','.join(map(str, c.cands))}: "
+                        f"{o.failure or (o.parsed.failure if o.parsed is not None else 'no reply')}" for c, o in bad)
         return JudgeResult(None, failure=why, attempts=attempts, seconds=seconds,
                            reply="\n---\n".join(o.reply for _, o in bad))
     replies = "\n---\n".join(o.reply for o in outcomes)
@@ -222,6 +224,11 @@ class LocalJudge:
                                         max_new_tokens=self.max_new_tokens, seed=self.seed + attempt)
             self.generate_calls += 1
             share = (time.perf_counter() - t0) / len(pending)
+            if len(gens) != len(pending):
+                for i in pending:
+                    outs[i].attempts, outs[i].failure = attempt + 1, (
+                        f"policy returned {len(gens)} completion lists for {len(pending)} prompts")
+                break
             still = []
             for i, g in zip(pending, gens):
                 text = g[0].text if g else ""
@@ -267,7 +274,7 @@ class OracleJudge:
     @staticmethod
     def _chain(req: JudgeRequest) -> list[dict] | str:
         chain = req.metadata.get("gold_chain")
-        if not isinstance(chain, list) or not chain or not all(isinstance(h, dict) and "passage_id" in h for h in chain):
+        if not (isinstance(chain, list) and chain and all(isinstance(h, dict) and "passage_id" in h for h in chain)):
             return "oracle needs metadata['gold_chain'] (a list of hops with passage_id)"
         return chain
 
@@ -309,7 +316,8 @@ class OracleJudge:
                 if canon(a.text).lower() in before:
                     s, why = 0.0, "redundant: repeats an earlier query"
                 elif not ids - seen:
-                    s, why = 0.0, "redundant: retrieves only already-seen documents" if ids else "useless: retrieves nothing"
+                    s = 0.0
+                    why = "redundant: retrieves only already-seen documents" if ids else "useless: retrieves nothing"
                 elif hops:
                     s, why = 1.0, f"finds the gold passage of hop {', '.join(map(str, hops))}"
                 else:

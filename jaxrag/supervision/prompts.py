@@ -266,8 +266,12 @@ def _thought(step: Step, opts: PromptOptions) -> list[str]:
     """ReasonRAG thoughts of one executed step: the generated text, then the grounding output (evidence), or,
     for designs without grounding, the documents in ReasonRAG's reference format."""
     a = step.action
-    out = [canon(a.raw) if a.raw.strip() else (
-        f"So the next query is <query>{a.text}</query>" if a.kind == QUERY else f"So the answer is <answer>{a.text}</answer>")]
+    if a.raw.strip():
+        out = [canon(a.raw)]
+    elif a.kind == QUERY:
+        out = [f"So the next query is <query>{a.text}</query>"]
+    else:
+        out = [f"So the answer is <answer>{a.text}</answer>"]
     if a.kind == QUERY:
         if step.summary_raw.strip():
             out.append(canon(step.summary_raw))

@@ -1,4 +1,4 @@
-"""RAG-Gym process-reward collection by ranking (METHODS.md §5; 001 §3 and released rag_gym/algorithms/prm/rollout.py).
+"""RAG-Gym process-reward collection by ranking (METHODS.md §5; 001 §3; released rag_gym/algorithms/prm/rollout.py).
 
 For many questions at once, the rollout engine (jaxrag.env.rollout.rollout) advances every live episode one step
 per engine step: ONE batched policy call samples N candidates per live state (T = 1.0), the `select` hook below
