@@ -353,3 +353,17 @@ def test_local_judge_refine_and_short_policy_output():
     reqs = [JudgeRequest("step_score", State("Q?"), [Action("query", "a"), Action("query", "b")], ["G"])]
     [r] = LocalJudge(Short(), max_retries=3).judge(reqs)
     assert not r.ok and "policy returned 1 completion lists for 2 prompts" in r.failure and r.attempts == 1
+
+
+def test_invalid_candidates_rank_last_and_score_zero(world):
+    pol = ScriptedPolicy(lambda p, j: '```json{"ranked_indices": [1, 0]}```')
+    cands = [Action.invalid("??", "bad"), Action("query", "q1"), Action("query", "q2")]
+    [r] = LocalJudge(pol).judge([JudgeRequest("rank", State("Q?"), cands, ["G"])])
+    assert r.ranks == [2, 1, 0] and r.scores == [0.0, 0.5, 1.0]
+    assert "[0] Query: q1\n[1] Query: q2\n\n" in pol.calls[0]["prompts"][0]  # the invalid one is not shown
+    _, qs, ret = world
+    q = qs[0]
+    oracle_cands = [Action.invalid("??", "bad"), Action("query", "zzzz"), Action("answer", "nobody at all")]
+    [r] = OracleJudge(ret, 2).judge([JudgeRequest("rank", State(q["question"]), oracle_cands, q["golden_answers"],
+                                                  q["metadata"])])
+    assert r.ranks == [2, 0, 1] and r.scores == [0.0, 1.0, 0.5]  # all useless: still a rank 0, never the invalid

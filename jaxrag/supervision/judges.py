@@ -2,7 +2,8 @@
 
 A request (judge_protocol.JudgeRequest) becomes one or more chat calls with the papers' prompts (prompts.py):
 "rank" one call for all valid candidates; "step_score", "usefulness", "refine" one call per candidate. Invalid
-candidates are never shown to a judge: they score 0 and rank after every judged candidate (candidate order).
+candidates are never shown to a judge: they score 0 and rank after every judged candidate (candidate order), also
+under "rank" (where a valid candidate scores 1/(1+rank)), so an unparseable action is never a preferred one.
 A reply that does not parse is retried like a transport error (bounded); after the last attempt the request's
 JudgeResult has scores=None and `failure` naming the call and the reason, with the reply text kept.
 
@@ -127,8 +128,8 @@ def assemble(req: JudgeRequest, calls: Sequence[Call], outcomes: Sequence[Outcom
         ranks = [0] * n
         for r, i in enumerate(judged + invalid):
             ranks[i] = r
-        return JudgeResult([1.0 / (1 + r) for r in ranks], ranks=ranks, attempts=attempts, seconds=seconds,
-                           reply=replies)
+        scores = [0.0 if i in invalid else 1.0 / (1 + r) for i, r in enumerate(ranks)]
+        return JudgeResult(scores, ranks=ranks, attempts=attempts, seconds=seconds, reply=replies)
     scores, texts, notes = [0.0] * n, [""] * n, {}
     for c, o in zip(calls, outcomes):
         i = c.cands[0]
@@ -258,7 +259,8 @@ class OracleJudge:
       answer  1.0 if correct (normalized EM vs request.gold, else metadata["golden_answers"]), 0.0 otherwise
               (a premature wrong guess included);
       invalid 0.0.
-    "rank": ranks from the scores (ties: candidate order) and scores = 1/(1+rank), as RAG-Gym's annotator;
+    "rank": ranks from the scores (ties: candidate order; invalid actions last) and scores = 1/(1+rank) (invalid:
+    0), as RAG-Gym's annotator, whose best-ranked action is preferred even when nothing is good;
     "step_score" / "usefulness": the 0/1 scores themselves (ranks derived likewise); "refine": the teacher's
     first query template for the first unresolved hop. All query candidates of all requests: one search call.
     """
@@ -334,9 +336,10 @@ class OracleJudge:
                 s, why = 0.0, "invalid action"
             scores.append(s)
             notes.append(f"[{i}] {why}")
-        ranks = ranks_from_scores(scores)
+        invalid = [a.kind == INVALID for a in req.candidates]
+        ranks = ranks_from_scores([-1.0 if bad else s for s, bad in zip(scores, invalid)])  # invalid: last
         if req.kind == "rank":
-            scores = [1.0 / (1 + x) for x in ranks]
+            scores = [0.0 if bad else 1.0 / (1 + x) for x, bad in zip(ranks, invalid)]
         return JudgeResult(scores, ranks=ranks, rationale="\n".join(notes), attempts=1)
 
     @staticmethod
