@@ -13,7 +13,7 @@ from jaxrag.env.mdp import Action, State
 from jaxrag.env.rollout import Candidate, RolloutConfig, rollout
 from jaxrag.models import critic_scores, param_shapes
 from jaxrag.models.config import ModelConfig
-from jaxrag.supervision.critic import CriticScorer, CriticSelect, critic_select, score_records
+from jaxrag.supervision.critic import CriticScorer, CriticSelect, _score_fn, critic_select, score_records
 from jaxrag.supervision.records import Pair, ProcessRecord, ScoredCandidate, pair_examples
 from jaxrag.train.batching import pair_batch
 
@@ -80,8 +80,9 @@ def test_same_input_as_the_bradley_terry_trainer(critic):
     pair = Pair(PROMPTS[1], ACTIONS[0], ACTIONS[2], 0.7, "rank:oracle")
     b = pair_batch(pair_examples([pair], tok), buckets=(64, 128))
     t = b["tokens"].shape[-1]
-    trainer = _REF(cfg, params, head, b["tokens"].reshape(-1, t), b["positions"].reshape(-1, t),
-                            b["segment_ids"].reshape(-1, t), jnp.asarray(b["read_index"].reshape(-1)))
+    # what the trainer's bt step computes on its batch (jitted critic_scores; shares a compiled shape)
+    trainer = _score_fn(cfg)(params, head, b["tokens"].reshape(-1, t), b["positions"].reshape(-1, t),
+                             b["segment_ids"].reshape(-1, t), jnp.asarray(b["read_index"].reshape(-1)))
     scorer = CriticScorer(cfg, params, head, tok)
     np.testing.assert_allclose(scorer.score_texts([pair.prompt] * 2, [pair.chosen, pair.rejected]), trainer,
                                rtol=1e-5, atol=1e-5)

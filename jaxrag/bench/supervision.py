@@ -15,7 +15,9 @@ A peer policy, fake(20ms+10us/tok), scripts the same candidates behind a fixed p
 (a device that saturates with batch; as bench.rollout). Each mode runs once untimed first (every shape it meets
 compiles), then `--repeats` timed runs alternate between the modes (fastest kept). states/s = judged states
 (ProcessRecords, kept or not) per second. Shares: gen = policy.generate, judge = the oracle (incl. its search),
-ret = the engine's retrieval. MCTS rollouts/s rows: `mcts_rows` below (supervision/mcts.py's line).
+ret = the engine's retrieval. prefill_pad_ratio = the sampler's padded prefill (bucketed rows x bucketed longest
+prompt) / real prompt tokens: batching many states pads every prompt to the batch's longest, which is what a
+compute-bound CPU pays for (on an accelerator the per-call cost it saves dominates instead). MCTS rollouts/s rows: `mcts_rows` below (supervision/mcts.py's line).
 Writes results/bench/supervision.json. Numbers are for this machine (see "machine" in the JSON).
 """
 
@@ -64,6 +66,8 @@ class ScriptedCandidates:
         self.pol, self.world, self.new_tokens = pol, world, new_tokens
         self.by_question = {canon(q["question"]): q for q in questions}
         self.generated = 0
+        self.prompt_tokens = 0  # real prompt tokens x n
+        self.padded_tokens = 0  # what the sampler prefills: bucket(rows) x bucket(longest prompt)
 
     def _script(self, prompt: str, n: int) -> list[str]:
         first = prompt.split("\n", 1)[0]
@@ -91,7 +95,12 @@ class ScriptedCandidates:
     def generate(self, prompts, *, n=1, temperature=0.0, max_new_tokens=32, stop=None, seed=0):
         out = self.pol.generate(prompts, n=n, temperature=temperature, max_new_tokens=self.new_tokens, stop=stop,
                                 seed=seed)
+        from jaxrag.generate import bucket
+
         self.generated += sum(len(c.token_ids) for row in out for c in row)
+        lens = [len(p.encode("utf-8")) + 1 for p in prompts]  # byte tokenizer + BOS
+        self.prompt_tokens += sum(lens) * n
+        self.padded_tokens += bucket(len(prompts) * n, 1) * bucket(max(lens), 16) if prompts else 0
         return [[_C(t, c.token_ids) for t, c in zip(self._script(p, n), row)] for p, row in zip(prompts, out)]
 
 
@@ -149,9 +158,10 @@ def ranking_rows(s: Setup, repeats: int = 2) -> list[dict]:
             _ranking(s, pol, batched)  # warm-up: every shape this mode meets compiles here
         for _ in range(repeats):
             for batched in (False, True):
-                gen0 = pol.generated
+                gen0, p0, pad0 = pol.generated, pol.prompt_tokens, pol.padded_tokens
                 st = _ranking(s, pol, batched)
                 st["new_tokens"] = pol.generated - gen0
+                st["pad_ratio"] = (pol.padded_tokens - pad0) / max(pol.prompt_tokens - p0, 1)
                 if batched not in best or st["total_s"] < best[batched]["total_s"]:
                     best[batched] = st
         for batched in (False, True):
@@ -164,6 +174,7 @@ def ranking_rows(s: Setup, repeats: int = 2) -> list[dict]:
                 "judge_calls": st["judge_calls"], "generate%": 100 * st["generate_s"] / tot,
                 "judge%": 100 * st["judge_s"] / tot, "retrieve%": 100 * st["retrieve_s"] / tot,
                 "kept": st["trajectories_kept"], "new_tokens_per_s": st["new_tokens"] / st["generate_s"],
+                "prefill_pad_ratio": st["pad_ratio"],
                 "speedup": st["states"] / tot / (best[False]["states"] / best[False]["total_s"]),
             })
             print(f"  ranking {name} {rows[-1]['mode']}: {rows[-1]['states_per_s']:.2f} states/s", flush=True)
@@ -204,7 +215,7 @@ def main(argv=None):
     rows = ranking_rows(s, args.repeats)
     rows += mcts_rows(s)
     cols = ["line", "policy", "mode", "questions", "n", "states", "states_per_s", "rollouts_per_s", "speedup", "policy_calls",
-            "judge_calls", "generate%", "judge%", "retrieve%", "kept", "new_tokens_per_s", "total_s"]
+            "judge_calls", "generate%", "judge%", "retrieve%", "kept", "new_tokens_per_s", "prefill_pad_ratio", "total_s"]
     print(table(rows, cols))
     import jax
 
