@@ -165,3 +165,19 @@ def test_rollout_values_exact_means():
     assert st["continuations"] == 8 and st["terminal_candidates"] == 5
     # the candidate query was executed before continuing: its docs are in the continuation prompt
     assert "doc: France: Paris is the capital of France." in pol.calls[0]["prompts"][0]
+
+
+def test_oracle_rescoring_and_agreement_on_collected_states(world):
+    """The same states under a second source (judge_records) and the agreement table over them."""
+    from jaxrag.supervision.agreement import agreement_table
+    from jaxrag.supervision.judges import judge_records
+
+    solvable, hopeless, ret = world
+    pol = ScriptedPolicy(_script(solvable, hopeless))
+    records, _ = collect_ranking(pol, ret, get_agent("react", mode="plain"), OracleJudge(ret, K), [solvable],
+                                 RankingConfig(n_candidates=4, max_steps=3, k=K))
+    oracle = judge_records(OracleJudge(ret, K), records, "step_score", source="oracle")
+    assert [[c.score for c in r.candidates] for r in oracle] == [[0.0, 0.0, 1.0, 0.0]] * 3
+    assert all(r.source == "oracle" and r.prompt == p.prompt for r, p in zip(oracle, records))
+    [row] = agreement_table({"oracle": oracle, "rank:oracle": records})
+    assert (row["agreement"], row["n_pairs"], row["n_states"]) == (1.0, 9, 3)  # 3 states x (1 good vs 3 bad)
