@@ -36,11 +36,11 @@ def _pair_of_sources():
 def test_hand_computed_agreement():
     oracle, judge = _pair_of_sources()
     r = pairwise_agreement(oracle, judge)
-    assert r == {"agreement": 0.5, "n_pairs": 4, "agree": 2, "ties_b": 1, "n_states": 2}
+    assert r == {"agreement": 0.5, "pairs": 4, "agree": 2, "ties_b": 1, "states": 2}
     # the other direction: the judge's strict pairs a>b, a>c (b=c tie), (x,z), (y,z); oracle ties (x,y) skipped
     # a>b ✓ a>c ✓ x>z (oracle tie -> disagreement) y>z (oracle z>y -> disagreement)
-    assert pairwise_agreement(judge, oracle) == {"agreement": 0.5, "n_pairs": 4, "agree": 2, "ties_b": 1,
-                                                 "n_states": 2}
+    assert pairwise_agreement(judge, oracle) == {"agreement": 0.5, "pairs": 4, "agree": 2, "ties_b": 1,
+                                                 "states": 2}
 
 
 def test_duplicates_are_averaged_and_failures_left_out():
@@ -55,11 +55,11 @@ def test_duplicates_are_averaged_and_failures_left_out():
 def test_table_markdown_csv(tmp_path):
     oracle, judge = _pair_of_sources()
     rows = agreement_table({"oracle": oracle, "rank:gpt": judge, "self": oracle})
-    assert [(r["source"], r["agreement"], r["n_pairs"]) for r in rows] == [("rank:gpt", 0.5, 4), ("self", 1.0, 6)]
+    assert [(r["source"], r["agreement"], r["pairs"]) for r in rows] == [("rank:gpt", 0.5, 4), ("self", 1.0, 6)]
     md = agreement_markdown(rows)
     assert "| rank:gpt | oracle | 50.0% | 4 | 2 | 1 | 2 |" in md and "tie under the source counts as disagreement" in md
     back = list(csv.DictReader(io.StringIO(agreement_csv(rows))))
-    assert back[0]["source"] == "rank:gpt" and float(back[0]["agreement"]) == 0.5 and back[1]["n_pairs"] == "6"
+    assert back[0]["source"] == "rank:gpt" and float(back[0]["agreement"]) == 0.5 and back[1]["pairs"] == "6"
     paths = write_agreement(rows, tmp_path)
     assert paths["markdown"].read_text() == md and paths["csv"].read_text() == agreement_csv(rows)
     with pytest.raises(ValueError, match="reference source 'oracle' not among"):

@@ -88,11 +88,13 @@ def test_same_input_as_the_bradley_terry_trainer(critic):
                                rtol=1e-5, atol=1e-5)
 
 
-def test_overlong_input_keeps_bos_prompt_end_and_action():
+def test_overlong_input_drops_the_prompt_middle_and_keeps_the_action():
     scorer = CriticScorer(dataclasses.replace(CFG, max_seq_len=64), None, None, ShiftTokenizer())
-    ids = scorer.encode("x" * 100 + "END", "answer: y")
+    ids = scorer.encode("BEGIN" + "x" * 100 + "END", "answer: y")
+    head = ShiftTokenizer().encode("BEGIN", add_bos=True)
     tail = ShiftTokenizer().encode("END") + ShiftTokenizer().encode("answer: y")
-    assert len(ids) == 64 and ids[0] == 1 and ids[-len(tail):] == tail
+    assert len(ids) == 64 and ids[:len(head)] == head and ids[-len(tail):] == tail
+    assert scorer.fits(9)("x" * 54) and not scorer.fits(9)("x" * 55)  # 1 BOS + 54 + 9 = 64
 
 
 def test_best_of_n_executes_the_argmax_with_the_critics_own_tokenizer(critic):

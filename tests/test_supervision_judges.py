@@ -75,12 +75,12 @@ def test_step_score_prompt_variants_and_user_message():
     hist = [Step(Action("query", "Foo director", raw="So the next query is <query>Foo director</query>"),
                  summary="Bar", summary_raw="Based on the query, the relevant evidence is <evidence>Bar</evidence>")]
     cand = Action("answer", "Paris", raw="So the answer is <answer>Paris</answer>")
-    msgs = P.step_score_messages("Q?", ["Paris", "City of Light"], hist, cand)
+    msgs = P.step_score_messages("Q?", ["Paris", "City of Light"], hist, Step(cand))
     assert "between [0, 1]" in msgs[0]["content"]
     assert msgs[1]["content"] == ("Question: Q?\nGolden Answer: Paris or City of Light\nAgent Reasoning Process: "
                                   "So the next query is <query>Foo director</query> Based on the query, the relevant "
                                   "evidence is <evidence>Bar</evidence> So the answer is <answer>Paris</answer>")
-    code = P.step_score_messages("Q?", ["Paris"], hist, cand, P.PromptOptions(step_score_variant="code"))
+    code = P.step_score_messages("Q?", ["Paris"], hist, Step(cand), P.PromptOptions(step_score_variant="code"))
     assert "between [0, 100]" in code[0]["content"]
     with pytest.raises(ValueError, match="step_score_variant"):
         P.PromptOptions(step_score_variant="mine")
@@ -88,14 +88,14 @@ def test_step_score_prompt_variants_and_user_message():
 
 def test_usefulness_and_refine_prompts_show_the_search_process():
     hist = [Step(Action("query", "q1"), docs=[Doc("a", 0, "A", "alpha")])]
-    msgs = P.usefulness_messages("Q?", ["Gold"], hist, Action("query", "q2"), [Doc("b", 0, "B", "beta")])
+    msgs = P.usefulness_messages("Q?", ["Gold"], hist, Step(Action("query", "q2"), docs=[Doc("b", 0, "B", "beta")]))
     text = msgs[0]["content"]
     assert ("### Agent’s search process up to the current search round\n<search> q1 </search>\n<result>\n\"A\" alpha\n"
             "</result>\n<search> q2 </search>\n<result>\n\"B\" beta\n</result>\n") in text
     assert "### Golden answer\nGold\n" in text
-    code = P.usefulness_messages("Q?", ["Gold"], hist, Action("query", "q2"), [], P.PromptOptions(smartsearch_variant="code"))
+    code = P.usefulness_messages("Q?", ["Gold"], hist, Step(Action("query", "q2")), P.PromptOptions(smartsearch_variant="code"))
     assert "necessary and actionable" in code[0]["content"]
-    ref = P.refine_messages("Q?", hist, Action("query", "q2"), [], "too vague." + P.REDUNDANT_EXPLANATION)
+    ref = P.refine_messages("Q?", hist, Step(Action("query", "q2")), "too vague." + P.REDUNDANT_EXPLANATION)
     assert "### Issues of the query\ntoo vague. The agent's query of the current search round is redundant" in ref[0]["content"]
 
 
@@ -367,3 +367,51 @@ def test_invalid_candidates_rank_last_and_score_zero(world):
     [r] = OracleJudge(ret, 2).judge([JudgeRequest("rank", State(q["question"]), oracle_cands, q["golden_answers"],
                                                   q["metadata"])])
     assert r.ranks == [2, 0, 1] and r.scores == [0.0, 1.0, 0.5]  # all useless: still a rank 0, never the invalid
+
+
+def test_executed_step_convention_smartsearch_assess_and_mcts():
+    """supervision.smartsearch / supervision.mcts put the judged step LAST in state.history, with its documents."""
+    from jaxrag.env.mdp import Episode
+    from jaxrag.supervision.smartsearch import assess
+
+    ep = Episode("q", "Where?", ["Gold"], steps=[
+        Step(Action("query", "q1"), docs=[Doc("a", 0, "A", "alpha")]),
+        Step(Action("query", "q2"), docs=[Doc("b", 0, "B", "beta")]),
+        Step(Action("answer", "Gold"))])
+    pol = ScriptedPolicy(lambda p, j: "<answer> 0 </answer><explanation>misses it</explanation>" if "q2" in p
+                         else "<answer> 1 </answer><explanation>finds it</explanation>")
+    [credits] = assess([ep], LocalJudge(pol))
+    assert [(c.useful, c.failure) for c in credits] == [(1, ""), (0, "")]
+    first, second = pol.calls[0]["prompts"]
+    assert "<search> q1 </search>\n<result>\n\"A\" alpha\n</result>\n\n### Evaluation" in first  # its round is last
+    assert "q2" not in first
+    assert second.count("<search> q2 </search>") == 1 and "\"B\" beta\n</result>\n\n### Evaluation" in second
+    assert "misses it" in credits[1].explanation and "[0]" not in credits[1].explanation
+    # refine of the executed step: its query is the current round, the issue text as given
+    req = JudgeRequest("refine", ep.state(2), [ep.steps[1].action], explanation="misses it", metadata={"step": 1})
+    rp = ScriptedPolicy(lambda p, j: "<search> better </search>")
+    [r] = LocalJudge(rp).judge([req])
+    assert r.texts == ["better"] and "### Issues of the query\nmisses it" in rp.calls[0]["prompts"][0]
+    assert rp.calls[0]["prompts"][0].count("<search> q2 </search>") == 1
+    # ReasonRAG node (mcts): the judged step with its evidence closes the reasoning process, once
+    hist = [Step(Action("query", "q1", raw="So the next query is <query>q1</query>"), summary="alpha",
+                 summary_raw="Based on the query, the relevant evidence is <evidence>alpha</evidence>")]
+    req = JudgeRequest("step_score", State("Where?", hist), [hist[0].action], ["Gold"], {"in_history": True})
+    sp = ScriptedPolicy(lambda p, j: "So the score is 0.5")
+    [r] = LocalJudge(sp).judge([req])
+    assert r.scores == [0.5] and sp.calls[0]["prompts"][0].endswith(
+        "Agent Reasoning Process: So the next query is <query>q1</query> Based on the query, the relevant evidence "
+        "is <evidence>alpha</evidence>\n\n")
+
+
+def test_oracle_reads_the_executed_step_convention(world):
+    w, qs, ret = world
+    q = next(q for q in qs if q["metadata"]["type"] == "1hop")
+    [h] = q["metadata"]["gold_chain"]
+    gold_doc = Doc(h["passage_id"], 0, h["title"], w.passage(h["passage_id"]).contents)
+    hist = [Step(Action("query", "anything at all"), docs=[gold_doc])]
+    req = JudgeRequest("usefulness", State(q["question"], hist), [hist[0].action], q["golden_answers"],
+                       {**q["metadata"], "step": 0})
+    judge = OracleJudge(ret, 2)
+    [r] = judge.judge([req])
+    assert r.scores == [1.0] and r.rationale == "finds the gold passage of hop 1" and judge.search_calls == 0

@@ -180,4 +180,16 @@ def test_oracle_rescoring_and_agreement_on_collected_states(world):
     assert [[c.score for c in r.candidates] for r in oracle] == [[0.0, 0.0, 1.0, 0.0]] * 3
     assert all(r.source == "oracle" and r.prompt == p.prompt for r, p in zip(oracle, records))
     [row] = agreement_table({"oracle": oracle, "rank:oracle": records})
-    assert (row["agreement"], row["n_pairs"], row["n_states"]) == (1.0, 9, 3)  # 3 states x (1 good vs 3 bad)
+    assert (row["agreement"], row["pairs"], row["states"]) == (1.0, 9, 3)  # 3 states x (1 good vs 3 bad)
+
+
+def test_step_score_kind_keeps_the_oracles_ties(world):
+    solvable, hopeless, ret = world
+    pol = ScriptedPolicy(_script(solvable, hopeless))
+    records, _ = collect_ranking(pol, ret, get_agent("react", mode="plain"), OracleJudge(ret, K), [solvable],
+                                 RankingConfig(n_candidates=4, max_steps=3, k=K, judge_kind="step_score"))
+    assert [[c.score for c in r.candidates] for r in records] == [[0.0, 0.0, 1.0, 0.0]] * 3
+    assert all(r.source == "step_score:oracle" and r.candidates[2].rank == 0 for r in records)
+    assert len(ranking_pairs(records)) == 9  # the good candidate over each of the 3 bad ones, at 3 states
+    with pytest.raises(ValueError, match="judge_kind"):
+        RankingConfig(judge_kind="refine")

@@ -8,7 +8,7 @@ a score (judge failures) are left out.
 
 Pairwise ranking agreement of B with A = among the candidate pairs at matched states whose scores DIFFER under A,
 the fraction that B orders the same way. A tie under B counts as a disagreement (B failed to separate what A
-separated), so a constant source scores 0, not 0.5; pairs tied under A are not counted. `n_pairs` is the
+separated), so a constant source scores 0, not 0.5; pairs tied under A are not counted. `pairs` is the
 denominator; agreement is None when it is 0.
 """
 
@@ -43,7 +43,7 @@ def _by_state(records: Sequence[ProcessRecord]) -> dict[tuple, dict[str, float]]
 
 
 def pairwise_agreement(a: Sequence[ProcessRecord], b: Sequence[ProcessRecord]) -> dict:
-    """{"agreement", "n_pairs", "agree", "ties_b", "n_states"}: how often B orders A's strict pairs as A does."""
+    """{"agreement", "pairs", "agree", "ties_b", "states"}: how often B orders A's strict pairs as A does."""
     sa, sb = _by_state(a), _by_state(b)
     agree = n = ties = states = 0
     for key in sa.keys() & sb.keys():
@@ -63,7 +63,7 @@ def pairwise_agreement(a: Sequence[ProcessRecord], b: Sequence[ProcessRecord]) -
                     ties += 1
                 elif (da > 0) == (db > 0):
                     agree += 1
-    return {"agreement": agree / n if n else None, "n_pairs": n, "agree": agree, "ties_b": ties, "n_states": states}
+    return {"agreement": agree / n if n else None, "pairs": n, "agree": agree, "ties_b": ties, "states": states}
 
 
 def agreement_table(sources: Mapping[str, Sequence[ProcessRecord]], reference: str = "oracle") -> list[dict]:
@@ -78,7 +78,7 @@ def agreement_table(sources: Mapping[str, Sequence[ProcessRecord]], reference: s
     return rows
 
 
-COLUMNS = ("source", "reference", "agreement", "n_pairs", "agree", "ties_b", "n_states")
+COLUMNS = ("source", "reference", "agreement", "pairs", "agree", "ties_b", "states")
 
 
 def _fmt(v) -> str:
@@ -91,7 +91,7 @@ def agreement_markdown(rows: Sequence[dict]) -> str:
     head = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS) + "\n"
     body = "".join("| " + " | ".join(_fmt(r.get(c)) for c in COLUMNS) + " |\n" for r in rows)
     note = ("\nagreement: fraction of candidate pairs with different reference scores that the source orders the "
-            "same way (a tie under the source counts as disagreement); n_pairs: those pairs.\n")
+            "same way (a tie under the source counts as disagreement); pairs: those pairs.\n")
     return head + body + note
 
 

@@ -6,8 +6,9 @@ train.batching.pair_batch): the state's prompt text tokenized with add_bos, then
 on its own, right-padded, the scalar head read at the last action token (`read_index`). Texts are tokenized with
 the critic's OWN tokenizer, so the critic may be another model family than the policy. Device side: one jitted
 `critic_scores` over bucketed shapes (rows: powers of two up to batch_size; columns: seq_buckets), so a handful
-of shapes compile once. Over-long inputs keep BOS, the end of the prompt and the action (its end, if the action
-alone is too long), with a warning.
+of shapes compile once. Prompts are rendered within the critic's own budget (`agent.render(state, fits)`: the
+agent's shorter views of the state); an input still too long keeps the action whole (its end, if the action alone
+is too long) and drops the prompt's middle (its first and last halves kept, as JaxPolicy), with a warning.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class CriticScorer:
         self.shapes: set[tuple[int, int]] = set()  # (rows, columns) compiled so far
 
     def encode(self, prompt: str, action: str) -> list[int]:
-        """prompt tokens (with BOS) + action tokens; too long -> BOS + the end of the prompt + the action."""
+        """prompt tokens (with BOS) + action tokens; too long -> the prompt's middle dropped, the action kept."""
         p = self.tokenizer.encode(prompt, add_bos=self.add_bos)
         a = self.tokenizer.encode(action)
         if not a:  # an empty action still needs a token to read: the head reads the prompt's last token
@@ -63,12 +64,16 @@ class CriticScorer:
         if not p + a:
             return [self.pad_id]
         if len(p) + len(a) > self.max_len:
-            log.warning("critic input of %d tokens truncated to %d", len(p) + len(a), self.max_len)
+            log.warning("critic input of %d tokens cut to %d (prompt middle dropped)", len(p) + len(a), self.max_len)
             a = a[-(self.max_len - 1):]
             keep = self.max_len - len(a)
-            head = p[:1] if self.add_bos and keep > 0 else []
-            p = head + (p[len(p) - (keep - len(head)):] if keep - len(head) > 0 else [])
+            tail = keep // 2
+            p = p[:keep - tail] + (p[len(p) - tail:] if tail else [])
         return p + a
+
+    def fits(self, reserve: int):
+        """The prompt-budget test for `agent.render(state, fits)`: prompt tokens + `reserve` action tokens."""
+        return lambda prompt: len(self.tokenizer.encode(prompt, add_bos=self.add_bos)) + reserve <= self.max_len
 
     def _rows(self, n: int) -> int:
         r = 1
@@ -107,7 +112,8 @@ class CriticScorer:
         """Scores of each state's candidate texts (prompts rendered by the scorer's agent), one batched pass."""
         if self.agent is None:
             raise ValueError("CriticScorer.score_states needs an agent to render the states' prompts")
-        prompts = [self.agent.render(s) for s in states]
+        prompts = [self.agent.render(s, self.fits(max((len(self.tokenizer.encode(t)) for t in ts), default=1)))
+                   for s, ts in zip(states, texts)]
         flat_p = [p for p, ts in zip(prompts, texts) for _ in ts]
         flat_a = [t for ts in texts for t in ts]
         flat = self.score_texts(flat_p, flat_a)

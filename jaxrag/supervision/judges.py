@@ -7,8 +7,13 @@ under "rank" (where a valid candidate scores 1/(1+rank)), so an unparseable acti
 A reply that does not parse is retried like a transport error (bounded); after the last attempt the request's
 JudgeResult has scores=None and `failure` naming the call and the reason, with the reply text kept.
 
-"usefulness" (and optionally "refine") needs the documents each candidate query retrieved:
-`request.metadata["candidate_docs"][i]` (a list of Doc). The oracle searches itself when they are absent.
+Two request conventions for "step_score", "usefulness" and "refine" (`judged_steps`):
+  next actions   candidates are actions after `state.history`, not executed; the documents a candidate query
+                 retrieved, where known, are `metadata["candidate_docs"][i]`;
+  executed step  the judged step is the LAST item of `state.history` and `candidates == [its action]`
+                 (supervision.smartsearch, supervision.mcts): recognized by `metadata["in_history"]` (true/false
+                 decides), else by `metadata["step"] == len(history) - 1` with that step's action as the candidate.
+"usefulness" needs the judged query's documents (the oracle searches itself when they are absent).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import dataclasses
 import time
 from typing import Callable, Sequence
 
-from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Doc
+from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Doc, Step
 from jaxrag.env.parsing import canon
 from jaxrag.judge import OpenAIJudge
 from jaxrag.metrics import exact_match
@@ -34,6 +39,11 @@ def ranks_from_scores(scores: Sequence[float]) -> list[int]:
     for r, i in enumerate(order):
         ranks[i] = r
     return ranks
+
+
+def join_notes(notes: Sequence[str]) -> str:
+    """Per-candidate rationale: "[i] note" lines; a single candidate's note as it is."""
+    return notes[0] if len(notes) == 1 else "\n".join(f"[{i}] {x}" for i, x in enumerate(notes))
 
 
 def candidate_notes(result: JudgeResult, n: int) -> list[str]:
@@ -75,35 +85,54 @@ def _candidate_docs(req: JudgeRequest, i: int) -> list[Doc] | None:
     return [Doc.of(d) for d in docs[i]]
 
 
+def executed_step_request(req: JudgeRequest) -> bool:
+    """True when the request judges the last step of `state.history` (see the module doc)."""
+    hist, meta = req.state.history, req.metadata
+    if req.kind == "rank" or len(req.candidates) != 1 or not hist:
+        return False
+    if "in_history" in meta:
+        return bool(meta["in_history"])
+    return meta.get("step") == len(hist) - 1 and hist[-1].action == req.candidates[0]
+
+
+def judged_steps(req: JudgeRequest) -> tuple[list[Step], list[Step], list[bool]]:
+    """(history before the judged round, one judged Step per candidate, whether its documents are known)."""
+    hist = list(req.state.history)
+    if executed_step_request(req):
+        return hist[:-1], [hist[-1]], [True]
+    known = [_candidate_docs(req, i) for i in range(len(req.candidates))]
+    return hist, [Step(action=a, docs=d or []) for a, d in zip(req.candidates, known)], [d is not None for d in known]
+
+
 def plan_calls(req: JudgeRequest, opts: P.PromptOptions) -> list[Call] | str:
     """The chat calls one request needs, or the reason it cannot be judged at all."""
     if req.kind not in KINDS:
         return f"unknown request kind {req.kind!r} (known: {KINDS})"
-    q, hist, cands = req.state.question, req.state.history, req.candidates
+    q, cands = req.state.question, req.candidates
     valid = [i for i, a in enumerate(cands) if a.kind != INVALID]
     if req.kind == "rank":
         if not valid:
             return []
         n = len(valid)
-        return [Call(P.rank_messages(q, hist, [cands[i] for i in valid], opts), lambda r, n=n: P.parse_rank(r, n),
-                     valid)]
+        return [Call(P.rank_messages(q, req.state.history, [cands[i] for i in valid], opts),
+                     lambda r, n=n: P.parse_rank(r, n), valid)]
+    hist, judged, known = judged_steps(req)
     if req.kind == "step_score":
         variant = opts.step_score_variant
-        return [Call(P.step_score_messages(q, req.gold, hist, cands[i], opts),
+        return [Call(P.step_score_messages(q, req.gold, hist, judged[i], opts),
                      lambda r: P.parse_step_score(r, variant), [i]) for i in valid]
     queries = [i for i in valid if cands[i].kind == QUERY]
     calls = []
     for i in queries:
-        docs = _candidate_docs(req, i)
         if req.kind == "usefulness":
-            if docs is None:
-                return (f"candidate {i}: usefulness needs metadata['candidate_docs'][{i}] "
-                        "(the documents the query retrieved)")
-            calls.append(Call(P.usefulness_messages(q, req.gold, hist, cands[i], docs, opts), P.parse_usefulness, [i]))
+            if not known[i]:
+                return (f"candidate {i}: usefulness needs the documents the query retrieved (metadata"
+                        f"['candidate_docs'][{i}], or the judged step as the last item of state.history)")
+            calls.append(Call(P.usefulness_messages(q, req.gold, hist, judged[i], opts), P.parse_usefulness, [i]))
         else:  # refine
             expls = req.metadata.get("explanations") or []
             expl = expls[i] if i < len(expls) and expls[i] else req.explanation
-            calls.append(Call(P.refine_messages(q, hist, cands[i], docs or [], expl, opts), P.parse_refine, [i]))
+            calls.append(Call(P.refine_messages(q, hist, judged[i], expl, opts), P.parse_refine, [i]))
     return calls
 
 
@@ -140,9 +169,9 @@ def assemble(req: JudgeRequest, calls: Sequence[Call], outcomes: Sequence[Outcom
         notes[i] = o.parsed.rationale
     for i in range(n):
         notes.setdefault(i, "invalid action" if i in invalid else "not a query: not judged")
-    rationale = "\n".join(f"[{i}] {notes[i]}" for i in range(n))
     return JudgeResult(scores, ranks=ranks_from_scores(scores), texts=texts if req.kind == "refine" else None,
-                       rationale=rationale, attempts=attempts, seconds=seconds, reply=replies)
+                       rationale=join_notes([notes[i] for i in range(n)]), attempts=attempts, seconds=seconds,
+                       reply=replies)
 
 
 def _run(requests: Sequence[JudgeRequest], opts: P.PromptOptions,
@@ -252,8 +281,9 @@ class OracleJudge:
     """The synthetic world's gold chain as a judge (deterministic; no prompt).
 
     Needs `request.metadata["gold_chain"]` (data/synthetic/questions.py: hops with passage_id, entity, relation,
-    answer). A hop is resolved once its gold passage was retrieved at an executed step. Per candidate:
-      query   1.0 if it retrieves (retriever at k; or metadata["candidate_docs"]) the gold passage of a hop not
+    answer). A hop is resolved once its gold passage was retrieved at an executed step before the judged one (either
+    request convention, see the module doc). Per candidate:
+      query   1.0 if it retrieves (its known documents, else the retriever at k) the gold passage of a hop not
               yet resolved; 0.0 if it repeats an earlier query (case/space-insensitive), retrieves nothing new
               (only already-seen documents), or finds no unresolved hop's passage (vague / useless);
       answer  1.0 if correct (normalized EM vs request.gold, else metadata["golden_answers"]), 0.0 otherwise
@@ -282,38 +312,39 @@ class OracleJudge:
 
     def judge(self, requests: Sequence[JudgeRequest]) -> list[JudgeResult]:
         t0 = time.perf_counter()
-        need = [(r, i) for r, req in enumerate(requests) for i, a in enumerate(req.candidates)
-                if a.kind == QUERY and _candidate_docs(req, i) is None and req.kind != "refine"]
+        splits = [judged_steps(req) for req in requests]
+        need = [(r, i) for r, (req, (_, judged, known)) in enumerate(zip(requests, splits))
+                for i, st in enumerate(judged) if st.action.kind == QUERY and not known[i] and req.kind != "refine"]
         found: dict[tuple[int, int], set[str]] = {}
         if need:
-            hits = self.retriever.search([requests[r].candidates[i].text for r, i in need], self.k)
+            hits = self.retriever.search([splits[r][1][i].action.text for r, i in need], self.k)
             self.search_calls += 1
             for key, hs in zip(need, hits):
                 found[key] = {str(h.doc_id) for h in hs[: self.k]}
         out = []
         for r, req in enumerate(requests):
-            res = self._one(r, req, found)
+            res = self._one(r, req, splits[r], found)
             res.seconds = (time.perf_counter() - t0) / max(len(requests), 1)
             out.append(res)
         return out
 
-    def _one(self, r: int, req: JudgeRequest, found: dict) -> JudgeResult:
+    def _one(self, r: int, req: JudgeRequest, split: tuple, found: dict) -> JudgeResult:
         if req.kind not in KINDS:
             return JudgeResult(None, failure=f"unknown request kind {req.kind!r} (known: {KINDS})")
         chain = self._chain(req)
         if isinstance(chain, str):
             return JudgeResult(None, failure=chain)
-        seen = {d.doc_id for s in req.state.history for d in s.docs}
+        hist, judged, known = split
+        seen = {d.doc_id for s in hist for d in s.docs}
         resolved = [h["passage_id"] in seen for h in chain]
         if req.kind == "refine":
             return self._refine(req, chain, resolved)
         gold = list(req.gold) or list(req.metadata.get("golden_answers", []))
-        before = {canon(q).lower() for q in req.state.queries}
+        before = {canon(s.action.text).lower() for s in hist if s.action.kind == QUERY}
         scores, notes = [], []
         for i, a in enumerate(req.candidates):
             if a.kind == QUERY:
-                given = _candidate_docs(req, i)
-                ids = {d.doc_id for d in given} if given is not None else found.get((r, i), set())
+                ids = {d.doc_id for d in judged[i].docs} if known[i] else found.get((r, i), set())
                 hops = [j + 1 for j, h in enumerate(chain) if not resolved[j] and h["passage_id"] in ids]
                 if canon(a.text).lower() in before:
                     s, why = 0.0, "redundant: repeats an earlier query"
@@ -335,12 +366,12 @@ class OracleJudge:
             else:
                 s, why = 0.0, "invalid action"
             scores.append(s)
-            notes.append(f"[{i}] {why}")
+            notes.append(why)
         invalid = [a.kind == INVALID for a in req.candidates]
         ranks = ranks_from_scores([-1.0 if bad else s for s, bad in zip(scores, invalid)])  # invalid: last
         if req.kind == "rank":
             scores = [0.0 if bad else 1.0 / (1 + x) for x, bad in zip(ranks, invalid)]
-        return JudgeResult(scores, ranks=ranks, rationale="\n".join(notes), attempts=1)
+        return JudgeResult(scores, ranks=ranks, rationale=join_notes(notes), attempts=1)
 
     @staticmethod
     def _refine(req: JudgeRequest, chain: list[dict], resolved: list[bool]) -> JudgeResult:

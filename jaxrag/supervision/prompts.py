@@ -282,11 +282,11 @@ def _thought(step: Step, opts: PromptOptions) -> list[str]:
     return out
 
 
-def step_score_messages(question: str, gold: Sequence[str], history: Sequence[Step], candidate: Action,
+def step_score_messages(question: str, gold: Sequence[str], history: Sequence[Step], judged: Step,
                         opts: PromptOptions = PromptOptions()) -> list[dict]:
-    """ReasonRAG process evaluation of the node reached by `candidate` after `history`."""
-    thoughts = [t for s in history for t in _thought(s, opts)]
-    thoughts += _thought(Step(action=candidate), opts)[:1]
+    """ReasonRAG process evaluation of the node reached by the `judged` step after `history` (its evidence or
+    documents are shown when the step was executed; a candidate not yet executed shows its text only)."""
+    thoughts = [t for s in (*history, judged) for t in _thought(s, opts)]
     user = (f"Question: {question}\nGolden Answer: " + " or ".join(gold) + "\nAgent Reasoning Process: "
             + " ".join(thoughts))
     return [{"role": "system", "content": STEP_SCORE_SYSTEM[opts.step_score_variant]},
@@ -309,19 +309,20 @@ def search_process(history: Sequence[Step], current: Action | None = None, curre
     return "\n".join(out)
 
 
-def usefulness_messages(question: str, gold: Sequence[str], history: Sequence[Step], candidate: Action,
-                        docs: Sequence[Doc], opts: PromptOptions = PromptOptions()) -> list[dict]:
-    """SmartSearch usefulness of `candidate` (a query) whose retrieval returned `docs`. The golden answer is the
-    first gold (the released code uses golden_answers[0])."""
-    context = search_process(history, candidate, docs, opts)
+def usefulness_messages(question: str, gold: Sequence[str], history: Sequence[Step], judged: Step,
+                        opts: PromptOptions = PromptOptions()) -> list[dict]:
+    """SmartSearch usefulness of the `judged` search step (its query and the documents it retrieved) after
+    `history`. The golden answer is the first gold (the released code uses golden_answers[0])."""
+    context = search_process(history, judged.action, judged.docs, opts)
     user = USEFULNESS_USER[opts.smartsearch_variant].format(question=question, answer=gold[0] if gold else "",
                                                             context=context)
     return [{"role": "user", "content": user}]
 
 
-def refine_messages(question: str, history: Sequence[Step], candidate: Action, docs: Sequence[Doc],
-                    explanation: str, opts: PromptOptions = PromptOptions()) -> list[dict]:
-    context = search_process(history, candidate, docs, opts)
+def refine_messages(question: str, history: Sequence[Step], judged: Step, explanation: str,
+                    opts: PromptOptions = PromptOptions()) -> list[dict]:
+    """SmartSearch refinement of the `judged` search step's query, given why it was judged bad."""
+    context = search_process(history, judged.action, judged.docs, opts)
     user = REFINE_USER[opts.smartsearch_variant].format(question=question, context=context, explanation=explanation)
     return [{"role": "user", "content": user}]
 

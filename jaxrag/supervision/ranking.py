@@ -4,7 +4,9 @@ For many questions at once, the rollout engine (jaxrag.env.rollout.rollout) adva
 per engine step: ONE batched policy call samples N candidates per live state (T = 1.0), the `select` hook below
 sends every state's candidates to the judge in ONE batched judge call (kind "rank"), records a ProcessRecord per
 state (source "rank:<judge>", score = 1/(1+rank), rank 0 = best) and executes the best-ranked candidate (the
-engine retrieves for all selected queries in one batched search). Episodes run to an answer or max steps.
+engine retrieves for all selected queries in one batched search). `judge_kind="step_score"` asks for per-candidate
+scores instead (e.g. the oracle's tie-aware 0/1: 1/(1+rank) would rank equally good candidates apart and pair them
+against each other); the best-scored candidate (ties: candidate order) is executed. Episodes run to an answer or max steps.
 Then only trajectories whose final answer passes the outcome threshold are kept (code: F1 > 0.75, strict;
 EM for MedQA); the records of dropped trajectories are counted in stats, not returned.
 A state whose judge call failed keeps its candidates with score None and the failure text (they take part in no
@@ -21,7 +23,7 @@ from typing import Sequence
 from jaxrag.env.mdp import INVALID, State, answer_reward
 from jaxrag.env.rollout import Candidate, RolloutConfig, rollout, select_first_valid
 from jaxrag.supervision.judge_protocol import JudgeRequest
-from jaxrag.supervision.judges import candidate_notes
+from jaxrag.supervision.judges import candidate_notes, ranks_from_scores
 from jaxrag.supervision.records import (CHOSEN_ABOVE, REJECTED_BELOW, Pair, ProcessRecord, ScoredCandidate,
                                         preference_pairs)
 
@@ -39,6 +41,9 @@ class RankingConfig:
     outcome_threshold: float = 0.75  # keep a trajectory iff outcome > threshold (code: F1 > 0.75)
     max_invalid: int = 1
     seed: int = 0
+    judge_kind: str = "rank"  # "rank": RAG-Gym's ranking, score 1/(1+rank) | "step_score" / "usefulness": the
+    #                           judge's own per-candidate scores (the oracle's tie-aware 0/1), ranks from them
+    source: str = ""  # ProcessRecord.source; "" = "<judge_kind>:<judge name>" (e.g. "rank:gpt-4o")
 
     def __post_init__(self):
         for key in ("n_candidates", "max_steps", "k", "batch_size", "max_new_tokens", "max_invalid"):
@@ -48,6 +53,8 @@ class RankingConfig:
             raise ValueError(f"RankingConfig.temperature={self.temperature} must be >= 0")
         if self.outcome_metric not in ("f1", "em", "cem", "acc"):
             raise ValueError(f"RankingConfig.outcome_metric={self.outcome_metric!r}: choose f1 | em | cem | acc")
+        if self.judge_kind not in ("rank", "step_score", "usefulness"):
+            raise ValueError(f"RankingConfig.judge_kind={self.judge_kind!r}: choose rank | step_score | usefulness")
 
 
 def _field(item, name, default=None):
@@ -57,8 +64,8 @@ def _field(item, name, default=None):
 class _RankSelect:
     """The engine's `select` hook: judge every state's candidates in one call, record, pick rank 0."""
 
-    def __init__(self, judge, agent, items: dict[str, object]):
-        self.judge, self.agent, self.items = judge, agent, items
+    def __init__(self, judge, agent, items: dict[str, object], kind: str, source: str):
+        self.judge, self.agent, self.items, self.kind, self.source = judge, agent, items, kind, source
         self.records: list[ProcessRecord] = []
         self.calls, self.failures, self.seconds = 0, 0, 0.0
 
@@ -66,7 +73,7 @@ class _RankSelect:
         reqs = []
         for s, cs in zip(states, cands):
             item = self.items[s.qid]
-            reqs.append(JudgeRequest("rank", s, [c.action for c in cs], list(_field(item, "golden_answers", [])),
+            reqs.append(JudgeRequest(self.kind, s, [c.action for c in cs], list(_field(item, "golden_answers", [])),
                                      dict(_field(item, "metadata", None) or {})))
         t0 = time.perf_counter()
         results = self.judge.judge(reqs)
@@ -78,12 +85,13 @@ class _RankSelect:
         picks = []
         for s, cs, req, res, fb in zip(states, cands, reqs, results, fallback):
             notes = candidate_notes(res, len(cs))
+            ranks = (res.ranks or ranks_from_scores(res.scores)) if res.ok else None
             scored = []
             for i, c in enumerate(cs):
                 comp = c.completion
                 scored.append(ScoredCandidate(
                     raw=str(getattr(comp, "text", c.action.raw)), action=c.action,
-                    score=res.scores[i] if res.ok else None, rank=res.ranks[i] if res.ok and res.ranks else None,
+                    score=res.scores[i] if res.ok else None, rank=ranks[i] if ranks else None,
                     rationale=notes[i], failure=res.failure,
                     token_ids=[int(x) for x in (getattr(comp, "token_ids", None) or ())],
                     logprobs=[float(x) for x in (getattr(comp, "logprobs", None) or ())]))
@@ -93,11 +101,9 @@ class _RankSelect:
                 meta["judge_reply"] = res.reply
             self.records.append(ProcessRecord(
                 qid=s.qid, question=s.question, gold=list(req.gold), agent=self.agent.name, history=list(s.history),
-                prompt="", candidates=scored, source=f"rank:{self.judge.name}", step=len(s.history), metadata=meta))
+                prompt="", candidates=scored, source=self.source, step=len(s.history), metadata=meta))
             if res.ok:
-                best = min(range(len(cs)), key=lambda i: (res.ranks[i], i)) if res.ranks else \
-                    max(range(len(cs)), key=lambda i: (res.scores[i], -i))
-                picks.append(best)
+                picks.append(min(range(len(cs)), key=lambda i: (ranks[i], i)))
             else:
                 self.failures += 1
                 picks.append(fb)
@@ -113,7 +119,8 @@ def collect_ranking(policy, retriever, agent, judge, questions: Sequence, cfg: R
     if len(set(qids)) != len(qids):
         dup = sorted({q for q in qids if qids.count(q) > 1})[:5]
         raise ValueError(f"collect_ranking: question ids must be unique (repeated: {dup})")
-    sel = _RankSelect(judge, agent, dict(zip(qids, questions)))
+    sel = _RankSelect(judge, agent, dict(zip(qids, questions)), cfg.judge_kind,
+                      cfg.source or f"{cfg.judge_kind}:{judge.name}")
     rcfg = RolloutConfig(k=cfg.k, max_steps=cfg.max_steps, batch_size=cfg.batch_size, n_candidates=cfg.n_candidates,
                          temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                          summary_max_new_tokens=cfg.summary_max_new_tokens, reward=cfg.outcome_metric,
