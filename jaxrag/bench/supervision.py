@@ -16,8 +16,9 @@ A peer policy, fake(20ms+10us/tok), scripts the same candidates behind a fixed p
 compiles), then `--repeats` timed runs alternate between the modes (fastest kept). states/s = judged states
 (ProcessRecords, kept or not) per second. Shares: gen = policy.generate, judge = the oracle (incl. its search),
 ret = the engine's retrieval. prefill_pad_ratio = the sampler's padded prefill (bucketed rows x bucketed longest
-prompt) / real prompt tokens: batching many states pads every prompt to the batch's longest, which is what a
-compute-bound CPU pays for (on an accelerator the per-call cost it saves dominates instead). MCTS rollouts/s rows: `mcts_rows` below (supervision/mcts.py's line).
+prompt) / real prompt tokens: batching many states pads every prompt to the batch's longest, which a compute-bound
+CPU pays for in full; the fake row models a device whose fixed per-call cost dominates instead.
+MCTS rollouts/s rows: `mcts_rows` below (supervision/mcts.py's line).
 Writes results/bench/supervision.json. Numbers are for this machine (see "machine" in the JSON).
 """
 
@@ -214,8 +215,9 @@ def main(argv=None):
     print(f"setup (world, BM25, model): {time.perf_counter() - t0:.1f}s; {len(s.questions)} questions", flush=True)
     rows = ranking_rows(s, args.repeats)
     rows += mcts_rows(s)
-    cols = ["line", "policy", "mode", "questions", "n", "states", "states_per_s", "rollouts_per_s", "speedup", "policy_calls",
-            "judge_calls", "generate%", "judge%", "retrieve%", "kept", "new_tokens_per_s", "prefill_pad_ratio", "total_s"]
+    cols = ["line", "policy", "mode", "questions", "n", "states", "states_per_s", "rollouts_per_s", "speedup",
+            "policy_calls", "judge_calls", "generate%", "judge%", "retrieve%", "kept", "new_tokens_per_s",
+            "prefill_pad_ratio", "total_s"]
     print(table(rows, cols))
     import jax
 

@@ -6,8 +6,8 @@ sends every state's candidates to the judge in ONE batched judge call (kind "ran
 state (source "rank:<judge>", score = 1/(1+rank), rank 0 = best) and executes the best-ranked candidate (the
 engine retrieves for all selected queries in one batched search). `judge_kind="step_score"` asks for per-candidate
 scores instead (e.g. the oracle's tie-aware 0/1: 1/(1+rank) would rank equally good candidates apart and pair them
-against each other); the best-scored candidate (ties: candidate order) is executed. Episodes run to an answer or max steps.
-Then only trajectories whose final answer passes the outcome threshold are kept (code: F1 > 0.75, strict;
+against each other); the best-scored candidate (ties: candidate order) is executed. Episodes run to an answer or
+max steps. Then only trajectories whose final answer passes the outcome threshold are kept (code: F1 > 0.75, strict;
 EM for MedQA); the records of dropped trajectories are counted in stats, not returned.
 A state whose judge call failed keeps its candidates with score None and the failure text (they take part in no
 preference pair); the engine then executes the first valid candidate.
