@@ -100,17 +100,21 @@ def apply_tiny(c) -> None:
     c.world.update(dict(n_countries=4, n_cities=12, n_persons=60, n_films=30, n_companies=12))
     c.model.update(dict(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=16, d_ff=64))
     for s in ("sft", "sft_re2search"):
-        c[s].eval_every = 10
+        c[s].eval_every = 50
         c[s].eval_max_sequences = 32
         c[s].train.steps = 20
         c[s].train.optimizer.warmup_steps = 2
         c[s].train.progress = False
+    c.sft.train.steps = 150  # enough for some good queries, so the supervision stage finds preference pairs
+    c.sft.train.optimizer.lr = 5e-3
     for s in ("dpo", "critic", "outcome"):
         c[s].train.steps = 6
         c[s].train.batch_size = 4
         c[s].train.optimizer.warmup_steps = 1
         c[s].train.progress = False
-    c.supervision.update(dict(max_questions=16, agreement_questions=6, rollout_m=2, max_steps=4, max_new_tokens=16))
+    # keep every trajectory's states (not only correct ones): a weak tiny policy still yields pairs to train on
+    c.supervision.update(dict(max_questions=16, agreement_questions=6, rollout_m=2, max_steps=4, max_new_tokens=16,
+                              outcome_threshold=-1.0))
     c.outcome.update(dict(max_questions=16, max_steps=4, max_new_tokens=16))
     c.bestofn.update(dict(ns=(1, 2), max_questions=8, max_steps=4, max_new_tokens=16))
     c.eval.update(dict(max_questions=24, max_steps=4, max_new_tokens=16))
