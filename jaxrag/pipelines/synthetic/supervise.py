@@ -86,5 +86,5 @@ def supervision_stage(config, workdir, name) -> None:
     stats["agreement_states"] = {k: len(v) for k, v in agree.items()}
     write_json(out / "stats.json", stats)
     log(name, f"{stats['states']} states ({stats['records_kept']} kept), {len(pairs)} pairs, "
-              f"{stats["trajectories_kept"]}/{stats["questions"]} trajectories kept (F1 > {s.outcome_threshold}), "
+              f"{stats['trajectories_kept']}/{stats['questions']} trajectories kept (F1 > {s.outcome_threshold}), "
               f"{stats['states_per_s']:.1f} states/s")
