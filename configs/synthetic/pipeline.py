@@ -33,7 +33,7 @@ def get_config(preset: str = "demo"):
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.stages = ["world", "index", "teacher", "tokenizer", "sft", "sft_re2search", "supervision", "dpo", "critic",
-                "outcome", "agreement", "bestofn", "eval", "report"]
+                "outcome", "grpo", "agreement", "bestofn", "eval", "report"]
 
     # Many entities, so the policy cannot memorize the world and has to learn to read and copy (held-out names).
     c.world = dict(fn=f"{P}.world:world_stage", n_countries=40, n_cities=300, n_persons=2000, n_films=1000,
@@ -71,6 +71,7 @@ def get_config(preset: str = "demo"):
                      max_questions=600, temperature=1.0, max_len=256, **rollout_common,
                      train=trainer(loss="sft", steps=300, batch_size=16, seq_buckets=(64, 128, 192, 256),
                                    optimizer=dict(lr=1e-4, warmup_steps=20, min_lr_ratio=0.1)))
+    c.grpo = grpo_section(c)
     c.agreement = dict(fn=f"{P}.analysis:agreement_stage", records="supervision", critic="critic", agent="react")
     c.bestofn = dict(fn=f"{P}.analysis:bestofn_stage", policy="sft", critic="critic", agent="react", ns=(1, 2, 4, 8),
                      split="test", max_questions=200, temperature=1.0, **rollout_common)
@@ -85,6 +86,7 @@ def get_config(preset: str = "demo"):
             dict(name="dpo", agent="react", model="dpo"),
             dict(name="sft_critic_bo4", agent="react", model="sft", critic="critic", n=4, temperature=1.0),
             dict(name="dpo_critic_bo4", agent="react", model="dpo", critic="critic", n=4, temperature=1.0),
+            dict(name="grpo", agent="react", model="grpo"),
             dict(name="sft_re2search", agent="re2search", model="sft_re2search"),
         ],
     )
@@ -93,6 +95,26 @@ def get_config(preset: str = "demo"):
     if preset == "tiny":
         apply_tiny(c)
     return c
+
+
+def grpo_section(c) -> ml_collections.ConfigDict:
+    """Online GRPO from the SFT policy with the EM reward (jaxrag.pipelines.rl over the synthetic world)."""
+    from jaxrag.pipelines.rl import stage_config
+
+    g = stage_config()
+    g.policy.path = "stage:sft"
+    g.retriever.corpus = "world/corpus.jsonl"
+    g.questions.path = "world/questions_train.jsonl"
+    g.agent.name, g.agent.mode, g.agent.max_doc_chars = "react", "plain", 1000
+    g.reward = "em"
+    g.rl.update(dict(steps=60, questions_per_step=16, group_size=4, temperature=1.0, max_new_tokens=40, max_steps=8,
+                     k=c.index.k, seed=c.seed))
+    g.train.grpo.beta = 0.04  # ARENA's k2 settings
+    g.train.grpo.kl_estimator = "k2"
+    g.train.seq_buckets = (64, 128, 192, 256, 320)
+    g.train.optimizer.lr = 5e-5
+    g.train.checkpoint.every_steps = 20
+    return g
 
 
 def apply_tiny(c) -> None:
@@ -117,4 +139,6 @@ def apply_tiny(c) -> None:
                               outcome_threshold=-1.0))
     c.outcome.update(dict(max_questions=16, max_steps=4, max_new_tokens=16))
     c.bestofn.update(dict(ns=(1, 2), max_questions=8, max_steps=4, max_new_tokens=16))
+    c.grpo.rl.update(dict(steps=2, questions_per_step=4, group_size=2, max_steps=4, max_new_tokens=16))
+    c.grpo.train.progress = False
     c.eval.update(dict(max_questions=24, max_steps=4, max_new_tokens=16))
