@@ -17,7 +17,8 @@ class RLConfig:
     steps: int = 10  # RL steps: sample B·G episodes with the current params, then `inner_steps` updates on them
     questions_per_step: int = 4  # B
     group_size: int = 4  # G episodes per question: each question is rolled out G times (one sample per row)
-    inner_steps: int = 1  # optimizer steps on one step's episodes (the ratio leaves 1 after the first)
+    inner_steps: int = 1  # epochs over one step's episodes (the ratio leaves 1 after the first update)
+    minibatches: int = 1  # updates per epoch, each on B/minibatches whole groups (SmartSearch/verl: 256/64 = 4)
     temperature: float = 1.0  # sampling temperature of every action (ARENA 0.9); 0 = greedy (scored at T = 1)
     max_new_tokens: int = 256  # per action
     max_steps: int = 10  # actions per episode (RAG-Gym: 10)
@@ -35,14 +36,21 @@ class RLConfig:
         return self.questions_per_step * self.group_size
 
     @property
+    def updates_per_step(self) -> int:
+        return self.inner_steps * self.minibatches
+
+    @property
     def token_budget(self) -> int:
         return self.norm_tokens or self.max_new_tokens * self.max_steps
 
     def validate(self) -> None:
-        for key in ("steps", "questions_per_step", "group_size", "inner_steps", "max_new_tokens", "max_steps", "k",
-                    "max_invalid"):
+        for key in ("steps", "questions_per_step", "group_size", "inner_steps", "minibatches", "max_new_tokens",
+                    "max_steps", "k", "max_invalid"):
             if int(getattr(self, key)) < 1:
                 raise ValueError(f"rl config: {key}: must be >= 1, got {getattr(self, key)}")
+        if self.questions_per_step % self.minibatches:
+            raise ValueError(f"rl config: minibatches: {self.minibatches} does not divide questions_per_step "
+                             f"{self.questions_per_step} (a minibatch holds whole groups)")
         if self.temperature < 0:
             raise ValueError(f"rl config: temperature: must be >= 0, got {self.temperature}")
         if self.rollout_batch < 0 or self.norm_tokens < 0:
@@ -67,16 +75,16 @@ def default_rl_config() -> ml_collections.ConfigDict:
 
 def rl_train_config(rc: RLConfig, train_config=None) -> ml_collections.ConfigDict:
     """The trainer config of an RL run: `train_config` with the keys the RL loop owns set from `rc`:
-    sampling_temperature = rc.temperature (1 when greedy), grpo.group_size = G, batch_size = B·G (episodes per
-    step; rows are padded to a multiple of grad_accum), steps = rc.steps · inner_steps (optimizer steps, for the
-    learning-rate schedule). loss must be grpo or ppo."""
+    sampling_temperature = rc.temperature (1 when greedy), grpo.group_size = G, batch_size = B·G / minibatches
+    (episodes per update; rows are padded to a multiple of grad_accum), steps = rc.steps · inner_steps · minibatches
+    (optimizer steps, for the learning-rate schedule). loss must be grpo or ppo."""
     tc = tconfig.resolve(train_config)
     if tc.loss not in RL_LOSSES:
         raise ValueError(f"train config: loss: online RL runs {RL_LOSSES}, got {tc.loss!r}")
     with tc.unlocked():
         tc.sampling_temperature = float(rc.temperature) if rc.temperature > 0 else 1.0
         tc.grpo.group_size = rc.group_size
-        tc.batch_size = rc.episodes_per_step
-        tc.steps = rc.steps * rc.inner_steps
+        tc.batch_size = rc.episodes_per_step // rc.minibatches
+        tc.steps = rc.steps * rc.updates_per_step
     tconfig.validate(tc)
     return tc

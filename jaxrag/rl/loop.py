@@ -12,13 +12,14 @@ Each RL step t (1-based):
 3. rewards: the named reward function (jaxrag.supervision.rewards.reward_fn) per episode, total + components;
 4. rows (jaxrag.rl.rows): one row per generated action from exactly the ids the sampler saw; GRPO: group-normalized
    advantages per question + aggregation weights; PPO: the value head scores the rows, GAE along each trajectory;
-5. `inner_steps` optimizer steps on those rows (the trainer's jitted step: jaxrag.train.steps, with accumulation);
+5. `inner_steps` epochs of `minibatches` optimizer steps on those rows (each minibatch = whole groups; the trainer's
+   jitted step: jaxrag.train.steps, with gradient accumulation); old log-probs stay the sampler's throughout;
 6. telemetry (JSONL + TensorBoard + tqdm) and, every train.checkpoint.every_steps RL steps, an orbax checkpoint of
    params, optimizer, optimizer-step counter and PRNG; its meta holds the RL step = the question-stream position.
 
 Logged per RL step (metrics.jsonl): the trainer's metrics of the FIRST inner step (loss, kl/k1..k3 against the
-reference, clip_fraction, ratio_max_dev, grad_norm, grad_max_abs/layer_*, lr) and, with inner_steps > 1, the last
-inner step's loss / clip_fraction / ratio_max_dev under last_inner/; reward/mean, reward/std, reward/<component>;
+reference, clip_fraction, ratio_max_dev, grad_norm, grad_max_abs/layer_*, lr) and, with several updates per step,
+the last update's loss / clip_fraction / ratio_max_dev under last_inner/; reward/mean, reward/std, reward/<component>;
 episode/* (response tokens, searches, steps, invalid-action rate, truncations); time/* (sampling = generation +
 summaries, retrieval, scoring, training, host) and throughput (episodes_per_s, trained_tokens_per_s).
 """
@@ -107,8 +108,9 @@ def episode_stats(episodes: Sequence[Episode], rewards: Sequence[Reward], group_
 
 
 def build_batch(episodes: Sequence[Episode], rewards: Sequence[Reward], rc: RLConfig, tc, pad_id: int,
-                row_multiple: int, score=None, step_rewards=None) -> tuple[dict, dict]:
-    """Host batch of one update + its info. `score(batch) -> (logp, values)` is needed for PPO (old values)."""
+                row_multiple: int, score=None, step_rewards: list | None = None) -> tuple[dict, dict]:
+    """Host batch of one update over whole groups + its info. `score(batch) -> (logp, values)`: PPO's old values;
+    step_rewards[e][s]: PPO per-step rewards (None: the outcome reward at the last token)."""
     rows = R.action_rows(episodes)
     buckets = tuple(tc.seq_buckets)
     info = {"rows": len(rows)}
@@ -122,13 +124,29 @@ def build_batch(episodes: Sequence[Episode], rewards: Sequence[Reward], rc: RLCo
         packed = R.pack(rows, buckets, pad_id, row_multiple)
         t0 = time.perf_counter()
         _, values = score({k: v for k, v in packed.items() if k in ("tokens", "positions", "segment_ids")})
+        values = np.asarray(values)
         info["time/scoring_s"] = time.perf_counter() - t0
-        sr = step_rewards(episodes) if step_rewards is not None else None
-        batch = R.ppo_batch(rows, packed, np.asarray(values), [r.total for r in rewards], sr, tc.ppo.gamma,
-                            tc.ppo.lam, tc.ppo.whiten)
+        batch = R.ppo_batch(rows, packed, values, [r.total for r in rewards], step_rewards, tc.ppo.gamma, tc.ppo.lam,
+                            tc.ppo.whiten)
     info["row_tokens"] = int(batch["loss_mask"].sum())
     info["batch_fill"] = float((batch["segment_ids"] > 0).mean())
     return batch, info
+
+
+def build_batches(episodes: Sequence[Episode], rewards: Sequence[Reward], rc: RLConfig, tc, pad_id: int,
+                  row_multiple: int, score=None, step_rewards: list | None = None) -> tuple[list[dict], dict]:
+    """One host batch per minibatch (contiguous whole groups), all built (and, PPO, scored) before any update."""
+    n = len(episodes) // rc.minibatches
+    batches, infos = [], []
+    for i in range(rc.minibatches):
+        sl = slice(i * n, (i + 1) * n)
+        sub = step_rewards[sl] if step_rewards is not None else None
+        b, info = build_batch(episodes[sl], rewards[sl], rc, tc, pad_id, row_multiple, score, sub)
+        batches.append(b)
+        infos.append(info)
+    info = {k: float(np.sum([x[k] for x in infos])) for k in ("rows", "row_tokens", "time/scoring_s") if k in infos[0]}
+    info.update({k: float(np.mean([x[k] for x in infos])) for k in ("batch_fill", "adv/abs_mean") if k in infos[0]})
+    return batches, info
 
 
 def train_rl(
@@ -199,17 +217,19 @@ def train_rl(
             episodes = rollout(policy, retriever, agent, items, rcfg, stats=stats, summarizer=summarizer)
             t_host = time.perf_counter()
             rewards = score_episodes(episodes, score_reward)
-            batch, info = build_batch(episodes, rewards, rc, tc, pad_id, row_multiple,
-                                      score=lambda b: score_jit(state["trainable"], frozen, shd.shard_batch(tr.mesh, b)),
-                                      step_rewards=step_rewards)
-            device_batch = shd.shard_batch(tr.mesh, batch)
+            batches, info = build_batches(
+                episodes, rewards, rc, tc, pad_id, row_multiple,
+                step_rewards=step_rewards(episodes) if step_rewards is not None else None,
+                score=lambda b: score_jit(state["trainable"], frozen, shd.shard_batch(tr.mesh, b)))
+            device_batches = [shd.shard_batch(tr.mesh, b) for b in batches]
             host_s = time.perf_counter() - t_host - info.get("time/scoring_s", 0.0)
 
             t_train = time.perf_counter()
             inner = []
             for _ in range(rc.inner_steps):
-                state, m = tr.step_fn(state, frozen, device_batch)
-                inner.append(m)
+                for device_batch in device_batches:
+                    state, m = tr.step_fn(state, frozen, device_batch)
+                    inner.append(m)
             inner = [flatten_metrics(m) for m in inner]  # blocks until the updates are done
             train_s = time.perf_counter() - t_train
             t_sync = time.perf_counter()
@@ -217,7 +237,7 @@ def train_rl(
             sync_s = time.perf_counter() - t_sync
 
             metrics = dict(inner[0])
-            if rc.inner_steps > 1:
+            if len(inner) > 1:
                 metrics.update({f"last_inner/{k}": inner[-1][k] for k in ("loss", "clip_fraction", "ratio_max_dev")})
             metrics.update(episode_stats(episodes, rewards, rc.group_size))
             metrics.update(info)
@@ -227,7 +247,7 @@ def train_rl(
                 "time/host_s": host_s + stats.get("host_s", 0.0), "time/step_s": time.perf_counter() - t_step,
                 "time/sync_s": sync_s, "episodes_per_s": len(episodes) / max(stats["total_s"], 1e-9),
                 "trained_tokens_per_s": info["row_tokens"] * rc.inner_steps / max(train_s, 1e-9),
-                "optimizer_step": step * rc.inner_steps, "sync/lora_merge": float(sync == "lora_merge"),
+                "optimizer_step": step * rc.updates_per_step, "sync/lora_merge": float(sync == "lora_merge"),
             })
             if not all(math.isfinite(x["loss"]) for x in inner):
                 where = ckpt.latest_step() if ckpt is not None else None
@@ -235,7 +255,7 @@ def train_rl(
                                     f"checkpoint: {'none' if where is None else ckpt.directory / str(where)}")
             last = metrics
             history.append(metrics)
-            writer.write(step, metrics, info["row_tokens"] * rc.inner_steps)
+            writer.write(step, metrics, int(info["row_tokens"]) * rc.inner_steps)
             if workdir is not None and rc.save_episodes and jax.process_index() == 0:
                 for ep in episodes:
                     ep.metadata["rl_step"] = step
@@ -243,7 +263,7 @@ def train_rl(
                         st.prompt_ids = []  # reproducible from the prompt text; keeps the file small
                 write_episodes(workdir / "episodes.jsonl", episodes, append=True)
             if ckpt is not None and (step % tc.checkpoint.every_steps == 0 or step == rc.steps):
-                ckpt.save(step, state, {"step": step, "data_position": step, "optimizer_step": step * rc.inner_steps,
+                ckpt.save(step, state, {"step": step, "data_position": step, "optimizer_step": step * rc.updates_per_step,
                                         "loss": metrics["loss"]})
         else:
             step = rc.steps
