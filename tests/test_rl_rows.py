@@ -36,6 +36,8 @@ def test_only_generated_tokens_carry_loss_and_old_logprobs():
     np.testing.assert_array_equal(b["segment_ids"][0], [1, 1, 1, 1, 1, 0, 0, 0])
     np.testing.assert_array_equal(b["row_episode"], [0, 0, 1, -1])
     assert R.pack(rows, (8,), row_multiple=3)["tokens"].shape[0] == 6  # 4 rows rounded to data x accum
+    assert [R.row_bucket(n, 1) for n in (1, 3, 5, 9, 11, 17, 23, 25, 33, 100)] == [1, 4, 8, 10, 12, 20, 24, 28, 40, 112]
+    assert R.row_bucket(9, 4) == 12
 
 
 def test_rows_need_the_sampled_prompt_ids():

@@ -122,9 +122,15 @@ def row_weights(rows: Sequence[Row], aggregation: str, norm_tokens: int) -> np.n
 
 
 def row_bucket(n: int, multiple: int) -> int:
-    """Rows padded to the next power of two (few compiled shapes), then up to a multiple of `multiple`
-    (data x fsdp x grad_accum)."""
-    b = 1 << max(0, (n - 1).bit_length())
+    """Rows padded to a power of two up to 8, then to one of 4 sizes per octave (10, 12, 14, 16, 20, 24, 28, 32,
+    40, ...: under 25% padding rows, few compiled shapes), then up to a multiple of `multiple` (data x fsdp x
+    grad_accum)."""
+    n = max(n, 1)
+    if n <= 8:
+        b = 1 << (n - 1).bit_length()
+    else:
+        step = 1 << ((n - 1).bit_length() - 3)
+        b = -(-n // step) * step
     return -(-b // multiple) * multiple
 
 
