@@ -2,6 +2,7 @@
 the first RL step's loss / advantages equal the values computed by hand from the logged episodes."""
 
 import numpy as np
+import pytest
 from rl_world import QUESTIONS, world
 
 from jaxrag.env.mdp import read_episodes
@@ -13,7 +14,8 @@ def test_grpo_raises_the_reward_and_logs_the_telemetry():
     policy, retriever, agent = world(seed=1, std=0.5)
     rc = RLConfig(steps=8, questions_per_step=4, group_size=4, temperature=1.0, max_new_tokens=2, max_steps=1, k=1,
                   seed=1)
-    tc = {"loss": "grpo", "seq_buckets": (64,), "optimizer": {"lr": 1e-2}, "progress": False, "grpo": {"beta": 0.0}}
+    tc = {"loss": "grpo", "seq_buckets": (64, 256), "optimizer": {"lr": 1e-2}, "progress": False,
+          "grpo": {"beta": 0.0}}
     res = train_rl(policy, retriever, agent, QUESTIONS, "test_ascii", rc, tc)
     r = [m["reward/mean"] for m in res.history]
     assert len(r) == 8 and res.step == 8
@@ -53,3 +55,11 @@ def test_first_step_loss_and_advantages_match_hand_values(tmp_path):
     assert m["kl/k2"] < 1e-9 and m["ratio_max_dev"] < 1e-3
     assert m["last_inner/ratio_max_dev"] > 1e-3  # the second inner step sees the first one's update
     assert (tmp_path / "checkpoints" / "1").is_dir()
+
+
+def test_rows_that_cannot_fit_the_buckets_fail_before_any_compute():
+    policy, retriever, agent = world()
+    rc = RLConfig(steps=1, questions_per_step=1, group_size=2, max_new_tokens=8)
+    with pytest.raises(ValueError, match=r"seq_buckets: the largest bucket 128 is shorter than the longest possible "
+                                         r"row, 248 prompt tokens \+ 8 new"):
+        train_rl(policy, retriever, agent, QUESTIONS, "em", rc, {"loss": "grpo", "seq_buckets": (128,)})

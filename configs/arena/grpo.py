@@ -25,6 +25,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.stages = ["rl"]
     c.rl = s = stage_config()
     s.policy.path = "models/Qwen2.5-7B-Instruct"  # relative to the workdir; override with --config.rl.policy.path
+    s.policy.max_prompt_tokens = 8192 - 256  # rows must fit the largest sequence bucket
     s.questions.path = "data/arena_grpo_train.jsonl"  # the paper's 25k HotpotQA/2Wiki/MuSiQue training questions
     s.retriever.corpus = str(BENCHMARKS / "corpus_multihop_contexts.jsonl")
     s.agent.name, s.agent.mode = "arena", "chat"

@@ -27,6 +27,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.stages = ["rl"]
     c.rl = s = stage_config()
     s.policy.path = "dpo/model"  # the stage-2 (DPO) policy under the workdir; override with --config.rl.policy.path
+    s.policy.max_prompt_tokens = 16384 - 1024  # rows (prompt + one action) must fit the largest sequence bucket
     s.questions.path = "data/smartsearch_grpo_train.jsonl"  # the paper's training questions (not shipped)
     s.retriever.corpus = str(BENCHMARKS / "corpus_multihop_contexts.jsonl")
     s.agent.name, s.agent.mode = "smartsearch", "chat"

@@ -149,6 +149,18 @@ def build_batches(episodes: Sequence[Episode], rewards: Sequence[Reward], rc: RL
     return batches, info
 
 
+def check_row_budget(policy, rc: RLConfig, tc) -> None:
+    """The longest row the sampler can produce (prompt limit + max_new_tokens) must fit the largest sequence bucket:
+    fail before any compute, not at the first long prompt."""
+    limit = min(getattr(policy, "max_prompt_tokens", None) or policy.cfg.max_seq_len,
+                policy.cfg.max_seq_len - rc.max_new_tokens)
+    longest = limit + rc.max_new_tokens
+    if longest > max(tc.seq_buckets):
+        raise ValueError(f"train config: seq_buckets: the largest bucket {max(tc.seq_buckets)} is shorter than the "
+                         f"longest possible row, {limit} prompt tokens + {rc.max_new_tokens} new: add a bucket of "
+                         f"{longest} or limit the prompt (policy.max_prompt_tokens)")
+
+
 def train_rl(
     policy,
     retriever,
@@ -175,6 +187,7 @@ def train_rl(
     """
     rc.validate()
     tc = rl_train_config(rc, train_config)
+    check_row_budget(policy, rc, tc)
     if hasattr(reward, "to_dict"):  # a ConfigDict of weights
         reward = reward.to_dict()
     score_reward = reward if callable(reward) else reward_fn(reward)
