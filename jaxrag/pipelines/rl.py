@@ -15,7 +15,13 @@ config.<name> (configs/arena/grpo.py, configs/smartsearch/grpo.py):
   train      the trainer config (loss grpo | ppo; sampling_temperature, grpo.group_size, batch_size and steps are
              set from rl: see jaxrag.rl.rl_train_config).
 Outputs under workdir/<name>/: checkpoints/, metrics.jsonl, tb/, train_config.json, episodes.jsonl, model/ (HF
-checkpoint of the trained policy, LoRA merged, + the tokenizer when it is a HF one), head.npz (ppo), summary.json.
+checkpoint of the trained policy, LoRA merged, + the tokenizer when it is a HF one), head.npz (ppo), summary.json;
+when the policy came from a jaxrag params dir, also model_config.json + params.npz (the synthetic eval's format).
+
+The synthetic world (configs/synthetic/pipeline.py stages world, index, tokenizer, sft): policy.path = "sft",
+policy.tokenizer = "tokenizer/spm.model", retriever.corpus = "world/corpus.jsonl", questions.path =
+"world/questions_train.jsonl", agent name "react" in mode "plain", reward "em", rl.k = config.index.k; evaluate it
+as the system "<sys>:react:<name>".
 
 `tiny_checkpoint_stage` makes the smoke variants' policy: a random Llama saved as a HF checkpoint with a small
 byte-level BPE tokenizer trained on a corpus slice (and the agents' system prompts), in workdir/<name>/model.
@@ -128,12 +134,14 @@ def load_policy(pc, workdir: str | Path):
 
     path = resolve_path(pc.path, workdir)
     dtype = pc.get("dtype") or None
+    params_dir = False
     if (path / "config.json").is_file():
         cfg, params = load_hf(path, dtype=dtype)
     elif (path / "model_config.json").is_file():
         from jaxrag.data.synthetic.params_io import load_model
 
         cfg, params = load_model(str(path))
+        params_dir = True
     else:
         raise FileNotFoundError(f"policy.path: {path} holds neither a HF checkpoint (config.json) nor jaxrag params "
                                 f"(model_config.json)")
@@ -142,8 +150,10 @@ def load_policy(pc, workdir: str | Path):
     if tok.vocab_size > cfg.vocab_size:
         raise ValueError(f"policy: tokenizer {tok_path} has {tok.vocab_size} tokens but the model in {path} has "
                          f"vocab_size {cfg.vocab_size}")
-    return JaxPolicy(cfg, params, tok, max_prompt_tokens=pc.get("max_prompt_tokens") or None,
-                     add_bos=pc.get("add_bos", True))
+    policy = JaxPolicy(cfg, params, tok, max_prompt_tokens=pc.get("max_prompt_tokens") or None,
+                       add_bos=pc.get("add_bos", True))
+    policy.from_params_dir = params_dir
+    return policy
 
 
 def load_retriever(rc, workdir: str | Path):
@@ -187,7 +197,12 @@ def rl_stage(config, workdir: str, name: str | None = None) -> None:
     result = train_rl(policy, retriever, agent, questions, reward, rc, sc.train, out)
     if jax.process_index() != 0:
         return
-    save_hf(policy.cfg, jax.device_get(result.params), out / "model")
+    params = jax.device_get(result.params)
+    save_hf(policy.cfg, params, out / "model")
+    if getattr(policy, "from_params_dir", False):
+        from jaxrag.data.synthetic.params_io import save_model
+
+        save_model(str(out), policy.cfg, params)
     if hasattr(policy.tokenizer, "tok"):  # a HF tokenizer: the model dir is then a complete checkpoint
         policy.tokenizer.tok.save_pretrained(str(out / "model"))
     if result.head is not None:
