@@ -6,8 +6,9 @@ temperature, top-k, top-p. A row stops at EOS / stop ids (checked on device ever
 (checked on the host between chunks: strings need detokenization). Deterministic for a given PRNG key.
 
 Returned per row: generated ids (including the stop token / the tokens that complete a stop string), the
-log-prob of each generated token under the model's unmodified distribution (temperature 1, no truncation:
-what the training losses recompute), the length, and the finish reason.
+log-prob of each generated token under the sampling distribution before truncation, log_softmax(logits / T) at the
+sampling temperature T (T = 1 values when greedy; top-k / top-p are not applied to the recorded value: what the
+RL losses recompute with train.sampling_temperature), the length, and the finish reason.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ def _decode_chunk(cfg: ModelConfig, sp: SamplingParams, chunk: int, params, cach
         cache, st = s["cache"], dict(s)
         logits = st["logits"]
         tok = _pick(logits, jax.random.fold_in(key, st["t"]), sp)
-        logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tok[:, None], axis=-1)[:, 0]
+        t_logp = sp.temperature if sp.temperature > 0 else 1.0  # behaviour log-prob at the sampling temperature
+        logp = jnp.take_along_axis(jax.nn.log_softmax(logits / t_logp, axis=-1), tok[:, None], axis=-1)[:, 0]
         live = ~st["done"]
         tok = jnp.where(live, tok, 0)
         st["tokens"] = st["tokens"].at[:, st["t"]].set(tok)

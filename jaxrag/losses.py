@@ -160,9 +160,12 @@ def grpo_loss(
     kl_estimator: str = "k2",
     aggregation: str = "seq_mean_token_mean",
     kl_clamp: float | None = None,
+    weights: jax.Array | None = None,
 ) -> tuple[jax.Array, dict]:
     """Clipped-ratio GRPO with a per-token KL penalty. logp/old_logp/ref_logp/mask [N,T], advantages [N].
-    Loss = -J, J = agg_t[min(ρ A, clip(ρ, 1-ε, 1+ε) A) - β KL_t]. old_logp and ref_logp are constants."""
+    Loss = -J, J = agg_t[min(ρ A, clip(ρ, 1-ε, 1+ε) A) - β KL_t]. old_logp and ref_logp are constants.
+    weights [N,T] (optional, constants): J = Σ w·objective instead of `aggregation`: weights computed over a whole
+    batch (jaxrag.rl.rows) keep the aggregation exact when an episode spans rows and rows span microbatches."""
     _check("kl_estimator", kl_estimator, KL_ESTIMATORS)
     _check("aggregation", aggregation, GRPO_AGGREGATIONS)
     mask = mask.astype(jnp.float32)
@@ -175,7 +178,10 @@ def grpo_loss(
     surrogate = jnp.minimum(unclipped, clipped)
     kl = kl_penalty(logp, ref_logp, kl_estimator, kl_clamp)
     objective = surrogate - beta * kl
-    loss = -_aggregate(objective, mask, aggregation)
+    if weights is None:
+        loss = -_aggregate(objective, mask, aggregation)
+    else:
+        loss = -jnp.sum(objective * mask * jax.lax.stop_gradient(weights))
     is_clipped = ((ratio < 1.0 - clip_eps) & (adv < 0)) | ((ratio > 1.0 + clip_eps) & (adv > 0))
     metrics = {"loss": loss, "clip_fraction": _masked_mean(is_clipped.astype(jnp.float32), mask)}
     for name in KL_ESTIMATORS:  # every estimator's value, the optimized one and the others
@@ -219,9 +225,11 @@ def ppo_loss(
     value_clip_eps: float = 0.2,
     vf_coef: float = 0.5,
     whiten_advantages: bool = True,
+    weights: jax.Array | None = None,
 ) -> tuple[jax.Array, dict]:
     """PPO clipped surrogate + clipped value loss, token means over the action tokens. All inputs [B,T];
-    `values` carry the value head's gradient, everything else is a constant."""
+    `values` carry the value head's gradient, everything else is a constant. weights [B,T] (optional): Σ w·x
+    replaces both token means (weights normalized over a whole batch, as in grpo_loss)."""
     mask = mask.astype(jnp.float32)
     old_logp, old_values, returns, advantages = (
         jax.lax.stop_gradient(x) for x in (old_logp, old_values, returns, advantages)
@@ -232,10 +240,12 @@ def ppo_loss(
         advantages = (advantages - mean) * jax.lax.rsqrt(var + 1e-8)
     ratio = jnp.exp(logp - old_logp)
     pg = -jnp.minimum(ratio * advantages, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * advantages)
-    pg_loss = _masked_mean(pg, mask)
+    reduce = (lambda x: _masked_mean(x, mask)) if weights is None else (
+        lambda x: jnp.sum(x * mask * jax.lax.stop_gradient(weights)))
+    pg_loss = reduce(pg)
     v_clipped = old_values + jnp.clip(values - old_values, -value_clip_eps, value_clip_eps)
     vf = 0.5 * jnp.maximum((values - returns) ** 2, (v_clipped - returns) ** 2)
-    vf_loss = _masked_mean(vf, mask)
+    vf_loss = reduce(vf)
     loss = pg_loss + vf_coef * vf_loss
     is_clipped = ((ratio < 1 - clip_eps) & (advantages < 0)) | ((ratio > 1 + clip_eps) & (advantages > 0))
     metrics = {

@@ -64,6 +64,7 @@ class Step:
     summary_prompt: str = ""
     summary_raw: str = ""
     token_ids: list[int] = field(default_factory=list)     # generated tokens of the action
+    prompt_ids: list[int] = field(default_factory=list)    # the prompt ids the sampler saw (RL token rows)
     logprobs: list[float] = field(default_factory=list)    # their log-probs under the sampling policy
     finish_reason: str = ""
     reward: float = 0.0

@@ -236,6 +236,7 @@ def rollout(policy, retriever, agent: Agent, items: Iterable, cfg: RolloutConfig
                 action = Action(ANSWER, action.extra["predicted_answer"], action.raw,
                                 {**action.extra, "forced_by_max_steps": True})
             steps[i] = Step(action=action, prompt=prompts[j], token_ids=_ints(getattr(c.completion, "token_ids", ())),
+                            prompt_ids=_ints(getattr(c.completion, "prompt_ids", ())),
                             logprobs=_floats(getattr(c.completion, "logprobs", ())),
                             finish_reason=str(getattr(c.completion, "finish_reason", "")),
                             timing={"generate_s": t_gen / len(gen_idx), "batch": len(gen_idx)},

@@ -24,6 +24,9 @@ def default_train_config() -> ml_collections.ConfigDict:
     c.mesh = (-1, 1, 1)  # (data, fsdp, tensor); -1 = all remaining devices
     c.compute_dtype = "float32"  # model matmul dtype (bfloat16 for mixed precision); params stay param_dtype
     c.remat = False  # rematerialize each layer in the backward pass
+    # grpo/ppo: the behaviour policy's sampling temperature T; policy and reference log-probs are
+    # log_softmax(logits / T), the values jaxrag.generate records, so the importance ratio is exact at T != 1
+    c.sampling_temperature = 1.0
 
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.lr = 1e-5
@@ -79,6 +82,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
         _fail("compute_dtype", f"{c.compute_dtype!r} is not float32/bfloat16/float16")
     if not c.seq_buckets or any(int(b) < 2 for b in c.seq_buckets):
         _fail("seq_buckets", f"needs lengths >= 2, got {tuple(c.seq_buckets)}")
+    if c.sampling_temperature <= 0:
+        _fail("sampling_temperature", f"must be > 0 (greedy samples are scored at T = 1), got {c.sampling_temperature}")
     if c.optimizer.lr <= 0:
         _fail("optimizer.lr", f"must be > 0, got {c.optimizer.lr}")
     if c.optimizer.warmup_steps < 0 or c.optimizer.warmup_steps > c.steps:

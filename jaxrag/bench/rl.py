@@ -1,0 +1,150 @@
+"""One online-RL step (jaxrag.rl.train_rl, GRPO): episodes/s and trained tokens/s at batch 1 vs batched, and where
+the step's time goes (sampling / retrieval / training / host).
+
+    python -m jaxrag.bench.rl [--steps 5] [--questions 2] [--group 4] [--new-tokens 16] [--preset tiny|1b]
+
+Modes (same world, model and update rule):
+- batch1:  one episode per RL step (B = G = 1): every policy call samples one action, the update has one
+           episode's rows;
+- batched: B·G episodes per RL step: all of them advance in one policy call per engine step, one update on all rows.
+World: plain ReAct over BM25 (bm25s) on the multihop contexts corpus (11k passages), k = 5, a random Llama with the
+byte tokenizer. The model's tokens are really sampled (and their log-probs trained on), but a random model's text
+would end every episode Invalid at step 1, so the action the environment executes is scripted: 2 searches, then an
+answer (the bench.rollout convention); the rows hold the sampled ids, so the update costs what it would.
+Timings: the median over steps after `--warmup` steps (those compile every shape). --preset 1b is a Llama-3.2-1B
+shape (bf16, remat) for an accelerator; it is not meant for this CPU. Writes results/bench/rl.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+
+from jaxrag.bench.common import table, write_result
+from jaxrag.paths import BENCHMARKS
+
+SEARCHES = 2
+PRESETS = {
+    "tiny": dict(d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, d_ff=512, vocab_size=259,
+                 max_seq_len=512),
+    "1b": dict(d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64, d_ff=8192, vocab_size=128256,
+               max_seq_len=2048, rope_theta=500000.0, tie_embeddings=True),
+}
+
+
+def _script(prompt: str) -> str:
+    n = prompt.count("\nsearch: ")
+    return f"search: {prompt.splitlines()[0][10:60]} part {n}" if n < SEARCHES else "answer: unknown"
+
+
+class ScriptedActions:
+    """A JaxPolicy whose sampled ids, log-probs and prompt ids are kept while the action text is scripted."""
+
+    def __init__(self, policy):
+        self.inner = policy
+
+    cfg = property(lambda self: self.inner.cfg, lambda self, v: setattr(self.inner, "cfg", v))
+    params = property(lambda self: self.inner.params, lambda self, v: setattr(self.inner, "params", v))
+    tokenizer = property(lambda self: self.inner.tokenizer)
+
+    def generate(self, prompts, **kw):
+        from jaxrag.policy import Completion
+
+        out = self.inner.generate(prompts, **kw)
+        return [[Completion(_script(p), c.token_ids, c.logprobs, c.finish_reason, c.prompt_ids) for c in row]
+                for p, row in zip(prompts, out)]
+
+
+def make_policy(preset: str, max_prompt_tokens: int):
+    import jax
+
+    from jaxrag.models import ModelConfig, init_params
+    from jaxrag.policy import JaxPolicy
+
+    class ByteTok:
+        pad_id, bos_id, eos_id, vocab_size, eos_ids = 0, 1, 2, 259, (2,)
+
+        def encode(self, t, add_bos=False):
+            return ([1] if add_bos else []) + [b + 3 for b in t.encode()]
+
+        def decode(self, ids):
+            return bytes(int(i) - 3 for i in ids if int(i) >= 3).decode(errors="replace")
+
+        def chat(self, m, add_generation_prompt=True):
+            return "\n\n".join(x["content"] for x in m)
+
+    cfg = ModelConfig(**PRESETS[preset], bos_id=1, eos_ids=(2,), pad_id=0)
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    return ScriptedActions(JaxPolicy(cfg, params, ByteTok(), max_prompt_tokens=max_prompt_tokens))
+
+
+def run_mode(mode: str, args, retriever, agent, questions) -> dict:
+    from jaxrag.rl import RLConfig, train_rl
+
+    policy = make_policy(args.preset, args.max_prompt_tokens)
+    b, g = (1, 1) if mode == "batch1" else (args.questions, args.group)
+    n_ep = b * g
+    rc = RLConfig(steps=args.warmup + args.steps, questions_per_step=b, group_size=g, temperature=1.0,
+                  max_new_tokens=args.new_tokens, max_steps=SEARCHES + 1, k=5)
+    big = args.preset == "1b"
+    tc = {"loss": "grpo", "seq_buckets": (128, 256, args.max_prompt_tokens + args.new_tokens), "progress": False,
+          "compute_dtype": "bfloat16" if big else "float32", "remat": big, "optimizer": {"lr": 1e-5},
+          "checkpoint": {"enabled": False}}
+    t0 = time.perf_counter()
+    res = train_rl(policy, retriever, agent, questions, "em", rc, tc)
+    timed = res.history[args.warmup:]
+    med = lambda k: statistics.median(m[k] for m in timed)
+    step = med("time/step_s")
+    row = {"mode": mode, "episodes": n_ep, "rows": med("rows"), "trained_tokens": med("row_tokens"),
+           "episodes_per_s": n_ep / step, "trained_tokens_per_s": med("row_tokens") / step,
+           "train_tokens_per_s": med("trained_tokens_per_s"), "step_s": step,
+           "first_steps_s": sum(m["time/step_s"] for m in res.history[:args.warmup]),
+           "total_s": time.perf_counter() - t0}
+    for part in ("sampling", "retrieval", "training", "host"):
+        row[f"{part}%"] = 100 * med(f"time/{part}_s") / step
+    return row
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    ap.add_argument("--questions", type=int, default=2, help="B questions per RL step")
+    ap.add_argument("--group", type=int, default=4, help="G episodes per question")
+    ap.add_argument("--new-tokens", type=int, default=16, help="tokens sampled per action")
+    ap.add_argument("--max-prompt-tokens", type=int, default=448)
+    ap.add_argument("--steps", type=int, default=3, help="timed RL steps per mode")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed RL steps per mode (compilation)")
+    ap.add_argument("--modes", default="batch1,batched")
+    args = ap.parse_args(argv)
+    logging.getLogger("jaxrag.policy").setLevel(logging.ERROR)
+    from jaxrag.data.qa import load_qa
+    from jaxrag.env.agents import get_agent
+    from jaxrag.retrieval import build_bm25, load_corpus
+
+    t0 = time.perf_counter()
+    retriever = build_bm25(load_corpus(BENCHMARKS / "corpus_multihop_contexts.jsonl"), backend="bm25s")
+    questions = load_qa(BENCHMARKS / "hotpotqa_dev_500.jsonl", "first:64")
+    retriever.search([q.question for q in questions[:8]], 5)  # numba compiles before any timing
+    print(f"BM25 ready in {time.perf_counter() - t0:.1f}s")
+    agent = get_agent("react", mode="plain", max_docs=2, max_doc_chars=200)
+    rows = []
+    for mode in args.modes.split(","):
+        rows.append(run_mode(mode, args, retriever, agent, questions))
+        print(f"  {mode}: {rows[-1]['episodes_per_s']:.2f} episodes/s, {rows[-1]['trained_tokens_per_s']:.0f} "
+              f"trained tokens/s per RL step", flush=True)
+    if len(rows) > 1:
+        for r in rows:
+            r["speedup"] = r["episodes_per_s"] / rows[0]["episodes_per_s"]
+    cols = ["mode", "episodes", "rows", "trained_tokens", "episodes_per_s", "trained_tokens_per_s", "speedup",
+            "step_s", "sampling%", "retrieval%", "training%", "host%", "first_steps_s"]
+    print(table(rows, cols))
+    out = write_result("rl", {"preset": args.preset, "model": PRESETS[args.preset], "questions": args.questions,
+                              "group": args.group, "new_tokens": args.new_tokens, "agent": "react/plain (scripted)",
+                              "k": 5, "searches_per_episode": SEARCHES, "rows": rows})
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""Stage `rl`: online GRPO / PPO (jaxrag.rl.train_rl) from a checkpoint, with a live retriever and a named reward.
+
+config.<name> (configs/arena/grpo.py, configs/smartsearch/grpo.py):
+  fn         "jaxrag.pipelines.rl:rl_stage"
+  policy     path: HF checkpoint dir (jaxrag.models.load_hf) or a jaxrag params dir (model_config.json +
+             params.npz, the synthetic SFT output); "stage:<s>" = workdir/<s>/model, a relative path is under the
+             workdir. tokenizer: "" = the checkpoint dir, else a tokenizer dir / *.model. dtype ("" = checkpoint's),
+             max_prompt_tokens (0 = max_seq_len - max_new_tokens; longer prompts keep their end).
+  retriever  corpus (JSONL, BM25 built in memory over its first max_passages, 0 = all, backend bm25s | lucene) or
+             index_dir (a built index, jaxrag.retrieval.load_retriever).
+  questions  path (QA JSONL, jaxrag.data.qa.load_qa), select ("all", "first:N", ...), limit (0 = no limit).
+  agent      name (jaxrag.env.agents), mode (chat | plain), max_docs (0 = all), max_doc_chars.
+  reward     a reward spec (jaxrag.supervision.rewards.reward_fn): "em", "arena", "em+0.5*f1".
+  rl         jaxrag.rl.RLConfig fields (steps, questions_per_step, group_size, inner_steps, temperature, ...).
+  train      the trainer config (loss grpo | ppo; sampling_temperature, grpo.group_size, batch_size and steps are
+             set from rl: see jaxrag.rl.rl_train_config).
+Outputs under workdir/<name>/: checkpoints/, metrics.jsonl, tb/, train_config.json, episodes.jsonl, model/ (HF
+checkpoint of the trained policy, LoRA merged, + the tokenizer when it is a HF one), head.npz (ppo), summary.json;
+when the policy came from a jaxrag params dir, also model_config.json + params.npz (the synthetic eval's format).
+
+The synthetic world (configs/synthetic/pipeline.py stages world, index, tokenizer, sft): policy.path = "sft",
+policy.tokenizer = "tokenizer/spm.model", retriever.corpus = "world/corpus.jsonl", questions.path =
+"world/questions_train.jsonl", agent name "react" in mode "plain", reward "em", rl.k = config.index.k; evaluate it
+as the system "<sys>:react:<name>".
+
+`tiny_checkpoint_stage` makes the smoke variants' policy: a random Llama saved as a HF checkpoint with a small
+byte-level BPE tokenizer trained on a corpus slice (and the agents' system prompts), in workdir/<name>/model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+
+STAGE_FN = "rl_stage"
+
+
+def stage_name(config, fn_name: str, name: str | None) -> str:
+    """The stage's own name: given by jaxrag.main, else the one stage whose fn ends with :fn_name."""
+    if name is not None:
+        return name
+    names = [s for s in config.stages if str(config[s].get("fn", "")).endswith(":" + fn_name)]
+    if len(names) != 1:
+        raise ValueError(f"cannot tell which stage runs {fn_name}: {names}; pass the stage name")
+    return names[0]
+
+
+def resolve_path(p: str, workdir: str | Path) -> Path:
+    """Absolute paths as they are; "stage:<s>" -> workdir/<s>/model; others relative to the workdir."""
+    if p.startswith("stage:"):
+        return Path(workdir) / p.split(":", 1)[1] / "model"
+    path = Path(p)
+    return path if path.is_absolute() else Path(workdir) / path
+
+
+def stage_config() -> "ml_collections.ConfigDict":
+    """The stage section with every key typed (a config file sets what differs; unknown keys fail)."""
+    import ml_collections
+
+    from jaxrag.rl.config import default_rl_config
+    from jaxrag.train.config import default_train_config
+
+    train = default_train_config()
+    train.loss = "grpo"
+    return ml_collections.ConfigDict({
+        "fn": f"jaxrag.pipelines.rl:{STAGE_FN}",
+        "policy": {"path": "", "tokenizer": "", "dtype": "", "max_prompt_tokens": 0, "add_bos": True},
+        "retriever": {"corpus": "", "max_passages": 0, "backend": "bm25s", "index_dir": "", "kind": "bm25"},
+        "questions": {"path": "", "select": "all", "limit": 0},
+        "agent": {"name": "react", "mode": "chat", "max_docs": 0, "max_doc_chars": 1000},
+        "reward": "em",
+        "rl": default_rl_config(),
+        "train": train,
+    })
+
+
+def tiny_checkpoint_config(corpus: str) -> "ml_collections.ConfigDict":
+    """The smoke variants' setup stage: a random 2-layer Llama (d 64) with a 1k byte-level BPE."""
+    import ml_collections
+
+    arch = {"model_type": "llama", "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16,
+            "d_ff": 128, "max_seq_len": 512, "vocab_size": 0}
+    return ml_collections.ConfigDict({"fn": "jaxrag.pipelines.rl:tiny_checkpoint_stage", "arch": arch,
+                                      "corpus": corpus, "corpus_lines": 300, "vocab_size": 1024, "seed": 0})
+
+
+def _fail(name: str, key: str, msg: str):
+    raise ValueError(f"config.{name}.{key}: {msg}")
+
+
+def check_config(config, name: str) -> None:
+    """Static checks run by jaxrag.main before any stage starts; errors name the key."""
+    from jaxrag.env.agents import get_agent
+    from jaxrag.rl.config import RLConfig, rl_train_config
+    from jaxrag.supervision.rewards import reward_fn
+
+    sc = config[name]
+    for key in ("policy", "retriever", "questions", "agent", "reward", "rl", "train"):
+        if key not in sc:
+            _fail(name, key, "missing")
+    if not sc.policy.get("path"):
+        _fail(name, "policy.path", "needs a checkpoint dir (HF or jaxrag params) or 'stage:<name>'")
+    if not (sc.retriever.get("corpus") or sc.retriever.get("index_dir")):
+        _fail(name, "retriever", "needs 'corpus' (JSONL) or 'index_dir'")
+    if not sc.questions.get("path"):
+        _fail(name, "questions.path", "needs a QA JSONL file")
+    try:
+        get_agent(str(sc.agent.get("name", "")), mode=sc.agent.get("mode", "chat"))
+    except (KeyError, ValueError) as e:
+        _fail(name, "agent", str(e).strip("'\""))
+    try:
+        rc = RLConfig.from_dict(sc.rl.to_dict())
+    except (KeyError, ValueError, TypeError) as e:
+        _fail(name, "rl", str(e).strip("'\""))
+    try:
+        rl_train_config(rc, sc.train)
+    except (KeyError, ValueError, TypeError) as e:
+        _fail(name, "train", str(e).strip("'\""))
+    reward = sc.reward.to_dict() if hasattr(sc.reward, "to_dict") else sc.reward
+    try:
+        reward_fn(reward)
+    except (KeyError, ValueError) as e:
+        _fail(name, "reward", str(e))
+
+
+def load_policy(pc, workdir: str | Path):
+    """A JaxPolicy from config.<name>.policy (HF checkpoint dir or jaxrag params dir)."""
+    from jaxrag.models import load_hf
+    from jaxrag.policy import JaxPolicy
+    from jaxrag.tokenizer import load_tokenizer
+
+    path = resolve_path(pc.path, workdir)
+    dtype = pc.get("dtype") or None
+    params_dir = False
+    if (path / "config.json").is_file():
+        cfg, params = load_hf(path, dtype=dtype)
+    elif (path / "model_config.json").is_file():
+        from jaxrag.data.synthetic.params_io import load_model
+
+        cfg, params = load_model(str(path))
+        params_dir = True
+    else:
+        raise FileNotFoundError(f"policy.path: {path} holds neither a HF checkpoint (config.json) nor jaxrag params "
+                                f"(model_config.json)")
+    tok_path = resolve_path(pc.tokenizer, workdir) if pc.get("tokenizer") else path
+    tok = load_tokenizer(tok_path)
+    if tok.vocab_size > cfg.vocab_size:
+        raise ValueError(f"policy: tokenizer {tok_path} has {tok.vocab_size} tokens but the model in {path} has "
+                         f"vocab_size {cfg.vocab_size}")
+    policy = JaxPolicy(cfg, params, tok, max_prompt_tokens=pc.get("max_prompt_tokens") or None,
+                       add_bos=pc.get("add_bos", True))
+    policy.from_params_dir = params_dir
+    return policy
+
+
+def load_retriever(rc, workdir: str | Path):
+    from jaxrag import retrieval
+
+    if rc.get("index_dir"):
+        return retrieval.load_retriever(resolve_path(rc.index_dir, workdir), kind=rc.get("kind", "bm25"),
+                                        backend=rc.get("backend", "bm25s"))
+    passages = retrieval.load_corpus(resolve_path(rc.corpus, workdir), rc.get("max_passages") or None)
+    return retrieval.build_bm25(passages, backend=rc.get("backend", "bm25s"))
+
+
+def load_agent(ac, tokenizer):
+    from jaxrag.env.agents import get_agent
+
+    mode = ac.get("mode", "chat")
+    opts = {"mode": mode, "max_doc_chars": ac.get("max_doc_chars", 1000)}
+    if ac.get("max_docs"):
+        opts["max_docs"] = ac.max_docs
+    if mode == "chat":
+        opts["tokenizer"] = tokenizer
+    return get_agent(ac.name, **opts)
+
+
+def rl_stage(config, workdir: str, name: str | None = None) -> None:
+    from jaxrag.data.qa import load_qa
+    from jaxrag.models import save_hf
+    from jaxrag.rl import RLConfig, train_rl
+
+    name = stage_name(config, STAGE_FN, name)
+    check_config(config, name)
+    sc = config[name]
+    out = Path(workdir) / name
+    policy = load_policy(sc.policy, workdir)
+    retriever = load_retriever(sc.retriever, workdir)
+    agent = load_agent(sc.agent, policy.tokenizer)
+    questions = load_qa(resolve_path(sc.questions.path, workdir), sc.questions.get("select") or None,
+                        limit=sc.questions.get("limit") or None)
+    rc = RLConfig.from_dict(sc.rl.to_dict())
+    reward = sc.reward.to_dict() if hasattr(sc.reward, "to_dict") else sc.reward
+    result = train_rl(policy, retriever, agent, questions, reward, rc, sc.train, out)
+    if jax.process_index() != 0:
+        return
+    params = jax.device_get(result.params)
+    save_hf(policy.cfg, params, out / "model")
+    if getattr(policy, "from_params_dir", False):
+        from jaxrag.data.synthetic.params_io import save_model
+
+        save_model(str(out), policy.cfg, params)
+    if hasattr(policy.tokenizer, "tok"):  # a HF tokenizer: the model dir is then a complete checkpoint
+        policy.tokenizer.tok.save_pretrained(str(out / "model"))
+    if result.head is not None:
+        np.savez(out / "head.npz", **jax.device_get(result.head))
+    history = result.history
+    summary = {"stage": name, "rl_steps": result.step, "optimizer_steps": result.step * rc.inner_steps,
+               "loss": sc.train.loss, "agent": sc.agent.name, "reward": reward, "questions": len(questions),
+               "reward_first": history[0]["reward/mean"] if history else None,
+               "reward_last": history[-1]["reward/mean"] if history else None, "metrics": result.metrics}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+
+
+rl_stage.check_config = check_config
+
+
+# ---- the smoke variants' tiny checkpoint ------------------------------------------------------------------------
+def train_byte_bpe(texts: list[str], vocab_size: int, out_dir: Path):
+    """A byte-level BPE (every string encodable) trained on `texts`, saved as a transformers tokenizer dir with
+    <s> (bos, id 1), </s> (eos, id 2), <pad> (id 0)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.save_pretrained(str(out_dir))
+    return fast
+
+
+def tiny_checkpoint_stage(config, workdir: str, name: str | None = None) -> None:
+    """config.<name>: arch (ModelConfig fields), corpus (JSONL), corpus_lines, vocab_size, seed."""
+    from jaxrag.env.agents import arena, smartsearch
+    from jaxrag.models import ModelConfig, init_params, save_hf
+    from jaxrag.retrieval import load_corpus
+
+    name = stage_name(config, "tiny_checkpoint_stage", name)
+    sc = config[name]
+    out = Path(workdir) / name / "model"
+    out.mkdir(parents=True, exist_ok=True)
+    texts = [p.title + "\n" + p.text for p in load_corpus(resolve_path(sc.corpus, workdir), sc.corpus_lines)]
+    texts += [arena.SYSTEM, smartsearch.SYSTEM]
+    tok = train_byte_bpe(texts, sc.vocab_size, out)
+    arch = dict(sc.arch.to_dict())
+    cfg = ModelConfig(**{**arch, "vocab_size": len(tok),  # the tokenizer's size wins over arch.vocab_size "bos_id": tok.bos_token_id, "eos_ids": (tok.eos_token_id,),
+                         "pad_id": tok.pad_token_id})
+    save_hf(cfg, init_params(cfg, jax.random.PRNGKey(sc.seed)), out)

@@ -1,0 +1,90 @@
+"""RLConfig: the host-side settings of online RL (what to sample, how often to update), and the trainer settings it
+fixes. Defaults are neutral; the papers' values live in configs/arena/grpo.py and configs/smartsearch/grpo.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from jaxrag.train import config as tconfig
+
+RL_LOSSES = ("grpo", "ppo")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    steps: int = 10  # RL steps: sample B·G episodes with the current params, then `inner_steps` updates on them
+    questions_per_step: int = 4  # B
+    group_size: int = 4  # G episodes per question: each question is rolled out G times (one sample per row)
+    inner_steps: int = 1  # epochs over one step's episodes (the ratio leaves 1 after the first update)
+    minibatches: int = 1  # updates per epoch, each on B/minibatches whole groups (SmartSearch/verl: 256/64 = 4)
+    temperature: float = 1.0  # sampling temperature of every action (ARENA 0.9); 0 = greedy (scored at T = 1)
+    max_new_tokens: int = 256  # per action
+    max_steps: int = 10  # actions per episode (RAG-Gym: 10)
+    k: int = 5  # documents per search
+    max_invalid: int = 1  # an episode ends after this many Invalid actions
+    rollout_batch: int = 0  # live episodes per engine step; 0 = all B·G at once
+    summary_max_new_tokens: int = 256  # Search-o1 / ReasonRAG summaries (never trained)
+    norm_tokens: int = 0  # Dr. GRPO's constant token budget per trajectory; 0 = max_new_tokens · max_steps
+    seed: int = 0  # question order (epoch permutations) and rollout sampling keys derive from (seed, step)
+    shuffle: bool = True
+    save_episodes: bool = True  # append every step's episodes to <workdir>/episodes.jsonl (prompt ids dropped)
+
+    @property
+    def episodes_per_step(self) -> int:
+        return self.questions_per_step * self.group_size
+
+    @property
+    def updates_per_step(self) -> int:
+        return self.inner_steps * self.minibatches
+
+    @property
+    def token_budget(self) -> int:
+        return self.norm_tokens or self.max_new_tokens * self.max_steps
+
+    def validate(self) -> None:
+        for key in ("steps", "questions_per_step", "group_size", "inner_steps", "minibatches", "max_new_tokens",
+                    "max_steps", "k", "max_invalid"):
+            if int(getattr(self, key)) < 1:
+                raise ValueError(f"rl config: {key}: must be >= 1, got {getattr(self, key)}")
+        if self.questions_per_step % self.minibatches:
+            raise ValueError(f"rl config: minibatches: {self.minibatches} does not divide questions_per_step "
+                             f"{self.questions_per_step} (a minibatch holds whole groups)")
+        if self.temperature < 0:
+            raise ValueError(f"rl config: temperature: must be >= 0, got {self.temperature}")
+        if self.rollout_batch < 0 or self.norm_tokens < 0:
+            raise ValueError("rl config: rollout_batch and norm_tokens must be >= 0")
+
+    @staticmethod
+    def from_dict(d) -> "RLConfig":
+        d = dict(d)
+        fields = {f.name for f in dataclasses.fields(RLConfig)}
+        unknown = sorted(set(d) - fields)
+        if unknown:
+            raise KeyError(f"rl config: unknown key(s) {unknown}; known: {sorted(fields)}")
+        rc = RLConfig(**d)
+        rc.validate()
+        return rc
+
+
+def default_rl_config() -> ml_collections.ConfigDict:
+    """RLConfig's fields as a ConfigDict (for config files; every key typed, unknown keys fail)."""
+    return ml_collections.ConfigDict(dataclasses.asdict(RLConfig()))
+
+
+def rl_train_config(rc: RLConfig, train_config=None) -> ml_collections.ConfigDict:
+    """The trainer config of an RL run: `train_config` with the keys the RL loop owns set from `rc`:
+    sampling_temperature = rc.temperature (1 when greedy), grpo.group_size = G, batch_size = B·G / minibatches
+    (episodes per update; rows are padded to a multiple of grad_accum), steps = rc.steps · inner_steps · minibatches
+    (optimizer steps, for the learning-rate schedule). loss must be grpo or ppo."""
+    tc = tconfig.resolve(train_config)
+    if tc.loss not in RL_LOSSES:
+        raise ValueError(f"train config: loss: online RL runs {RL_LOSSES}, got {tc.loss!r}")
+    with tc.unlocked():
+        tc.sampling_temperature = float(rc.temperature) if rc.temperature > 0 else 1.0
+        tc.grpo.group_size = rc.group_size
+        tc.batch_size = rc.episodes_per_step // rc.minibatches
+        tc.steps = rc.steps * rc.updates_per_step
+    tconfig.validate(tc)
+    return tc

@@ -1,0 +1,291 @@
+"""train_rl(): online multi-turn GRPO / PPO over a live retriever (the host loop around the jitted train step).
+
+    result = train_rl(policy, retriever, agent, questions, "em", RLConfig(...), {"loss": "grpo", ...}, workdir)
+
+Each RL step t (1-based):
+1. questions: B of them, batch t-1 of a deterministic stream (epoch permutations of (seed, epoch)), so a resumed
+   run sees the same questions;
+2. sampling: each question is passed G times to `jaxrag.env.rollout.rollout` (one sample per row, multi-turn, live
+   retriever, temperature rc.temperature, sampling keys from (seed, t)) with the CURRENT params: the JaxPolicy's
+   params are the trainer's own arrays (full fine-tune) or base + adapters merged after every update (LoRA; logged
+   as sync/merge_s) — never a stale copy;
+3. rewards: the named reward function (jaxrag.supervision.rewards.reward_fn) per episode, total + components;
+4. rows (jaxrag.rl.rows): one row per generated action from exactly the ids the sampler saw; GRPO: group-normalized
+   advantages per question + aggregation weights; PPO: the value head scores the rows, GAE along each trajectory;
+5. `inner_steps` epochs of `minibatches` optimizer steps on those rows (each minibatch = whole groups; the trainer's
+   jitted step: jaxrag.train.steps, with gradient accumulation); old log-probs stay the sampler's throughout;
+6. telemetry (JSONL + TensorBoard + tqdm) and, every train.checkpoint.every_steps RL steps, an orbax checkpoint of
+   params, optimizer, optimizer-step counter and PRNG; its meta holds the RL step = the question-stream position.
+
+Logged per RL step (metrics.jsonl): the trainer's metrics of the FIRST inner step (loss, kl/k1..k3 against the
+reference, clip_fraction, ratio_max_dev, grad_norm, grad_max_abs/layer_*, lr) and, with several updates per step,
+the last update's loss / clip_fraction / ratio_max_dev under last_inner/; reward/mean, reward/std, reward/<component>;
+episode/* (response tokens, searches, steps, invalid-action rate, truncations); time/* (sampling = generation +
+summaries, retrieval, scoring, training, host) and throughput (episodes_per_s, trained_tokens_per_s).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from jaxrag import sharding as shd
+from jaxrag.env.mdp import INVALID, Episode, write_episodes
+from jaxrag.env.rollout import RolloutConfig, rollout
+from jaxrag.models.lora import merge
+from jaxrag.rl import rows as R
+from jaxrag.rl.config import RLConfig, rl_train_config
+from jaxrag.supervision.rewards import Reward, reward_fn
+from jaxrag.train.batching import BatchStream
+from jaxrag.train.checkpoint import Checkpointer
+from jaxrag.train.loop import NonFiniteLoss, build
+from jaxrag.train.metrics_log import MetricsWriter, flatten_metrics
+from jaxrag.train.state import abstract_state, init_state, put
+from jaxrag.train.steps import make_score_fn
+
+
+@dataclasses.dataclass
+class RLResult:
+    params: Any  # the trained policy params (LoRA merged)
+    adapters: Any  # LoRA adapters or None
+    head: Any  # PPO value head or None
+    step: int  # RL steps done
+    metrics: dict  # the last RL step's metrics
+    history: list[dict]  # every RL step's metrics run in this call
+
+
+def question_stream(questions: Sequence, rc: RLConfig) -> BatchStream:
+    """Batch t of B questions depends only on (seed, t): resumable by position."""
+    return BatchStream(list(questions), rc.questions_per_step, lambda qs: qs, seed=rc.seed, shuffle=rc.shuffle)
+
+
+def rollout_seed(seed: int, step: int) -> int:
+    """The rollout's base sampling seed at an RL step (the engine adds its own step index < 10007)."""
+    return (seed * 1_000_003 + step * 10_007) % (2**31 - 1)
+
+
+def policy_params(state: dict, frozen: dict, tc) -> tuple[Any, str]:
+    """The params the sampler must use now: the trainer's own arrays, or base + adapters merged."""
+    tr = state["trainable"]
+    if "lora" in tr:
+        return merge(frozen["base"], tr["lora"], tc.lora.alpha / tc.lora.rank), "lora_merge"
+    return tr["model"], "shared"
+
+
+def score_episodes(episodes: Sequence[Episode], reward) -> list[Reward]:
+    """The reward of every episode; ep.reward and ep.metadata["reward_components"] are set from it."""
+    out = []
+    for ep in episodes:
+        r = reward(ep)
+        ep.reward = float(r.total)
+        ep.metadata["reward_components"] = {k: float(v) for k, v in r.components.items()}
+        out.append(r)
+    return out
+
+
+def episode_stats(episodes: Sequence[Episode], rewards: Sequence[Reward], group_size: int) -> dict:
+    tot = np.asarray([r.total for r in rewards], np.float64)
+    m = {"reward/mean": float(tot.mean()), "reward/std": float(tot.std())}
+    for name in sorted({k for r in rewards for k in r.components}):
+        m[f"reward/{name}"] = float(np.mean([r.components.get(name, 0.0) for r in rewards]))
+    groups = tot.reshape(-1, group_size)
+    m["reward/groups_without_signal"] = float(np.mean(groups.max(1) == groups.min(1)))
+    steps = [st for ep in episodes for st in ep.steps]
+    m["episode/response_tokens"] = float(np.mean([sum(len(s.token_ids) for s in ep.steps) for ep in episodes]))
+    m["episode/action_tokens"] = float(np.mean([len(s.token_ids) for s in steps if s.token_ids] or [0]))
+    m["episode/searches"] = float(np.mean([ep.num_searches for ep in episodes]))
+    m["episode/steps"] = float(np.mean([len(ep.steps) for ep in episodes]))
+    m["episode/invalid_rate"] = float(np.mean([s.action.kind == INVALID for s in steps])) if steps else 0.0
+    m["episode/answered"] = float(np.mean([ep.answer is not None for ep in episodes]))
+    m["episode/truncated"] = float(np.mean([s.finish_reason == "length" for s in steps if s.token_ids] or [0]))
+    return m
+
+
+def build_batch(episodes: Sequence[Episode], rewards: Sequence[Reward], rc: RLConfig, tc, pad_id: int,
+                row_multiple: int, score=None, step_rewards: list | None = None) -> tuple[dict, dict]:
+    """Host batch of one update over whole groups + its info. `score(batch) -> (logp, values)`: PPO's old values;
+    step_rewards[e][s]: PPO per-step rewards (None: the outcome reward at the last token)."""
+    rows = R.action_rows(episodes)
+    buckets = tuple(tc.seq_buckets)
+    info = {"rows": len(rows)}
+    if tc.loss == "grpo":
+        adv = R.group_advantages(episodes, [r.total for r in rewards], rc.group_size, tc.grpo.adv_eps,
+                                 tc.grpo.std_ddof)
+        batch = R.grpo_batch(rows, adv, tc.grpo.aggregation, rc.token_budget, buckets, pad_id, row_multiple)
+        info["adv/abs_mean"] = float(np.mean(np.abs(adv)))
+    else:
+        R.check_groups(episodes, rc.group_size)
+        packed = R.pack(rows, buckets, pad_id, row_multiple)
+        t0 = time.perf_counter()
+        _, values = score({k: v for k, v in packed.items() if k in ("tokens", "positions", "segment_ids")})
+        values = np.asarray(values)
+        info["time/scoring_s"] = time.perf_counter() - t0
+        batch = R.ppo_batch(rows, packed, values, [r.total for r in rewards], step_rewards, tc.ppo.gamma, tc.ppo.lam,
+                            tc.ppo.whiten)
+    info["row_tokens"] = int(batch["loss_mask"].sum())
+    info["batch_fill"] = float((batch["segment_ids"] > 0).mean())
+    return batch, info
+
+
+def build_batches(episodes: Sequence[Episode], rewards: Sequence[Reward], rc: RLConfig, tc, pad_id: int,
+                  row_multiple: int, score=None, step_rewards: list | None = None) -> tuple[list[dict], dict]:
+    """One host batch per minibatch (contiguous whole groups), all built (and, PPO, scored) before any update."""
+    n = len(episodes) // rc.minibatches
+    batches, infos = [], []
+    for i in range(rc.minibatches):
+        sl = slice(i * n, (i + 1) * n)
+        sub = step_rewards[sl] if step_rewards is not None else None
+        b, info = build_batch(episodes[sl], rewards[sl], rc, tc, pad_id, row_multiple, score, sub)
+        batches.append(b)
+        infos.append(info)
+    info = {k: float(np.sum([x[k] for x in infos])) for k in ("rows", "row_tokens", "time/scoring_s") if k in infos[0]}
+    info.update({k: float(np.mean([x[k] for x in infos])) for k in ("batch_fill", "adv/abs_mean") if k in infos[0]})
+    return batches, info
+
+
+def check_row_budget(policy, rc: RLConfig, tc) -> None:
+    """The longest row the sampler can produce (prompt limit + max_new_tokens) must fit the largest sequence bucket:
+    fail before any compute, not at the first long prompt."""
+    limit = min(getattr(policy, "max_prompt_tokens", None) or policy.cfg.max_seq_len,
+                policy.cfg.max_seq_len - rc.max_new_tokens)
+    longest = limit + rc.max_new_tokens
+    if longest > max(tc.seq_buckets):
+        raise ValueError(f"train config: seq_buckets: the largest bucket {max(tc.seq_buckets)} is shorter than the "
+                         f"longest possible row, {limit} prompt tokens + {rc.max_new_tokens} new: add a bucket of "
+                         f"{longest} or limit the prompt (policy.max_prompt_tokens)")
+
+
+def train_rl(
+    policy,
+    retriever,
+    agent,
+    questions: Sequence,
+    reward: str | Callable,
+    rc: RLConfig,
+    train_config=None,
+    workdir: str | Path | None = None,
+    *,
+    step_rewards: Callable[[Sequence[Episode]], list[list[float]]] | None = None,
+    summarizer=None,
+    mesh=None,
+    resume: bool = True,
+    progress: bool | None = None,
+) -> RLResult:
+    """Online RL of `policy` (a JaxPolicy: cfg, params, tokenizer) on `questions` (QAExample or dicts).
+
+    reward: a spec for jaxrag.supervision.rewards.reward_fn ("em", "arena", {"em": 1, "f1": 0.5}) or a function
+    Episode -> Reward. train_config: the trainer's config (loss "grpo" | "ppo"; see rl_train_config for the keys
+    the RL loop sets). step_rewards (PPO): episodes -> per-step rewards (e.g. a PRM), placed at each action's last
+    token instead of the outcome at the last one. summarizer: the policy of summary generations (default: policy).
+    workdir: checkpoints/, metrics.jsonl, tb/, train_config.json, episodes.jsonl; None = no files, no resume.
+    """
+    rc.validate()
+    tc = rl_train_config(rc, train_config)
+    check_row_budget(policy, rc, tc)
+    if hasattr(reward, "to_dict"):  # a ConfigDict of weights
+        reward = reward.to_dict()
+    score_reward = reward if callable(reward) else reward_fn(reward)
+    tr = build(policy.cfg, policy.params, tc, mesh=mesh)
+    policy.cfg = tr.mcfg  # the sampler computes in train.compute_dtype, as the trainer does
+    state = init_state(put(tr.trainable, tr.state_sh["trainable"]), tr.tx, tc.seed, tr.state_sh)
+    frozen = put(tr.frozen, tr.frozen_sh)
+    row_multiple = tr.mesh.shape["data"] * tr.mesh.shape["fsdp"] * int(tc.grad_accum)
+    pad_id = policy.cfg.pad_id if policy.cfg.pad_id is not None else 0
+    score_jit = jax.jit(make_score_fn(tr.mcfg, tc))
+
+    ckpt, start = None, 0
+    if workdir is not None:
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        if jax.process_index() == 0:
+            (workdir / "train_config.json").write_text(tc.to_json(indent=2))
+        if tc.checkpoint.enabled:
+            ckpt = Checkpointer(workdir / "checkpoints", keep=tc.checkpoint.keep, async_save=tc.checkpoint.async_save)
+        if ckpt is not None and resume and ckpt.latest_step() is not None:
+            target = abstract_state(tr.tx, shd.abstract(tr.trainable), tr.state_sh, tc.seed)
+            state, meta = ckpt.restore(target)
+            start = int(meta["data_position"])
+
+    stream = question_stream(questions, rc)
+    writer = MetricsWriter(workdir, rc.steps, start, progress=tc.progress if progress is None else progress)
+    history: list[dict] = []
+    last: dict = {}
+    step = start
+    try:
+        policy.params, _ = policy_params(state, frozen, tc)
+        for step in range(start + 1, rc.steps + 1):
+            t_step = time.perf_counter()
+            items = [q for q in stream.batch_at(step - 1) for _ in range(rc.group_size)]
+            rcfg = RolloutConfig(k=rc.k, max_steps=rc.max_steps, batch_size=rc.rollout_batch or len(items),
+                                 n_candidates=1, temperature=rc.temperature, max_new_tokens=rc.max_new_tokens,
+                                 summary_max_new_tokens=rc.summary_max_new_tokens, max_invalid=rc.max_invalid,
+                                 seed=rollout_seed(rc.seed, step))
+            stats: dict = {}
+            episodes = rollout(policy, retriever, agent, items, rcfg, stats=stats, summarizer=summarizer)
+            t_host = time.perf_counter()
+            rewards = score_episodes(episodes, score_reward)
+            batches, info = build_batches(
+                episodes, rewards, rc, tc, pad_id, row_multiple,
+                step_rewards=step_rewards(episodes) if step_rewards is not None else None,
+                score=lambda b: score_jit(state["trainable"], frozen, shd.shard_batch(tr.mesh, b)))
+            device_batches = [shd.shard_batch(tr.mesh, b) for b in batches]
+            host_s = time.perf_counter() - t_host - info.get("time/scoring_s", 0.0)
+
+            t_train = time.perf_counter()
+            inner = []
+            for _ in range(rc.inner_steps):
+                for device_batch in device_batches:
+                    state, m = tr.step_fn(state, frozen, device_batch)
+                    inner.append(m)
+            inner = [flatten_metrics(m) for m in inner]  # blocks until the updates are done
+            train_s = time.perf_counter() - t_train
+            t_sync = time.perf_counter()
+            policy.params, sync = policy_params(state, frozen, tc)
+            sync_s = time.perf_counter() - t_sync
+
+            metrics = dict(inner[0])
+            if len(inner) > 1:
+                metrics.update({f"last_inner/{k}": inner[-1][k] for k in ("loss", "clip_fraction", "ratio_max_dev")})
+            metrics.update(episode_stats(episodes, rewards, rc.group_size))
+            metrics.update(info)
+            sampling_s = stats["generate_s"] + stats["summarize_s"]
+            metrics.update({
+                "time/sampling_s": sampling_s, "time/retrieval_s": stats["retrieve_s"], "time/training_s": train_s,
+                "time/host_s": host_s + stats.get("host_s", 0.0), "time/step_s": time.perf_counter() - t_step,
+                "time/sync_s": sync_s, "episodes_per_s": len(episodes) / max(stats["total_s"], 1e-9),
+                "trained_tokens_per_s": info["row_tokens"] * rc.inner_steps / max(train_s, 1e-9),
+                "optimizer_step": step * rc.updates_per_step, "sync/lora_merge": float(sync == "lora_merge"),
+            })
+            if not all(math.isfinite(x["loss"]) for x in inner):
+                where = ckpt.latest_step() if ckpt is not None else None
+                raise NonFiniteLoss(f"loss is {[x['loss'] for x in inner]} at RL step {step}; stopped; last good "
+                                    f"checkpoint: {'none' if where is None else ckpt.directory / str(where)}")
+            last = metrics
+            history.append(metrics)
+            writer.write(step, metrics, int(info["row_tokens"]) * rc.inner_steps)
+            if workdir is not None and rc.save_episodes and jax.process_index() == 0:
+                for ep in episodes:
+                    ep.metadata["rl_step"] = step
+                    for st in ep.steps:
+                        st.prompt_ids = []  # reproducible from the prompt text; keeps the file small
+                write_episodes(workdir / "episodes.jsonl", episodes, append=True)
+            if ckpt is not None and (step % tc.checkpoint.every_steps == 0 or step == rc.steps):
+                ckpt.save(step, state, {"step": step, "data_position": step, "optimizer_step": step * rc.updates_per_step,
+                                        "loss": metrics["loss"]})
+        else:
+            step = rc.steps
+    finally:
+        if ckpt is not None:
+            ckpt.close()
+        writer.close()
+
+    params, _ = policy_params(state, frozen, tc)
+    trained = state["trainable"]
+    return RLResult(params=params, adapters=trained.get("lora"), head=trained.get("head"), step=step, metrics=last,
+                    history=history)

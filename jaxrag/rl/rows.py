@@ -1,0 +1,245 @@
+"""Finished episodes -> the token rows, advantages and aggregation weights of one RL update (host side, numpy).
+
+Rows (the exact choice for multi-turn episodes): one row per generated action. A row is the prompt ids the sampler
+saw followed by the ids it generated (`Step.prompt_ids + Step.token_ids`, as `JaxPolicy.encode_prompt` produced
+them, never re-tokenized text), so the trainer scores exactly the tokens that were sampled. `loss_mask` is 1 on the
+generated ids only: the question, the history and the retrieved documents all live in the prompt ids and are
+masked, as is padding. `old_logp` holds the sampler's log-probs of the generated ids (the behaviour policy at the
+sampling temperature). Steps without generated ids (scripted first actions) give no row; summaries written by a
+summarizer (Search-o1, ReasonRAG grounding) are not actions of the policy and carry no loss.
+
+Advantages (GRPO): the B·G episodes of a step come as B contiguous groups of G episodes of one question;
+`A_e = (r_e - mean_group) / (std_group + eps)` (METHODS.md §4) is broadcast to every token of every row of the episode.
+
+Aggregation weights: the losses compute Σ_tokens w·objective with `w` fixed here over the whole batch, so an episode
+spread over several rows, and rows spread over microbatches, aggregate exactly as the formula says. A "sequence"
+is a whole trajectory (all action tokens of one episode), never a row:
+- token_mean:              w = 1 / (action tokens of the whole batch)                      (TRL / DAPO / ARENA)
+- seq_mean_token_mean:     w = 1 / (E · |o_e|), |o_e| = action tokens of episode e, E = episodes with tokens (GRPO)
+- seq_mean_token_sum_norm: w = 1 / (E · L), L a constant token budget per trajectory (Dr. GRPO; default
+                           max_new_tokens · max_steps)
+
+PPO: per-token rewards along each trajectory's action tokens (the outcome reward at the last generated token of
+the episode, or per-step rewards, e.g. a PRM's, at each action's last token), GAE over the trajectory's action
+tokens in order (across rows: the value after an action's last token is the next action's first value), advantages
+whitened over the whole batch, token_mean weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from jaxrag.env.mdp import Episode
+from jaxrag.train.batching import pick_bucket
+
+
+class GroupError(ValueError):
+    pass
+
+
+@dataclasses.dataclass
+class Row:
+    episode: int  # index into the step's episode list
+    step: int  # index into episode.steps
+    prompt: list[int]
+    completion: list[int]
+    logprobs: list[float]
+
+
+def action_rows(episodes: Sequence[Episode]) -> list[Row]:
+    """One Row per step with generated ids; a step with generated ids but no prompt ids is an error."""
+    rows = []
+    for e, ep in enumerate(episodes):
+        for s, st in enumerate(ep.steps):
+            if not st.token_ids:
+                continue
+            where = f"episode {e} (question {ep.qid!r}) step {s}"
+            if not st.prompt_ids:
+                raise ValueError(f"{where}: generated ids without prompt ids; the policy must return "
+                                 f"Completion.prompt_ids (JaxPolicy does) so rows hold exactly what was sampled")
+            if len(st.logprobs) != len(st.token_ids):
+                raise ValueError(f"{where}: {len(st.logprobs)} log-probs for {len(st.token_ids)} generated ids")
+            rows.append(Row(e, s, list(st.prompt_ids), list(st.token_ids), list(st.logprobs)))
+    return rows
+
+
+def check_groups(episodes: Sequence[Episode], group_size: int) -> list[str]:
+    """The question key of each group; raises GroupError unless the episodes are contiguous groups of exactly
+    `group_size` episodes of one question, each question in one group."""
+    n = len(episodes)
+    if group_size < 1 or n == 0 or n % group_size:
+        raise GroupError(f"{n} episodes do not split into groups of group_size={group_size}")
+    keys, seen = [], {}
+    for g in range(n // group_size):
+        members = episodes[g * group_size:(g + 1) * group_size]
+        key = members[0].qid or members[0].question
+        other = [m.qid or m.question for m in members if (m.qid or m.question) != key]
+        if other:
+            raise GroupError(f"group {g} (episodes {g * group_size}..{(g + 1) * group_size - 1}) mixes questions "
+                             f"{key!r} and {other[0]!r}: every group must be {group_size} episodes of one question")
+        if key in seen:
+            raise GroupError(f"question {key!r} has {2 * group_size} episodes (groups {seen[key]} and {g}); "
+                             f"each question must have exactly group_size={group_size}")
+        seen[key] = g
+        keys.append(key)
+    return keys
+
+
+def group_advantages(episodes: Sequence[Episode], rewards: Sequence[float], group_size: int, eps: float = 1e-4,
+                     std_ddof: int = 1) -> np.ndarray:
+    """A_e = (r_e - mean_g) / (std_g + eps) per group of `group_size` episodes of one question -> [E] float32.
+    std_ddof=1: the unbiased std TRL uses (a group of one has std 0)."""
+    check_groups(episodes, group_size)
+    r = np.asarray(rewards, np.float64).reshape(-1, group_size)
+    mean = r.mean(axis=1, keepdims=True)
+    std = r.std(axis=1, ddof=std_ddof, keepdims=True) if group_size > std_ddof else np.zeros_like(mean)
+    return ((r - mean) / (std + eps)).reshape(-1).astype(np.float32)
+
+
+AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
+
+
+def row_weights(rows: Sequence[Row], aggregation: str, norm_tokens: int) -> np.ndarray:
+    """Per-row weight w (every action token of the row gets w); see the module docstring. [R] float64."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation={aggregation!r} is not one of {AGGREGATIONS}")
+    if not rows:
+        return np.zeros(0)
+    per_episode: dict[int, int] = {}
+    for r in rows:
+        per_episode[r.episode] = per_episode.get(r.episode, 0) + len(r.completion)
+    n_ep = len(per_episode)
+    if aggregation == "token_mean":
+        return np.full(len(rows), 1.0 / sum(per_episode.values()))
+    if aggregation == "seq_mean_token_mean":
+        return np.asarray([1.0 / (n_ep * per_episode[r.episode]) for r in rows])
+    if norm_tokens < 1:
+        raise ValueError(f"seq_mean_token_sum_norm needs a token budget >= 1, got {norm_tokens}")
+    return np.full(len(rows), 1.0 / (n_ep * norm_tokens))
+
+
+def row_bucket(n: int, multiple: int) -> int:
+    """Rows padded to a power of two up to 8, then to one of 4 sizes per octave (10, 12, 14, 16, 20, 24, 28, 32,
+    40, ...: under 25% padding rows, few compiled shapes), then up to a multiple of `multiple` (data x fsdp x
+    grad_accum)."""
+    n = max(n, 1)
+    if n <= 8:
+        b = 1 << (n - 1).bit_length()
+    else:
+        step = 1 << ((n - 1).bit_length() - 3)
+        b = -(-n // step) * step
+    return -(-b // multiple) * multiple
+
+
+def pack(rows: Sequence[Row], buckets: Sequence[int], pad_id: int = 0, row_multiple: int = 1) -> dict:
+    """Rows -> tokens, positions, segment_ids [R,T] int32; loss_mask, old_logp [R,T] float32; row_episode [R]
+    int32 (-1 on padding rows). R = row_bucket(len(rows)), T = the smallest bucket holding the longest row."""
+    if not rows:
+        raise ValueError("no rows: no episode generated any token")
+    lengths = [len(r.prompt) + len(r.completion) for r in rows]
+    t = pick_bucket(max(lengths), buckets, f"RL row {int(np.argmax(lengths))} (prompt + generated ids)")
+    n = row_bucket(len(rows), row_multiple)
+    tokens = np.full((n, t), pad_id, np.int32)
+    seg = np.zeros((n, t), np.int32)
+    mask = np.zeros((n, t), np.float32)
+    old = np.zeros((n, t), np.float32)
+    episode = np.full(n, -1, np.int32)
+    for i, r in enumerate(rows):
+        p, m = len(r.prompt), len(r.prompt) + len(r.completion)
+        tokens[i, :m] = r.prompt + r.completion
+        seg[i, :m] = 1
+        mask[i, p:m] = 1.0
+        old[i, p:m] = r.logprobs
+        episode[i] = r.episode
+    positions = np.broadcast_to(np.arange(t, dtype=np.int32), (n, t)).copy()
+    return {"tokens": tokens, "positions": positions, "segment_ids": seg, "loss_mask": mask, "old_logp": old,
+            "row_episode": episode}
+
+
+def grpo_batch(rows: Sequence[Row], advantages: np.ndarray, aggregation: str, norm_tokens: int,
+               buckets: Sequence[int], pad_id: int = 0, row_multiple: int = 1) -> dict:
+    """The device batch of a GRPO update: pack() + advantages [R] (the episode's A) + token_weight [R,T]."""
+    b = pack(rows, buckets, pad_id, row_multiple)
+    w = row_weights(rows, aggregation, norm_tokens)
+    n = b["tokens"].shape[0]
+    adv = np.zeros(n, np.float32)
+    row_w = np.zeros(n, np.float64)
+    for i, r in enumerate(rows):
+        adv[i] = advantages[r.episode]
+        row_w[i] = w[i]
+    b["advantages"] = adv
+    b["token_weight"] = (b["loss_mask"] * row_w[:, None]).astype(np.float32)
+    del b["row_episode"]
+    return b
+
+
+def token_rewards(rows: Sequence[Row], outcome: Sequence[float],
+                  step_rewards: Sequence[Sequence[float]] | None = None) -> list[np.ndarray]:
+    """Per-row rewards on the generated ids: the episode's outcome reward at the last generated id of its last row,
+    or (step_rewards[e][s] given) each step's reward at the last generated id of that step's row."""
+    last_row = {}
+    for i, r in enumerate(rows):
+        last_row[r.episode] = i
+    out = []
+    for i, r in enumerate(rows):
+        x = np.zeros(len(r.completion), np.float32)
+        if step_rewards is not None:
+            x[-1] = float(step_rewards[r.episode][r.step])
+        elif last_row[r.episode] == i:
+            x[-1] = float(outcome[r.episode])
+        out.append(x)
+    return out
+
+
+def trajectory_gae(rows: Sequence[Row], values: Sequence[np.ndarray], rewards: Sequence[np.ndarray], gamma: float,
+                   lam: float) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """GAE over each episode's action tokens in order (rows of one episode concatenated; the value after the
+    episode's last action token is 0). values/rewards: per row, one entry per generated id.
+    Returns per-row (advantages, returns = advantages + values)."""
+    by_ep: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_ep.setdefault(r.episode, []).append(i)
+    adv = [np.zeros(len(r.completion), np.float32) for r in rows]
+    for idx in by_ep.values():
+        idx = sorted(idx, key=lambda i: rows[i].step)
+        v = np.concatenate([np.asarray(values[i], np.float64) for i in idx])
+        rw = np.concatenate([np.asarray(rewards[i], np.float64) for i in idx])
+        a = np.zeros_like(v)
+        next_v, next_a = 0.0, 0.0
+        for t in range(len(v) - 1, -1, -1):
+            delta = rw[t] + gamma * next_v - v[t]
+            next_a = delta + gamma * lam * next_a
+            next_v = v[t]
+            a[t] = next_a
+        cut = np.cumsum([len(rows[i].completion) for i in idx])[:-1]
+        for i, part in zip(idx, np.split(a, cut)):
+            adv[i] = part.astype(np.float32)
+    returns = [a + np.asarray(v, np.float32) for a, v in zip(adv, values)]
+    return adv, returns
+
+
+def ppo_batch(rows: Sequence[Row], packed: dict, old_values: np.ndarray, outcome: Sequence[float],
+              step_rewards: Sequence[Sequence[float]] | None, gamma: float, lam: float, whiten: bool) -> dict:
+    """The device batch of a PPO update from pack() output and the value head's estimates old_values [R,T]
+    (token_values alignment): old_values, advantages, returns [R,T] and token_mean weights."""
+    b = {k: v for k, v in packed.items() if k != "row_episode"}
+    spans = [(len(r.prompt), len(r.prompt) + len(r.completion)) for r in rows]
+    vals = [np.asarray(old_values[i, p:m], np.float32) for i, (p, m) in enumerate(spans)]
+    adv, ret = trajectory_gae(rows, vals, token_rewards(rows, outcome, step_rewards), gamma, lam)
+    flat = np.concatenate(adv) if adv else np.zeros(0)
+    if whiten and flat.size > 1:
+        mean, std = flat.mean(), flat.std()
+        adv = [(a - mean) / np.sqrt(std * std + 1e-8) for a in adv]
+    shape = b["tokens"].shape
+    b["old_values"] = np.zeros(shape, np.float32)
+    b["advantages"] = np.zeros(shape, np.float32)
+    b["returns"] = np.zeros(shape, np.float32)
+    for i, (p, m) in enumerate(spans):
+        b["old_values"][i, p:m] = vals[i]
+        b["advantages"][i, p:m] = adv[i]
+        b["returns"][i, p:m] = ret[i]
+    b["token_weight"] = (b["loss_mask"] / max(float(b["loss_mask"].sum()), 1.0)).astype(np.float32)
+    return b
