@@ -13,6 +13,7 @@ from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+PRECISIONS = ("default", "high", "highest")
 
 
 class ConfigError(ValueError):
@@ -41,6 +42,9 @@ class ModelConfig:
     tie_embeddings: bool = False
     param_dtype: str = "float32"
     dtype: str = "float32"  # compute dtype for matmuls; norms, softmax, logits are float32
+    # Matmul/einsum precision (jax.lax.Precision name). None = by compute dtype: "highest" for float32 (true fp32
+    # products: XLA's default on GPU rounds fp32 inputs to TF32, ~3e-4 logit error), "default" for bf16/fp16.
+    precision: str | None = None
     bos_id: int | None = None
     eos_ids: tuple[int, ...] = ()
     pad_id: int | None = None
@@ -54,6 +58,8 @@ class ModelConfig:
             object.__setattr__(self, "rope_scaling", tuple(sorted(self.rope_scaling.items())))
         if isinstance(self.eos_ids, (list, int)):
             object.__setattr__(self, "eos_ids", tuple([self.eos_ids] if isinstance(self.eos_ids, int) else self.eos_ids))
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise ConfigError(f"precision={self.precision!r}; supported: None (by dtype) or one of {PRECISIONS}")
         scaling = self.rope_scaling_dict
         if scaling is not None and scaling.get("rope_type", "default") not in SUPPORTED_ROPE_TYPES:
             raise ConfigError(f"unsupported rope_type {scaling.get('rope_type')!r}; supported: {SUPPORTED_ROPE_TYPES}")
@@ -61,6 +67,13 @@ class ModelConfig:
     @property
     def rope_scaling_dict(self) -> dict | None:
         return None if self.rope_scaling is None else dict(self.rope_scaling)
+
+    @property
+    def matmul_precision(self) -> str:
+        """The precision every matmul/einsum of the model runs at: `precision`, or by the compute dtype."""
+        if self.precision is not None:
+            return self.precision
+        return "highest" if self.dtype == "float32" else "default"
 
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)

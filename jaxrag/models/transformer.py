@@ -134,7 +134,7 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision: str | None = None) -> jax.Array:
     """Grouped-query attention. q [B,T,H,Dh], k/v [B,S,K,Dh], mask [B,T,S] (True = may attend) -> [B,T,H,Dh].
 
     The G = H/K query heads that share a kv head are stacked along the query axis, so both products are batched
@@ -144,37 +144,39 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     G = H // K
     q = q.reshape(B, T, K, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, Dh)
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B,K,S,Dh]
-    scores = jnp.matmul(q, k.swapaxes(-1, -2), preferred_element_type=jnp.float32) / math.sqrt(Dh)
+    scores = jnp.matmul(q, k.swapaxes(-1, -2), precision=precision, preferred_element_type=jnp.float32) / math.sqrt(Dh)
     scores = jnp.where(mask[:, None, None], scores.reshape(B, K, G, T, S), NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(B, K, G * T, S)
-    out = jnp.matmul(probs, v).reshape(B, K, G, T, Dh)
+    out = jnp.matmul(probs, v, precision=precision).reshape(B, K, G, T, Dh)
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
 
 
-def dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
+def dense(x: jax.Array, w: jax.Array, n_in: int = 1, precision: str | None = None) -> jax.Array:
     """Contract the last `n_in` axes of x with the first `n_in` of w as one 2-D matmul over flattened leading axes.
 
     Same values as the einsum; XLA:CPU runs the flattened GEMMs (and their transposes in the backward pass) far
     faster than 3-D/4-D dot_generals: 1.6x on a SwiGLU MLP's forward+backward at d_model 512 (bench.model)."""
     lead, inner, out = x.shape[: x.ndim - n_in], w.shape[:n_in], w.shape[n_in:]
-    y = x.reshape(-1, math.prod(inner)) @ w.reshape(math.prod(inner), -1)
+    y = jnp.matmul(x.reshape(-1, math.prod(inner)), w.reshape(math.prod(inner), -1), precision=precision)
     return y.reshape(*lead, *out)
 
 
 def _project_qkv(cfg, lp, h, positions, inv_freq):
-    q, k, v = dense(h, lp["wq"]), dense(h, lp["wk"]), dense(h, lp["wv"])  # [B,T,H|K,Dh]
+    pr = cfg.matmul_precision
+    q, k, v = dense(h, lp["wq"], 1, pr), dense(h, lp["wk"], 1, pr), dense(h, lp["wv"], 1, pr)  # [B,T,H|K,Dh]
     if cfg.qkv_bias:
         q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
     return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
 
 
 def _attn_out_and_mlp(cfg, lp, x, attn):
-    out = dense(attn, lp["wo"], n_in=2)
+    pr = cfg.matmul_precision
+    out = dense(attn, lp["wo"], 2, pr)
     if cfg.o_bias:
         out = out + lp["bo"]
     x = x + out
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
-    return x + dense(jax.nn.silu(dense(h, lp["w_gate"])) * dense(h, lp["w_up"]), lp["w_down"])
+    return x + dense(jax.nn.silu(dense(h, lp["w_gate"], 1, pr)) * dense(h, lp["w_up"], 1, pr), lp["w_down"], 1, pr)
 
 
 def _cast_layer(cfg, lp):
@@ -191,7 +193,8 @@ def logits_from_hidden(cfg: ModelConfig, params: Params, hidden: jax.Array) -> j
     dt = jnp.dtype(cfg.dtype)
     head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
     lead = hidden.shape[:-1]
-    logits = jnp.dot(hidden.astype(dt).reshape(-1, hidden.shape[-1]), head.astype(dt), preferred_element_type=jnp.float32)
+    logits = jnp.dot(hidden.astype(dt).reshape(-1, hidden.shape[-1]), head.astype(dt), precision=cfg.matmul_precision,
+                     preferred_element_type=jnp.float32)
     return logits.reshape(*lead, -1)
 
 
@@ -218,7 +221,7 @@ def forward_hidden(cfg: ModelConfig, params: Params, tokens, positions=None, seg
         lp = _cast_layer(cfg, lp)
         h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
         q, k, v = _project_qkv(cfg, lp, h, positions, inv_freq)
-        return _attn_out_and_mlp(cfg, lp, x, attention(q, k, v, mask)), None
+        return _attn_out_and_mlp(cfg, lp, x, attention(q, k, v, mask, cfg.matmul_precision)), None
 
     if remat:
         layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
@@ -268,7 +271,8 @@ def forward_cached(cfg: ModelConfig, params: Params, tokens, positions, token_va
         q, k, v = _project_qkv(cfg, lp, h, positions, inv_freq)
         k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, start, 0, 0))
         v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, start, 0, 0))
-        x = _attn_out_and_mlp(cfg, lp, x, attention(q, k_cache.astype(q.dtype), v_cache.astype(q.dtype), mask))
+        x = _attn_out_and_mlp(cfg, lp, x, attention(q, k_cache.astype(q.dtype), v_cache.astype(q.dtype), mask,
+                                                   cfg.matmul_precision))
         return x, (k_cache, v_cache)
 
     x, (k_new, v_new) = jax.lax.scan(layer, _embed(cfg, params, tokens), (params["layers"], cache["k"], cache["v"]))
