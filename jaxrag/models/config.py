@@ -14,6 +14,7 @@ from typing import Any
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 PRECISIONS = ("default", "high", "highest")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "dpa_xla")
 
 
 class ConfigError(ValueError):
@@ -45,6 +46,11 @@ class ModelConfig:
     # Matmul/einsum precision (jax.lax.Precision name). None = by compute dtype: "highest" for float32 (true fp32
     # products: XLA's default on GPU rounds fp32 inputs to TF32, ~3e-4 logit error), "default" for bf16/fp16.
     precision: str | None = None
+    # Full-sequence attention (training, scoring, prefill): "xla" = jaxrag's own batched-GEMM attention (the CPU
+    # path); "cudnn" = jax.nn.dot_product_attention(implementation="cudnn"), cuDNN flash attention (GPU, bf16/fp16
+    # compute); "auto" = cudnn where it applies, else xla; "dpa_xla" = the cudnn path's call and masks run by XLA
+    # (any backend; checks the mask plumbing). Decode over the KV cache always uses the xla path.
+    attention_impl: str = "auto"
     bos_id: int | None = None
     eos_ids: tuple[int, ...] = ()
     pad_id: int | None = None
@@ -60,6 +66,8 @@ class ModelConfig:
             object.__setattr__(self, "eos_ids", tuple([self.eos_ids] if isinstance(self.eos_ids, int) else self.eos_ids))
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ConfigError(f"precision={self.precision!r}; supported: None (by dtype) or one of {PRECISIONS}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ConfigError(f"attention_impl={self.attention_impl!r}; supported: {ATTENTION_IMPLS}")
         scaling = self.rope_scaling_dict
         if scaling is not None and scaling.get("rope_type", "default") not in SUPPORTED_ROPE_TYPES:
             raise ConfigError(f"unsupported rope_type {scaling.get('rope_type')!r}; supported: {SUPPORTED_ROPE_TYPES}")

@@ -207,21 +207,58 @@ def attention_mask(segment_ids: jax.Array) -> jax.Array:
     return causal[None] & same & (segment_ids[:, None, :] != 0)
 
 
+def resolve_attention_impl(cfg: ModelConfig) -> str:
+    """cfg.attention_impl with "auto" decided for this backend: "cudnn" on a GPU when the compute dtype is
+    bf16/fp16 and head_dim is a multiple of 8 up to 128 (what cuDNN flash attention takes), else "xla"."""
+    impl, backend = cfg.attention_impl, jax.default_backend()
+    half = cfg.dtype in ("bfloat16", "float16")
+    fits = half and cfg.head_dim % 8 == 0 and cfg.head_dim <= 128
+    if impl == "auto":
+        return "cudnn" if backend == "gpu" and fits else "xla"
+    if impl == "cudnn" and (backend != "gpu" or not fits):
+        raise ValueError(f"attention_impl='cudnn' needs a GPU backend (found {backend!r}), bf16/fp16 compute "
+                         f"(dtype={cfg.dtype!r}) and head_dim a multiple of 8 <= 128 (head_dim={cfg.head_dim}); "
+                         "use 'xla' or 'auto'")
+    return impl
+
+
+def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None, implementation: str,
+                    precision: str | None = None) -> jax.Array:
+    """Causal GQA self-attention through `jax.nn.dot_product_attention`: q [B,T,H,Dh], k/v [B,T,K,Dh] -> [B,T,H,Dh].
+
+    `is_causal=True` (the kernel skips the upper triangle), and with `segment_ids` a [B,1,T,T] same-segment mask
+    (one per row, shared by the heads; cuDNN adds it as a bias) for packing and padding. Padding (segment 0)
+    attends to padding, so no row is fully masked; real tokens never see it, which is all the callers read.
+    No per-head [T,T] score tensor is materialized by the cudnn implementation."""
+    mask = None
+    if segment_ids is not None:
+        mask = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+    with jax.default_matmul_precision(precision or "default"):
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, implementation=implementation)
+
+
+def self_attention(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
+    """Full-sequence causal attention by `resolve_attention_impl(cfg)`; segment_ids None = one unpadded segment."""
+    impl = resolve_attention_impl(cfg)
+    if impl == "xla":
+        if segment_ids is None:
+            segment_ids = jnp.ones(q.shape[:2], jnp.int32)
+        return attention(q, k, v, attention_mask(segment_ids), cfg.matmul_precision)
+    return fused_attention(q, k, v, segment_ids, "cudnn" if impl == "cudnn" else "xla", cfg.matmul_precision)
+
+
 def forward_hidden(cfg: ModelConfig, params: Params, tokens, positions=None, segment_ids=None, *, remat=False):
     """tokens [B,T] -> final-normed hidden states [B,T,D] in the compute dtype."""
     B, T = tokens.shape
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    if segment_ids is None:
-        segment_ids = jnp.ones((B, T), jnp.int32)
-    mask = attention_mask(segment_ids)
     inv_freq = jnp.asarray(rope_inv_freq(cfg))
 
     def layer(x, lp):
         lp = _cast_layer(cfg, lp)
         h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
         q, k, v = _project_qkv(cfg, lp, h, positions, inv_freq)
-        return _attn_out_and_mlp(cfg, lp, x, attention(q, k, v, mask, cfg.matmul_precision)), None
+        return _attn_out_and_mlp(cfg, lp, x, self_attention(cfg, q, k, v, segment_ids)), None
 
     if remat:
         layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
