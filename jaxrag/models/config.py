@@ -51,6 +51,7 @@ class ModelConfig:
     # compute); "auto" = cudnn where it applies, else xla; "dpa_xla" = the cudnn path's call and masks run by XLA
     # (any backend; checks the mask plumbing). Decode over the KV cache always uses the xla path.
     attention_impl: str = "auto"
+    cache_dtype: str | None = None  # KV cache storage dtype (e.g. "bfloat16" to halve decode's cache reads); None = dtype
     bos_id: int | None = None
     eos_ids: tuple[int, ...] = ()
     pad_id: int | None = None
