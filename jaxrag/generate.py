@@ -3,7 +3,11 @@
 Prompts are left-padded into one [B,P] batch (ragged lengths fine); batch size and prompt length are bucketed
 so a rollout loop whose batch shrinks does not recompile every step. Sampling: greedy (temperature 0),
 temperature, top-k, top-p. A row stops at EOS / stop ids (checked on device every step) or at a stop string
-(checked on the host between chunks: strings need detokenization). Deterministic for a given PRNG key.
+(checked on the host between chunks: strings need detokenization). Deterministic for a given PRNG key: decode
+row r draws from its own key fold_in(key, r), so a row's sample does not depend on the batch around it.
+
+Shared prefixes: `sample(..., n=N)` prefills each distinct prompt once and `fork`s its cache into N decode rows
+on device (a gather of cache rows; no host round trip): N candidates of a state cost one prefill, not N.
 
 Returned per row: generated ids (including the stop token / the tokens that complete a stop string), the
 log-prob of each generated token under the sampling distribution before truncation, log_softmax(logits / T) at the
@@ -40,6 +44,7 @@ class Completions:
     logprobs: np.ndarray  # [B,N] float32, zeros after `lengths`
     lengths: np.ndarray  # [B] int32
     finish_reason: list[str]  # "eos" | "stop" | "length"
+    prefill_tokens: int = 0  # token slots the prefill computed (padded rows x padded prompt length)
 
     def row(self, i: int) -> tuple[list[int], list[float]]:
         n = int(self.lengths[i])
@@ -65,18 +70,36 @@ def _filter_logits(logits: jax.Array, temperature: float, top_k: int, top_p: flo
     return logits
 
 
-def _pick(logits, key, sp: SamplingParams):
+def _pick(logits, keys, sp: SamplingParams):
+    """Next token per row; keys [B,2]: each row's own key for this step."""
     if sp.temperature == 0.0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    return jax.random.categorical(key, _filter_logits(logits, sp.temperature, sp.top_k, sp.top_p)).astype(jnp.int32)
+    filtered = _filter_logits(logits, sp.temperature, sp.top_k, sp.top_p)
+    return jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
+
+
+def fork(tree, rows):
+    """Row r of the result is row rows[r] of `tree`, on device: a KV cache (or per-row sampler state) prefilled
+    once per prefix becomes one row per continuation. Leaves are batch-major; scalars (the cache's shared `index`)
+    pass through. The primitive under n samples per prompt; also what MCTS expansion, rollout values (M
+    continuations per candidate) and GRPO groups fork from."""
+    rows = jnp.asarray(rows, jnp.int32)
+    return jax.tree.map(lambda a: a if a.ndim == 0 else jnp.take(a, rows, axis=0), tree)
 
 
 _prefill = jax.jit(prefill, static_argnums=(0,), donate_argnums=(5,))  # -> (last-column logits [B,V], cache)
+_fork = jax.jit(fork)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def row_keys(key: jax.Array, n_rows: int) -> jax.Array:
+    """Per-row sampling keys [n_rows, 2]: row r gets fold_in(key, r)."""
+    return jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(n_rows))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4, 5))
-def _decode_chunk(cfg: ModelConfig, sp: SamplingParams, chunk: int, params, cache, state, stop_ids, key):
-    """Up to `chunk` decode steps for every row not done; stops early once all rows are done."""
+def _decode_chunk(cfg: ModelConfig, sp: SamplingParams, chunk: int, params, cache, state, stop_ids, keys):
+    """Up to `chunk` decode steps for every row not done; stops early once all rows are done. keys [B,2]."""
     n_max = state["tokens"].shape[1]
     t_end = jnp.minimum(state["t"] + chunk, n_max)
 
@@ -86,7 +109,7 @@ def _decode_chunk(cfg: ModelConfig, sp: SamplingParams, chunk: int, params, cach
     def body(s):
         cache, st = s["cache"], dict(s)
         logits = st["logits"]
-        tok = _pick(logits, jax.random.fold_in(key, st["t"]), sp)
+        tok = _pick(logits, jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, st["t"]), sp)
         t_logp = sp.temperature if sp.temperature > 0 else 1.0  # behaviour log-prob at the sampling temperature
         logp = jnp.take_along_axis(jax.nn.log_softmax(logits / t_logp, axis=-1), tok[:, None], axis=-1)[:, 0]
         live = ~st["done"]
@@ -140,15 +163,24 @@ def sample(
     stop_strings: Sequence[str] | None = None,
     tokenizer=None,
     chunk: int | None = None,
+    *,
+    n: int = 1,
+    share_prefix: bool = True,
 ) -> Completions:
-    """Generate for a batch of token-id prompts. See the module docstring for what comes back."""
+    """Generate n samples of each token-id prompt: rows i*n .. i*n+n-1 of the result are prompt i's.
+
+    share_prefix: prefill each distinct prompt once and fork its cache into its decode rows (identical prompts in
+    the batch share too); False = prefill every row (the replicate-and-prefill path; same tokens and log-probs).
+    Decode row r samples with fold_in(key, r) either way. See the module docstring for what comes back."""
+    if n < 1:
+        raise ValueError(f"sample: n={n}; need n >= 1")
     if not prompts:
         return Completions(np.zeros((0, sp.max_new_tokens), np.int32), np.zeros((0, sp.max_new_tokens), np.float32), np.zeros(0, np.int32), [])
     if any(len(p) == 0 for p in prompts):
         raise ValueError("sample: every prompt needs at least one token (add a BOS token)")
     if stop_strings and tokenizer is None:
         raise ValueError("sample: stop_strings need a tokenizer to detokenize")
-    B, N = len(prompts), sp.max_new_tokens
+    B, N = len(prompts) * n, sp.max_new_tokens  # B: decode rows
     B_pad = bucket(B, 1)
     P = bucket(max(len(p) for p in prompts), 16)
     if P + N > cfg.max_seq_len:
@@ -156,17 +188,32 @@ def sample(
         if max(len(p) for p in prompts) > P_max:
             raise ValueError(f"sample: prompt of {max(len(p) for p in prompts)} tokens + {N} new exceeds max_seq_len={cfg.max_seq_len}")
         P = P_max
-    tokens, positions, valid = _left_pad(prompts, B_pad, P)
-    cache = init_cache(cfg, B_pad, P + N)
+    if share_prefix:  # prefill rows: the distinct prompts; decode row r forks prefill row rows[r]
+        first: dict[tuple[int, ...], int] = {}
+        prefix = [first.setdefault(tuple(p), len(first)) for p in prompts]
+        prefill_prompts = [list(p) for p in first]
+        rows = np.array([prefix[r // n] for r in range(B)] + [0] * (B_pad - B), np.int32)
+        if len(prefill_prompts) == B:  # nothing shared: prefill rows are the decode rows
+            rows = None
+    else:
+        prefill_prompts = [p for p in prompts for _ in range(n)]
+        rows = None
+    U_pad = bucket(len(prefill_prompts), 1)
+    tokens, positions, valid = _left_pad(prefill_prompts, U_pad, P)
+    cache = init_cache(cfg, U_pad, P + N)
     logits, cache = _prefill(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
+    position = jnp.asarray(valid.sum(1), jnp.int32)
+    if rows is not None:
+        logits, cache, position = _fork((logits, cache, position), rows)
     eos = tuple(cfg.eos_ids) + tuple(getattr(tokenizer, "eos_ids", ()) or ()) + tuple(sp.stop_ids)
     stop_ids = jnp.asarray(eos if eos else (-1,), jnp.int32)
+    key = row_keys(key, B_pad)
     state = {
         "logits": logits,
         "tokens": jnp.zeros((B_pad, N), jnp.int32),
         "logprobs": jnp.zeros((B_pad, N), jnp.float32),
         "lengths": jnp.zeros((B_pad,), jnp.int32),
-        "position": jnp.asarray(valid.sum(1), jnp.int32),
+        "position": position,
         "done": jnp.asarray(np.arange(B_pad) >= B),  # padding rows start done
         "stopped": jnp.zeros((B_pad,), bool),
         "t": jnp.zeros((), jnp.int32),
@@ -206,4 +253,4 @@ def sample(
             reasons.append("length")
         toks[i, lens[i]:] = 0
         logps[i, lens[i]:] = 0.0
-    return Completions(toks, logps, lens.astype(np.int32), reasons)
+    return Completions(toks, logps, lens.astype(np.int32), reasons, prefill_tokens=U_pad * P)

@@ -20,6 +20,7 @@ import jax
 
 from jaxrag.generate import SamplingParams, sample
 from jaxrag.models.config import ModelConfig
+from jaxrag.models.transformer import unstack_layers
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +54,22 @@ class JaxPolicy:
 
     Prompt tokens: exactly one BOS (`add_bos`; none doubled when the chat template already starts with it) and
     at most `prompt_budget(max_new_tokens) = min(max_prompt_tokens or max_seq_len, max_seq_len - max_new_tokens)`
-    tokens (see the module doc for who shortens over-long prompts)."""
+    tokens (see the module doc for who shortens over-long prompts).
+    share_prefix: n samples of a prompt prefill it once and fork its cache (generate.sample); False = the
+    replicate-and-prefill path (same results, n times the prefill). unstack: hold the params with per-layer
+    weight buffers (models.unstack_layers: decode reads each weight once instead of copying a slice of the
+    stacked one; one copy of the layer weights). `prefill_tokens` counts the token slots prefilled so far."""
 
-    _CACHE = 256   # encoded prompts kept between prompt_fits and generate
-
-    def __init__(self, cfg: ModelConfig, params, tokenizer, *, top_k: int = 0, top_p: float = 1.0, add_bos: bool = True, max_prompt_tokens: int | None = None):
-        self.cfg, self.params, self.tokenizer = cfg, params, tokenizer
+    def __init__(self, cfg: ModelConfig, params, tokenizer, *, top_k: int = 0, top_p: float = 1.0, add_bos: bool = True, max_prompt_tokens: int | None = None,
+                 share_prefix: bool = True, unstack: bool = True):
+        self.cfg, self.params, self.tokenizer = cfg, (unstack_layers(params) if unstack else params), tokenizer
         self.top_k, self.top_p, self.add_bos = top_k, top_p, add_bos
         self.max_prompt_tokens = max_prompt_tokens
         self.prompts_cut = 0
         self._encoded: dict[str, list[int]] = {}
+        self.share_prefix, self.prefill_tokens = share_prefix, 0
+
+    _CACHE = 256   # encoded prompts kept between prompt_fits and generate
 
     def prompt_budget(self, max_new_tokens: int) -> int:
         limit = min(self.max_prompt_tokens or self.cfg.max_seq_len, self.cfg.max_seq_len - max_new_tokens)
@@ -103,9 +110,10 @@ class JaxPolicy:
         if not prompts:
             return []
         encoded = [self.encode_prompt(p, max_new_tokens) for p in prompts]
-        batch = [ids for ids in encoded for _ in range(n)]
         sp = SamplingParams(temperature=float(temperature), top_k=self.top_k, top_p=self.top_p, max_new_tokens=max_new_tokens)
-        out = sample(self.cfg, self.params, batch, sp, jax.random.PRNGKey(seed), stop_strings=list(stop) if stop else None, tokenizer=self.tokenizer)
+        out = sample(self.cfg, self.params, encoded, sp, jax.random.PRNGKey(seed), stop_strings=list(stop) if stop else None,
+                     tokenizer=self.tokenizer, n=n, share_prefix=self.share_prefix)
+        self.prefill_tokens += out.prefill_tokens
         results: list[list[Completion]] = []
         for i, prompt_ids in enumerate(encoded):
             row = []

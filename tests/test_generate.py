@@ -1,11 +1,12 @@
 """Sampler behaviour: determinism, sampling filters, stop ids/strings, finish reasons, ragged prompts, bucketing."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrag.generate import SamplingParams, _filter_logits, bucket, sample
-from jaxrag.models import ModelConfig, forward, init_params
+from jaxrag.generate import SamplingParams, _filter_logits, bucket, fork, sample
+from jaxrag.models import ModelConfig, forward, init_cache, init_params
 
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=128)
 PARAMS = init_params(CFG, jax.random.PRNGKey(0), std=0.5)  # large std: peaked, varied distributions
@@ -93,6 +94,44 @@ def test_bad_requests_fail_clearly():
         sample(CFG, PARAMS, [[1], []], SamplingParams(), jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match="exceeds max_seq_len=128"):
         sample(CFG, PARAMS, [[1] * 100], SamplingParams(max_new_tokens=64), jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match="n=0; need n >= 1"):
+        sample(CFG, PARAMS, [[1]], SamplingParams(), jax.random.PRNGKey(0), n=0)
     with pytest.raises(ValueError, match="need a tokenizer"):
         sample(CFG, PARAMS, [[1]], SamplingParams(), jax.random.PRNGKey(0), stop_strings=["x"])
     assert sample(CFG, PARAMS, [], SamplingParams(), jax.random.PRNGKey(0)).tokens.shape[0] == 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shared_prefix_sampling_equals_replicate_and_prefill(temperature):
+    sp = SamplingParams(temperature=temperature, max_new_tokens=8)
+    prompts = PROMPTS + [PROMPTS[0]]  # a repeated prompt shares its prefill too
+    shared = sample(CFG, PARAMS, prompts, sp, jax.random.PRNGKey(3), n=3)
+    replicated = sample(CFG, PARAMS, [p for p in prompts for _ in range(3)], sp, jax.random.PRNGKey(3), share_prefix=False)
+    np.testing.assert_array_equal(shared.tokens, replicated.tokens)
+    np.testing.assert_allclose(shared.logprobs, replicated.logprobs, atol=1e-5)
+    np.testing.assert_array_equal(shared.lengths, replicated.lengths)
+    assert shared.finish_reason == replicated.finish_reason
+    # 3 distinct prompts (bucket 4 rows) x 16 slots prefilled, against 12 rows (bucket 16) x 16
+    assert (shared.prefill_tokens, replicated.prefill_tokens) == (4 * 16, 16 * 16)
+    if temperature > 0:  # each row draws from its own key: a prompt's samples differ
+        assert len({tuple(shared.tokens[i]) for i in range(3)}) > 1
+    else:  # greedy: the repeated prompt's rows are its first occurrence's
+        np.testing.assert_array_equal(shared.tokens[9:12], shared.tokens[0:3])
+
+
+def test_a_row_sample_does_not_depend_on_the_batch_around_it():
+    sp = SamplingParams(temperature=1.0, max_new_tokens=6)
+    batch = sample(CFG, PARAMS, PROMPTS, sp, jax.random.PRNGKey(4))
+    head = sample(CFG, PARAMS, PROMPTS[:1], sp, jax.random.PRNGKey(4))  # row 0 alone: another padded batch size
+    np.testing.assert_array_equal(head.tokens[0], batch.tokens[0])
+
+
+def test_fork_gathers_cache_rows_on_device():
+    cache = init_cache(CFG, 2, 4)
+    cache = {**cache, "k": tuple(k.at[1].set(1.0) for k in cache["k"]), "valid": cache["valid"].at[1, :2].set(True),
+             "index": jnp.asarray(2, jnp.int32)}
+    forked = fork(cache, [1, 1, 0])
+    assert forked["k"][0].shape[0] == 3 and int(forked["index"]) == 2
+    for layer in range(CFG.n_layers):
+        np.testing.assert_array_equal(np.asarray(forked["k"][layer])[:, 0, 0, 0], [1.0, 1.0, 0.0])
+    np.testing.assert_array_equal(np.asarray(forked["valid"])[:, 0], [True, True, False])

@@ -1,10 +1,13 @@
 """dtype policy, remat, and the critic head."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from jaxrag.models import ModelConfig, critic_init, critic_scores, forward, forward_hidden, init_params
+from jaxrag.models import ConfigError, ModelConfig, critic_init, critic_scores, forward, forward_hidden, init_params
 
 CFG = ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=64)
 TOKENS = jax.random.randint(jax.random.PRNGKey(1), (3, 10), 0, 97)
@@ -43,3 +46,20 @@ def test_critic_reads_the_hidden_state_at_the_given_index():
     # tokens after the read index do not change the score (causal)
     changed = TOKENS.at[1, 5:].set(0)
     np.testing.assert_allclose(critic_scores(CFG, params, head, changed, read_index=read)[1], scores[1], atol=1e-5)
+
+
+def _dot_precisions(cfg):
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    text = jax.jit(lambda p, t: forward(cfg, p, t)).lower(params, TOKENS).as_text()
+    dots = re.findall(r"stablehlo.dot_general.*", text)
+    return len(dots), [re.search(r"precision = \[(\w+), (\w+)\]", d).groups() for d in dots]
+
+
+def test_matmul_precision_is_full_for_fp32_and_default_for_bf16_unless_configured():
+    # every projection, attention product and the LM head: 2 layers x (q,k,v,o, 2 attn, gate,up,down) + head
+    for cfg, want in [(CFG, "HIGHEST"), (CFG.replace(dtype="bfloat16"), "DEFAULT"),
+                      (CFG.replace(precision="high"), "HIGH"), (CFG.replace(dtype="bfloat16", precision="highest"), "HIGHEST")]:
+        n, precisions = _dot_precisions(cfg)
+        assert n == 10 and set(precisions) == {(want, want)}, (cfg.dtype, cfg.precision, precisions)
+    with pytest.raises(ConfigError, match="precision='tf32'"):
+        CFG.replace(precision="tf32")

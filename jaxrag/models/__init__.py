@@ -16,6 +16,7 @@ from jaxrag.models.transformer import (
     param_logical_axes,
     param_shapes,
     prefill,
+    unstack_layers,
 )
 
 __all__ = [
@@ -37,4 +38,5 @@ __all__ = [
     "param_shapes",
     "prefill",
     "save_hf",
+    "unstack_layers",
 ]

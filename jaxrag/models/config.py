@@ -13,6 +13,8 @@ from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+PRECISIONS = ("default", "high", "highest")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "dpa_xla")
 
 
 class ConfigError(ValueError):
@@ -41,6 +43,15 @@ class ModelConfig:
     tie_embeddings: bool = False
     param_dtype: str = "float32"
     dtype: str = "float32"  # compute dtype for matmuls; norms, softmax, logits are float32
+    # Matmul/einsum precision (jax.lax.Precision name). None = by compute dtype: "highest" for float32 (true fp32
+    # products: XLA's default on GPU rounds fp32 inputs to TF32, ~3e-4 logit error), "default" for bf16/fp16.
+    precision: str | None = None
+    # Full-sequence attention (training, scoring, prefill): "xla" = jaxrag's own batched-GEMM attention (the CPU
+    # path); "cudnn" = jax.nn.dot_product_attention(implementation="cudnn"), cuDNN flash attention (GPU, bf16/fp16
+    # compute); "auto" = cudnn where it applies, else xla; "dpa_xla" = the cudnn path's call and masks run by XLA
+    # (any backend; checks the mask plumbing). Decode over the KV cache always uses the xla path.
+    attention_impl: str = "auto"
+    cache_dtype: str | None = None  # KV cache storage dtype (e.g. "bfloat16" to halve decode's cache reads); None = dtype
     bos_id: int | None = None
     eos_ids: tuple[int, ...] = ()
     pad_id: int | None = None
@@ -54,6 +65,10 @@ class ModelConfig:
             object.__setattr__(self, "rope_scaling", tuple(sorted(self.rope_scaling.items())))
         if isinstance(self.eos_ids, (list, int)):
             object.__setattr__(self, "eos_ids", tuple([self.eos_ids] if isinstance(self.eos_ids, int) else self.eos_ids))
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise ConfigError(f"precision={self.precision!r}; supported: None (by dtype) or one of {PRECISIONS}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ConfigError(f"attention_impl={self.attention_impl!r}; supported: {ATTENTION_IMPLS}")
         scaling = self.rope_scaling_dict
         if scaling is not None and scaling.get("rope_type", "default") not in SUPPORTED_ROPE_TYPES:
             raise ConfigError(f"unsupported rope_type {scaling.get('rope_type')!r}; supported: {SUPPORTED_ROPE_TYPES}")
@@ -61,6 +76,13 @@ class ModelConfig:
     @property
     def rope_scaling_dict(self) -> dict | None:
         return None if self.rope_scaling is None else dict(self.rope_scaling)
+
+    @property
+    def matmul_precision(self) -> str:
+        """The precision every matmul/einsum of the model runs at: `precision`, or by the compute dtype."""
+        if self.precision is not None:
+            return self.precision
+        return "highest" if self.dtype == "float32" else "default"
 
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)

@@ -134,47 +134,56 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention. q [B,T,H,Dh], k/v [B,S,K,Dh], mask [B,T,S] (True = may attend) -> [B,T,H,Dh].
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision: str | None = None) -> jax.Array:
+    """Grouped-query attention over head-major keys/values (the KV cache's layout).
 
-    The G = H/K query heads that share a kv head are stacked along the query axis, so both products are batched
-    GEMMs over (B, K) with M = G*T (about 1.3x faster forward+backward on XLA:CPU than a 5-D einsum)."""
+    q [B,T,H,Dh], k/v [B,K,S,Dh], mask [B,T,S] (True = may attend) -> [B,T,H,Dh] in q's dtype. The G = H/K query
+    heads that share a kv head are stacked along the query axis, so both products are batched GEMMs over (B, K)
+    with M = G*T (about 1.3x faster forward+backward on XLA:CPU than a 5-D einsum). A cache stored in a narrower
+    dtype than the compute (bf16 cache, fp32 compute) is read as it is: q is cast to it, products accumulate fp32."""
     B, T, H, Dh = q.shape
-    S, K = k.shape[1], k.shape[2]
+    K, S = k.shape[1], k.shape[2]
     G = H // K
-    q = q.reshape(B, T, K, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, Dh)
-    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B,K,S,Dh]
-    scores = jnp.matmul(q, k.swapaxes(-1, -2), preferred_element_type=jnp.float32) / math.sqrt(Dh)
+    out_dtype = q.dtype
+    q = q.astype(k.dtype).reshape(B, T, K, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, Dh)
+    scores = jnp.matmul(q, k.swapaxes(-1, -2), precision=precision, preferred_element_type=jnp.float32) / math.sqrt(Dh)
     scores = jnp.where(mask[:, None, None], scores.reshape(B, K, G, T, S), NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(B, K, G * T, S)
-    out = jnp.matmul(probs, v).reshape(B, K, G, T, Dh)
+    out = jnp.matmul(probs, v, precision=precision).astype(out_dtype).reshape(B, K, G, T, Dh)
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
 
 
-def dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision: str | None = None) -> jax.Array:
+    """Grouped-query attention. q [B,T,H,Dh], k/v [B,S,K,Dh], mask [B,T,S] (True = may attend) -> [B,T,H,Dh]."""
+    return attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, precision)
+
+
+def dense(x: jax.Array, w: jax.Array, n_in: int = 1, precision: str | None = None) -> jax.Array:
     """Contract the last `n_in` axes of x with the first `n_in` of w as one 2-D matmul over flattened leading axes.
 
     Same values as the einsum; XLA:CPU runs the flattened GEMMs (and their transposes in the backward pass) far
     faster than 3-D/4-D dot_generals: 1.6x on a SwiGLU MLP's forward+backward at d_model 512 (bench.model)."""
     lead, inner, out = x.shape[: x.ndim - n_in], w.shape[:n_in], w.shape[n_in:]
-    y = x.reshape(-1, math.prod(inner)) @ w.reshape(math.prod(inner), -1)
+    y = jnp.matmul(x.reshape(-1, math.prod(inner)), w.reshape(math.prod(inner), -1), precision=precision)
     return y.reshape(*lead, *out)
 
 
 def _project_qkv(cfg, lp, h, positions, inv_freq):
-    q, k, v = dense(h, lp["wq"]), dense(h, lp["wk"]), dense(h, lp["wv"])  # [B,T,H|K,Dh]
+    pr = cfg.matmul_precision
+    q, k, v = dense(h, lp["wq"], 1, pr), dense(h, lp["wk"], 1, pr), dense(h, lp["wv"], 1, pr)  # [B,T,H|K,Dh]
     if cfg.qkv_bias:
         q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
     return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
 
 
 def _attn_out_and_mlp(cfg, lp, x, attn):
-    out = dense(attn, lp["wo"], n_in=2)
+    pr = cfg.matmul_precision
+    out = dense(attn, lp["wo"], 2, pr)
     if cfg.o_bias:
         out = out + lp["bo"]
     x = x + out
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
-    return x + dense(jax.nn.silu(dense(h, lp["w_gate"])) * dense(h, lp["w_up"]), lp["w_down"])
+    return x + dense(jax.nn.silu(dense(h, lp["w_gate"], 1, pr)) * dense(h, lp["w_up"], 1, pr), lp["w_down"], 1, pr)
 
 
 def _cast_layer(cfg, lp):
@@ -191,7 +200,8 @@ def logits_from_hidden(cfg: ModelConfig, params: Params, hidden: jax.Array) -> j
     dt = jnp.dtype(cfg.dtype)
     head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
     lead = hidden.shape[:-1]
-    logits = jnp.dot(hidden.astype(dt).reshape(-1, hidden.shape[-1]), head.astype(dt), preferred_element_type=jnp.float32)
+    logits = jnp.dot(hidden.astype(dt).reshape(-1, hidden.shape[-1]), head.astype(dt), precision=cfg.matmul_precision,
+                     preferred_element_type=jnp.float32)
     return logits.reshape(*lead, -1)
 
 
@@ -204,26 +214,107 @@ def attention_mask(segment_ids: jax.Array) -> jax.Array:
     return causal[None] & same & (segment_ids[:, None, :] != 0)
 
 
+def resolve_attention_impl(cfg: ModelConfig) -> str:
+    """cfg.attention_impl with "auto" decided for this backend: "cudnn" on a GPU when the compute dtype is
+    bf16/fp16 and head_dim is a multiple of 8 up to 128 (what cuDNN flash attention takes), else "xla"."""
+    impl, backend = cfg.attention_impl, jax.default_backend()
+    half = cfg.dtype in ("bfloat16", "float16")
+    fits = half and cfg.head_dim % 8 == 0 and cfg.head_dim <= 128
+    if impl == "auto":
+        return "cudnn" if backend == "gpu" and fits else "xla"
+    if impl == "cudnn" and (backend != "gpu" or not fits):
+        raise ValueError(f"attention_impl='cudnn' needs a GPU backend (found {backend!r}), bf16/fp16 compute "
+                         f"(dtype={cfg.dtype!r}) and head_dim a multiple of 8 <= 128 (head_dim={cfg.head_dim}); "
+                         "use 'xla' or 'auto'")
+    return impl
+
+
+def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None, implementation: str,
+                    precision: str | None = None) -> jax.Array:
+    """Causal GQA self-attention through `jax.nn.dot_product_attention`: q [B,T,H,Dh], k/v [B,T,K,Dh] -> [B,T,H,Dh].
+
+    `is_causal=True` (the kernel skips the upper triangle), and with `segment_ids` a [B,1,T,T] same-segment mask
+    (one per row, shared by the heads; cuDNN adds it as a bias) for packing and padding. Padding (segment 0)
+    attends to padding, so no row is fully masked; real tokens never see it, which is all the callers read.
+    No per-head [T,T] score tensor is materialized by the cudnn implementation."""
+    mask = None
+    if segment_ids is not None:
+        mask = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+    with jax.default_matmul_precision(precision or "default"):
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, implementation=implementation)
+
+
+def self_attention(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
+    """Full-sequence causal attention by `resolve_attention_impl(cfg)`; segment_ids None = one unpadded segment."""
+    impl = resolve_attention_impl(cfg)
+    if impl == "xla":
+        if segment_ids is None:
+            segment_ids = jnp.ones(q.shape[:2], jnp.int32)
+        return attention(q, k, v, attention_mask(segment_ids), cfg.matmul_precision)
+    return fused_attention(q, k, v, segment_ids, "cudnn" if impl == "cudnn" else "xla", cfg.matmul_precision)
+
+
+def unstack_layers(params: Params) -> Params:
+    """The same params with "layers" as a tuple of per-layer dicts (the [L,...] leaves split into L arrays).
+
+    Every model function takes either layout. Stacked layers run under `lax.scan` (compile time flat in depth:
+    training, prefill); unstacked ones run as an unrolled loop whose weights are whole buffers. Decode wants the
+    latter: XLA (CPU, and GPU without dynamic-slice fusion) copies each layer's slice of a stacked weight before
+    its matmul, so a bandwidth-bound decode step over stacked weights moves about 3x the weight bytes (the
+    unscanned-layers inference setting of MaxText, `scan_layers=False`). Costs one copy of the layer weights."""
+    layers = params["layers"]
+    if isinstance(layers, (tuple, list)):
+        return params
+    n = next(iter(layers.values())).shape[0]
+    split = jax.jit(lambda ls: tuple({k: w[i] for k, w in ls.items()} for i in range(n)))
+    return {**params, "layers": split(layers)}
+
+
+def layer_params(params: Params, i: int) -> Params:
+    """Layer i's weights from either layout (a static slice of the stacked leaves)."""
+    layers = params["layers"]
+    return layers[i] if isinstance(layers, (tuple, list)) else {k: w[i] for k, w in layers.items()}
+
+
+def _run_layers(params: Params, x: jax.Array, body, remat: bool = False):
+    """x through every layer with body(x, layer_params) -> (x, y): lax.scan over stacked layers, an unrolled loop
+    over unstacked ones. Returns (x, ys) with ys stacked over layers (None when the body returns None)."""
+    if remat:
+        body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+    layers = params["layers"]
+    if not isinstance(layers, (tuple, list)):
+        return jax.lax.scan(body, x, layers)
+    ys = []
+    for lp in layers:
+        x, y = body(x, lp)
+        ys.append(y)
+    return x, (None if ys[0] is None else jax.tree.map(lambda *a: jnp.stack(a), *ys))
+
+
 def forward_hidden(cfg: ModelConfig, params: Params, tokens, positions=None, segment_ids=None, *, remat=False):
     """tokens [B,T] -> final-normed hidden states [B,T,D] in the compute dtype."""
+    hidden, _ = _forward_kv(cfg, params, tokens, positions, segment_ids, remat=remat)
+    return hidden
+
+
+def _forward_kv(cfg, params, tokens, positions=None, segment_ids=None, *, remat=False, kv_dtype=None):
+    """forward_hidden, and with kv_dtype each layer's keys/values [L,B,K,T,Dh] (head-major, in kv_dtype)."""
     B, T = tokens.shape
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    if segment_ids is None:
-        segment_ids = jnp.ones((B, T), jnp.int32)
-    mask = attention_mask(segment_ids)
     inv_freq = jnp.asarray(rope_inv_freq(cfg))
 
     def layer(x, lp):
         lp = _cast_layer(cfg, lp)
         h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
         q, k, v = _project_qkv(cfg, lp, h, positions, inv_freq)
-        return _attn_out_and_mlp(cfg, lp, x, attention(q, k, v, mask)), None
+        x = _attn_out_and_mlp(cfg, lp, x, self_attention(cfg, q, k, v, segment_ids))
+        if kv_dtype is None:
+            return x, None
+        return x, (k.transpose(0, 2, 1, 3).astype(kv_dtype), v.transpose(0, 2, 1, 3).astype(kv_dtype))
 
-    if remat:
-        layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
-    x, _ = jax.lax.scan(layer, _embed(cfg, params, tokens), params["layers"])
-    return rms_norm(x, params["final_norm"], cfg.rms_eps)
+    x, kv = _run_layers(params, _embed(cfg, params, tokens), layer, remat)
+    return rms_norm(x, params["final_norm"], cfg.rms_eps), kv
 
 
 def forward(cfg: ModelConfig, params: Params, tokens, positions=None, segment_ids=None, *, return_hidden=False, remat=False):
@@ -235,12 +326,14 @@ def forward(cfg: ModelConfig, params: Params, tokens, positions=None, segment_id
 
 # --------------------------------------------------------------------------------------------- KV cache
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict:
-    """k/v [L,B,S,K,Dh], valid [B,S] (slot holds a real token), index (next slot to write)."""
-    dt = jnp.dtype(dtype or cfg.dtype)
-    shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
+    """k/v: tuples of L per-layer buffers [B,K,S,Dh] (head-major: the layout the attention GEMMs read, so decode
+    reads each buffer in place and writes one slot of it), valid [B,S] (slot holds a real token), index (next slot
+    to write). dtype: `dtype`, else cfg.cache_dtype, else the compute dtype."""
+    dt = jnp.dtype(dtype or cfg.cache_dtype or cfg.dtype)
+    shape = (batch, cfg.n_kv_heads, max_len, cfg.head_dim)
     return {
-        "k": jnp.zeros(shape, dt),
-        "v": jnp.zeros(shape, dt),
+        "k": tuple(jnp.zeros(shape, dt) for _ in range(cfg.n_layers)),
+        "v": tuple(jnp.zeros(shape, dt) for _ in range(cfg.n_layers)),
         "valid": jnp.zeros((batch, max_len), bool),
         "index": jnp.zeros((), jnp.int32),
     }
@@ -249,38 +342,48 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict:
 def forward_cached(cfg: ModelConfig, params: Params, tokens, positions, token_valid, cache):
     """Run T new tokens per row through the model, writing their keys/values at cache slots [index, index+T).
 
-    tokens/positions/token_valid [B,T]. A new token at slot s attends to valid slots <= s. Prefill (T = prompt
-    length) and decode (T = 1) are this one function. Returns (logits [B,T,V] float32, new cache).
+    tokens/positions/token_valid [B,T]. A new token at slot s attends to valid slots <= s. Decode (T = 1) and
+    continuing a cache with more tokens are this one function; layers run as an unrolled loop so each layer's
+    cache buffer is updated in place (dynamic_update_slice under donation) and read where it lies.
+    Returns (logits [B,T,V] float32, new cache).
     """
     B, T = tokens.shape
-    S = cache["k"].shape[2]
+    S = cache["valid"].shape[1]
     start = cache["index"]
     valid = jax.lax.dynamic_update_slice(cache["valid"], token_valid.astype(bool), (0, start))
     slots = jnp.arange(S)
     query_slots = start + jnp.arange(T)
     mask = (slots[None, :] <= query_slots[:, None])[None] & valid[:, None, :]  # [B,T,S]
     inv_freq = jnp.asarray(rope_inv_freq(cfg))
-
-    def layer(x, inputs):
-        lp, k_cache, v_cache = inputs
-        lp = _cast_layer(cfg, lp)
+    x = _embed(cfg, params, tokens)
+    ks, vs = list(cache["k"]), list(cache["v"])
+    for i in range(cfg.n_layers):
+        lp = _cast_layer(cfg, layer_params(params, i))
         h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
         q, k, v = _project_qkv(cfg, lp, h, positions, inv_freq)
-        k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, start, 0, 0))
-        v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, start, 0, 0))
-        x = _attn_out_and_mlp(cfg, lp, x, attention(q, k_cache.astype(q.dtype), v_cache.astype(q.dtype), mask))
-        return x, (k_cache, v_cache)
-
-    x, (k_new, v_new) = jax.lax.scan(layer, _embed(cfg, params, tokens), (params["layers"], cache["k"], cache["v"]))
+        ks[i] = jax.lax.dynamic_update_slice(ks[i], k.transpose(0, 2, 1, 3).astype(ks[i].dtype), (0, 0, start, 0))
+        vs[i] = jax.lax.dynamic_update_slice(vs[i], v.transpose(0, 2, 1, 3).astype(vs[i].dtype), (0, 0, start, 0))
+        x = _attn_out_and_mlp(cfg, lp, x, attend(q, ks[i], vs[i], mask, cfg.matmul_precision))
     hidden = rms_norm(x, params["final_norm"], cfg.rms_eps)
-    new_cache = {"k": k_new, "v": v_new, "valid": valid, "index": start + T}
+    new_cache = {"k": tuple(ks), "v": tuple(vs), "valid": valid, "index": start + T}
     return logits_from_hidden(cfg, params, hidden), new_cache
 
 
 def prefill(cfg: ModelConfig, params: Params, tokens, positions, token_valid, cache):
-    """Prompt pass: returns (logits of the last column [B,V], cache). Prompts are left-padded."""
-    logits, cache = forward_cached(cfg, params, tokens, positions, token_valid, cache)
-    return logits[:, -1], cache
+    """Prompt pass into an EMPTY cache (index 0): returns (logits of the last column [B,V], cache).
+
+    Prompts are left-padded; the pass is the full-sequence forward (scan over stacked layers, the fused attention
+    path where configured, attention over the T prompt tokens only: padding is segment 0), whose per-layer
+    keys/values are then written at slots [0, T)."""
+    seg = token_valid.astype(jnp.int32)
+    hidden, (k_new, v_new) = _forward_kv(cfg, params, tokens, positions, seg, kv_dtype=cache["k"][0].dtype)
+    T = tokens.shape[1]
+    put = lambda buf, new: jax.lax.dynamic_update_slice(buf, new, (0, 0, 0, 0))
+    cache = {"k": tuple(put(b, k_new[i]) for i, b in enumerate(cache["k"])),
+             "v": tuple(put(b, v_new[i]) for i, b in enumerate(cache["v"])),
+             "valid": jax.lax.dynamic_update_slice(cache["valid"], token_valid.astype(bool), (0, 0)),
+             "index": jnp.asarray(T, jnp.int32)}
+    return logits_from_hidden(cfg, params, hidden[:, -1]), cache
 
 
 def decode_step(cfg: ModelConfig, params: Params, token, position, cache):
