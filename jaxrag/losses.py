@@ -64,7 +64,7 @@ def dpo_loss(
     rejected_logps: jax.Array,
     ref_chosen_logps: jax.Array,
     ref_rejected_logps: jax.Array,
-    beta: float = 0.1,
+    beta: float,
     label_smoothing: float = 0.0,
     loss_type: str = "sigmoid",
 ) -> tuple[jax.Array, dict]:

@@ -62,7 +62,8 @@ class JaxPolicy:
 
     def __init__(self, cfg: ModelConfig, params, tokenizer, *, top_k: int = 0, top_p: float = 1.0, add_bos: bool = True, max_prompt_tokens: int | None = None,
                  share_prefix: bool = True, unstack: bool = True):
-        self.cfg, self.params, self.tokenizer = cfg, (unstack_layers(params) if unstack else params), tokenizer
+        self.cfg, self.tokenizer, self.unstack = cfg, tokenizer, unstack
+        self.params = params
         self.top_k, self.top_p, self.add_bos = top_k, top_p, add_bos
         self.max_prompt_tokens = max_prompt_tokens
         self.prompts_cut = 0
@@ -70,6 +71,17 @@ class JaxPolicy:
         self.share_prefix, self.prefill_tokens = share_prefix, 0
 
     _CACHE = 256   # encoded prompts kept between prompt_fits and generate
+
+    @property
+    def params(self):
+        """The params as given (stacked layers: what the trainer builds on); setting them (the RL loop's sync)
+        also refreshes the per-layer copy the sampler decodes with."""
+        return self._params
+
+    @params.setter
+    def params(self, value) -> None:
+        self._params = value
+        self._sample_params = unstack_layers(value) if self.unstack and value is not None else value
 
     def prompt_budget(self, max_new_tokens: int) -> int:
         limit = min(self.max_prompt_tokens or self.cfg.max_seq_len, self.cfg.max_seq_len - max_new_tokens)
@@ -111,7 +123,7 @@ class JaxPolicy:
             return []
         encoded = [self.encode_prompt(p, max_new_tokens) for p in prompts]
         sp = SamplingParams(temperature=float(temperature), top_k=self.top_k, top_p=self.top_p, max_new_tokens=max_new_tokens)
-        out = sample(self.cfg, self.params, encoded, sp, jax.random.PRNGKey(seed), stop_strings=list(stop) if stop else None,
+        out = sample(self.cfg, self._sample_params, encoded, sp, jax.random.PRNGKey(seed), stop_strings=list(stop) if stop else None,
                      tokenizer=self.tokenizer, n=n, share_prefix=self.share_prefix)
         self.prefill_tokens += out.prefill_tokens
         results: list[list[Completion]] = []

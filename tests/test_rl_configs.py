@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from jaxrag.data.synthetic.params_io import load_model, save_model
 from jaxrag.main import StageError, plan, run
 from jaxrag.models import load_hf
 
@@ -44,19 +43,18 @@ def test_arena_smoke_runs_and_ppo_is_reachable(tmp_path):
     eps = [json.loads(line) for line in (tmp_path / "grpo" / "rl" / "episodes.jsonl").read_text().splitlines()]
     assert len(eps) == 8 and all(len(e["references"]) >= 2 for e in eps)  # the dataset's own paragraphs
 
-    # PPO from the same config, starting from a jaxrag params dir (the synthetic SFT format) with a plain agent
+    # PPO from the same config, starting from the setup stage's checkpoint, with a plain agent
     cfg, params = load_hf(tmp_path / "grpo" / "setup" / "model")
-    save_model(str(tmp_path / "sft"), cfg, params)
     c = load_config("arena", "smoke")
     with c.unlocked():
         c.stages = ["rl"]
-        c.rl.policy.update(dict(path=str(tmp_path / "sft"), tokenizer=str(tmp_path / "grpo" / "setup" / "model")))
+        c.rl.policy.update(dict(path=str(tmp_path / "grpo" / "setup" / "model")))
         c.rl.agent.update(dict(name="react", mode="plain"))
         c.rl.train.loss = "ppo"
     assert run(c, tmp_path / "ppo") == ["rl"]
     m = check_run(tmp_path / "ppo" / "rl", "ppo", "react")
-    assert "ppo/vf_loss" in m[0] and (tmp_path / "ppo" / "rl" / "head.npz").is_file()
-    cfg2, params2 = load_model(str(tmp_path / "ppo" / "rl"))  # also written in the format it was read from
+    assert "ppo/vf_loss" in m[0] and (tmp_path / "ppo" / "rl" / "model" / "head.npz").is_file()
+    cfg2, params2 = load_hf(tmp_path / "ppo" / "rl" / "model")
     assert cfg2.vocab_size == cfg.vocab_size and params2["embed"].shape == params["embed"].shape
 
 

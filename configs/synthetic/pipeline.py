@@ -46,8 +46,8 @@ def get_config(preset: str = "demo"):
     c.model = dict(model_type="llama", d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, head_dim=32, d_ff=384,
                    rope_theta=10000.0, max_seq_len=320, tie_embeddings=False)
     c.sft = dict(fn=f"{P}.sft:sft_stage", agent="react", init_from="", only_correct=True, pack=True, max_len=256,
-                 eval_every=100, eval_max_sequences=256,
-                 train=trainer(loss="sft", steps=1500, batch_size=16, seq_buckets=(64, 128, 192, 256),
+                 eval_every=150, eval_max_sequences=256,
+                 train=trainer(loss="sft", steps=900, batch_size=16, seq_buckets=(64, 128, 192, 256),
                                optimizer=dict(lr=2e-3, warmup_steps=50, min_lr_ratio=0.1, weight_decay=0.01)))
     c.sft_re2search = dict(c.sft, agent="re2search", init_from="sft", eval_every=50,
                            train=trainer(loss="sft", steps=200, batch_size=16, seq_buckets=(64, 128, 192, 256),
@@ -56,10 +56,10 @@ def get_config(preset: str = "demo"):
     # Process supervision: N candidates per state from the SFT policy, scored by the world's oracle (RAG-Gym
     # collection: execute the best, keep correct trajectories); pairs (score > 0.75, < 0.5) at the same state.
     rollout_common = dict(max_steps=8, batch_size=64, max_new_tokens=40)
-    c.supervision = dict(fn=f"{P}.supervise:supervision_stage", policy="sft", agent="react", max_questions=600,
-                         n_candidates=4, temperature=1.0, outcome_threshold=0.75, agreement_questions=100,
-                         rollout_m=4, http_judge=dict(base_url="", model=""), **rollout_common)
-    pref_train = dict(steps=300, batch_size=16, seq_buckets=(128, 192, 256, 320),
+    c.supervision = dict(fn=f"{P}.supervise:supervision_stage", policy="sft", agent="react", max_questions=300,
+                         n_candidates=4, temperature=1.0, outcome_threshold=0.75, agreement_questions=50,
+                         rollout_m=2, http_judge=dict(base_url="", model=""), **rollout_common)
+    pref_train = dict(steps=150, batch_size=8, seq_buckets=(128, 192, 256, 320),
                       optimizer=dict(lr=1e-4, warmup_steps=20, min_lr_ratio=0.1))
     c.dpo = dict(fn=f"{P}.preference:preference_stage", pairs="supervision", init="sft", max_len=320,
                  train=trainer(loss="dpo", dpo=dict(beta=0.1), **pref_train))  # beta: RAG-Gym code
@@ -68,13 +68,13 @@ def get_config(preset: str = "demo"):
                         lr=3e-4, warmup_steps=20, min_lr_ratio=0.1)}))  # c = 0.01: RAG-Gym code
     # Outcome supervision at equal sampled data: SFT on the policy's own correct trajectories (rejection sampling).
     c.outcome = dict(fn=f"{P}.outcome:outcome_stage", policy="sft", budget_from="supervision", agent="react",
-                     max_questions=600, temperature=1.0, max_len=256, **rollout_common,
-                     train=trainer(loss="sft", steps=300, batch_size=16, seq_buckets=(64, 128, 192, 256),
+                     max_questions=300, temperature=1.0, max_len=256, **rollout_common,
+                     train=trainer(loss="sft", steps=150, batch_size=16, seq_buckets=(64, 128, 192, 256),
                                    optimizer=dict(lr=1e-4, warmup_steps=20, min_lr_ratio=0.1)))
     c.grpo = grpo_section(c)
     c.agreement = dict(fn=f"{P}.analysis:agreement_stage", records="supervision", critic="critic", agent="react")
-    c.bestofn = dict(fn=f"{P}.analysis:bestofn_stage", policy="sft", critic="critic", agent="react", ns=(1, 2, 4, 8),
-                     split="test", max_questions=200, temperature=1.0, **rollout_common)
+    c.bestofn = dict(fn=f"{P}.analysis:bestofn_stage", policy="sft", critic="critic", agent="react", ns=(1, 4),
+                     split="test", max_questions=100, temperature=1.0, **rollout_common)
     c.eval = dict(
         fn=f"{P}.evaluate:eval_stage", splits=("test", "heldout"), max_questions=200, max_steps=8, max_new_tokens=40,
         batch_size=128,
@@ -107,8 +107,9 @@ def grpo_section(c) -> ml_collections.ConfigDict:
     g.questions.path = "world/questions_train.jsonl"
     g.agent.name, g.agent.mode, g.agent.max_doc_chars = "react", "plain", 1000
     g.reward = "em"
-    g.rl.update(dict(steps=60, questions_per_step=16, group_size=4, temperature=1.0, max_new_tokens=40, max_steps=8,
-                     k=c.index.k, seed=c.seed))
+    g.rl.update(dict(steps=30, questions_per_step=8, group_size=4, temperature=1.0, max_new_tokens=40, max_steps=8))
+    g.rl.k = c.index.get_ref("k")  # one home: --config.index.k reaches the RL stage too
+    g.rl.seed = c.get_ref("seed")
     g.train.grpo.beta = 0.04  # ARENA's k2 settings
     g.train.grpo.kl_estimator = "k2"
     g.train.seq_buckets = (64, 128, 192, 256, 320)

@@ -2,10 +2,9 @@
 
 config.<name> (configs/arena/grpo.py, configs/smartsearch/grpo.py):
   fn         "jaxrag.pipelines.rl:rl_stage"
-  policy     path: HF checkpoint dir (jaxrag.models.load_hf) or a jaxrag params dir (model_config.json +
-             params.npz, the synthetic SFT output); "stage:<s>" = workdir/<s>/model, a relative path is under the
-             workdir. tokenizer: "" = the checkpoint dir, else a tokenizer dir / *.model. dtype ("" = checkpoint's),
-             max_prompt_tokens (0 = max_seq_len - max_new_tokens; longer prompts keep their end).
+  policy     path: a HF checkpoint dir (jaxrag.models.load_hf; every stage's model/ is one); "stage:<s>" =
+             workdir/<s>/model, a relative path is under the workdir. tokenizer: "" = the checkpoint dir, else a tokenizer dir / *.model. dtype ("" = checkpoint's),
+             max_prompt_tokens (0 = max_seq_len - max_new_tokens; agents render over-long prompts shorter).
   retriever  corpus (JSONL, BM25 built in memory over its first max_passages, 0 = all, backend bm25s | lucene) or
              index_dir (a built index, jaxrag.retrieval.load_retriever).
   questions  path (QA JSONL, jaxrag.data.qa.load_qa), select ("all", "first:N", ...), limit (0 = no limit).
@@ -14,14 +13,13 @@ config.<name> (configs/arena/grpo.py, configs/smartsearch/grpo.py):
   rl         jaxrag.rl.RLConfig fields (steps, questions_per_step, group_size, inner_steps, temperature, ...).
   train      the trainer config (loss grpo | ppo; sampling_temperature, grpo.group_size, batch_size and steps are
              set from rl: see jaxrag.rl.rl_train_config).
-Outputs under workdir/<name>/: checkpoints/, metrics.jsonl, tb/, train_config.json, episodes.jsonl, model/ (HF
-checkpoint of the trained policy, LoRA merged, + the tokenizer when it is a HF one), head.npz (ppo), summary.json;
-when the policy came from a jaxrag params dir, also model_config.json + params.npz (the synthetic eval's format).
+Outputs under workdir/<name>/: checkpoints/, metrics.jsonl, tb/, train_config.json, episodes.jsonl, model/ (the
+trained policy, LoRA merged, with its tokenizer and, for ppo, head.npz: jaxrag.pipelines.common.save_checkpoint),
+summary.json.
 
-The synthetic world (configs/synthetic/pipeline.py stages world, index, tokenizer, sft): policy.path = "sft",
-policy.tokenizer = "tokenizer/spm.model", retriever.corpus = "world/corpus.jsonl", questions.path =
-"world/questions_train.jsonl", agent name "react" in mode "plain", reward "em", rl.k = config.index.k; evaluate it
-as the system "<sys>:react:<name>".
+The synthetic world (configs/synthetic/pipeline.py: grpo_section): policy.path = "stage:sft", retriever.corpus =
+"world/corpus.jsonl", questions.path = "world/questions_train.jsonl", agent "react" in mode "plain", reward "em",
+rl.k = config.index.k; evaluated as a system whose model is this stage.
 
 `tiny_checkpoint_stage` makes the smoke variants' policy: a random Llama saved as a HF checkpoint with a small
 byte-level BPE tokenizer trained on a corpus slice (and the agents' system prompts), in workdir/<name>/model.
@@ -33,7 +31,8 @@ import json
 from pathlib import Path
 
 import jax
-import numpy as np
+
+from jaxrag.pipelines import common
 
 STAGE_FN = "rl_stage"
 
@@ -134,17 +133,9 @@ def load_policy(pc, workdir: str | Path):
 
     path = resolve_path(pc.path, workdir)
     dtype = pc.get("dtype") or None
-    params_dir = False
-    if (path / "config.json").is_file():
-        cfg, params = load_hf(path, dtype=dtype)
-    elif (path / "model_config.json").is_file():
-        from jaxrag.data.synthetic.params_io import load_model
-
-        cfg, params = load_model(str(path))
-        params_dir = True
-    else:
-        raise FileNotFoundError(f"policy.path: {path} holds neither a HF checkpoint (config.json) nor jaxrag params "
-                                f"(model_config.json)")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"policy.path: {path} is not a model checkpoint (no config.json)")
+    cfg, params = load_hf(path, dtype=dtype)
     tok_path = resolve_path(pc.tokenizer, workdir) if pc.get("tokenizer") else path
     tok = load_tokenizer(tok_path)
     if tok.vocab_size > cfg.vocab_size:
@@ -152,7 +143,7 @@ def load_policy(pc, workdir: str | Path):
                          f"vocab_size {cfg.vocab_size}")
     policy = JaxPolicy(cfg, params, tok, max_prompt_tokens=pc.get("max_prompt_tokens") or None,
                        add_bos=pc.get("add_bos", True))
-    policy.from_params_dir = params_dir
+    policy.tokenizer_path = tok_path
     return policy
 
 
@@ -180,7 +171,6 @@ def load_agent(ac, tokenizer):
 
 def rl_stage(config, workdir: str, name: str | None = None) -> None:
     from jaxrag.data.qa import load_qa
-    from jaxrag.models import save_hf
     from jaxrag.rl import RLConfig, train_rl
 
     name = stage_name(config, STAGE_FN, name)
@@ -197,16 +187,8 @@ def rl_stage(config, workdir: str, name: str | None = None) -> None:
     result = train_rl(policy, retriever, agent, questions, reward, rc, sc.train, out)
     if jax.process_index() != 0:
         return
-    params = jax.device_get(result.params)
-    save_hf(policy.cfg, params, out / "model")
-    if getattr(policy, "from_params_dir", False):
-        from jaxrag.data.synthetic.params_io import save_model
-
-        save_model(str(out), policy.cfg, params)
-    if hasattr(policy.tokenizer, "tok"):  # a HF tokenizer: the model dir is then a complete checkpoint
-        policy.tokenizer.tok.save_pretrained(str(out / "model"))
-    if result.head is not None:
-        np.savez(out / "head.npz", **jax.device_get(result.head))
+    common.save_checkpoint(common.model_dir(workdir, name), policy.cfg, result.params, policy.tokenizer_path,
+                           head=result.head)
     history = result.history
     summary = {"stage": name, "rl_steps": result.step, "optimizer_steps": result.step * rc.inner_steps,
                "loss": sc.train.loss, "agent": sc.agent.name, "reward": reward, "questions": len(questions),

@@ -28,6 +28,7 @@ from jaxrag.pipelines.common import load_checkpoint, model_dir, resolve, save_ch
 from jaxrag.train import config as tconfig
 from jaxrag.train.batching import BatchStream, Group, PreferencePair, SFTExample, group_batch, pair_batch, sft_batch
 from jaxrag.train.loop import fit, save_summary
+from jaxrag.train.objectives import OBJECTIVES
 
 
 class DataError(ValueError):
@@ -102,18 +103,18 @@ def _tokenizer(config, stage):
     return load_tokenizer(path)
 
 
-# The record layout and batch maker of each loss's data.
-LAYOUTS = {"sft": ("sft", sft_batch), "dpo": ("pairs", pair_batch), "bt": ("pairs", pair_batch),
-           "grpo": ("groups", group_batch)}
+# The JSONL record kind and batch maker of each batch layout of the loss table (jaxrag.train.objectives).
+LAYOUTS = {"sft": ("sft", sft_batch), "pairs": ("pairs", pair_batch), "groups": ("groups", group_batch)}
 
 
 def train_stage(config, workdir: str, name: str) -> None:
     sc = config[name]
     tc = tconfig.resolve(sc.train)
-    if tc.loss not in LAYOUTS:
-        raise DataError(f"config.{name}.train.loss={tc.loss!r}: no file layout for it here ({sorted(LAYOUTS)}); "
-                        "online losses train in the rl stage")
-    kind, make = LAYOUTS[tc.loss]
+    layout = OBJECTIVES[tc.loss].layout
+    if layout not in LAYOUTS:
+        raise DataError(f"config.{name}.train.loss={tc.loss!r}: its '{layout}' batches are not read from files; "
+                        "train it online in the rl stage (jaxrag.pipelines.rl)")
+    kind, make = LAYOUTS[layout]
     cfg, params = load_model(config, name, workdir)
     tok = _tokenizer(config, name)
     examples = load_examples(kind, resolve(sc.data, workdir), tok, cfg.vocab_size)

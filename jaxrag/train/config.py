@@ -9,8 +9,9 @@ from __future__ import annotations
 import ml_collections
 
 from jaxrag import losses
+from jaxrag.train.objectives import OBJECTIVES
 
-LOSSES = ("sft", "dpo", "bt", "grpo", "ppo")
+LOSSES = tuple(OBJECTIVES)  # the loss table (jaxrag/train/objectives.py) is the one list of losses
 
 
 def default_train_config() -> ml_collections.ConfigDict:

@@ -11,9 +11,7 @@ import numpy as np
 from jaxrag import sharding as shd
 from jaxrag.models import critic_init, param_logical_axes
 from jaxrag.models.lora import init_lora, lora_logical_axes
-
-NEEDS_HEAD = ("bt", "ppo")
-NEEDS_REFERENCE = ("dpo", "grpo")
+from jaxrag.train.objectives import objective
 
 
 def split_params(mcfg, tc, params, head=None, ref_params=None, key=None) -> tuple[dict, dict, dict, dict]:
@@ -28,12 +26,11 @@ def split_params(mcfg, tc, params, head=None, ref_params=None, key=None) -> tupl
         frozen["base"], f_axes["base"] = params, axes
     else:
         trainable["model"], t_axes["model"] = params, axes
-        wants_ref = tc.loss == "dpo" or (tc.loss == "grpo" and tc.grpo.beta > 0)
-        if wants_ref:
+        if objective(tc).needs_ref(tc):
             # a copy: the trainable buffers are donated to the step, the reference must outlive them
             ref = params if ref_params is None else ref_params
             frozen["ref"], f_axes["ref"] = jax.tree.map(np.array, jax.device_get(ref)), axes
-    if tc.loss in NEEDS_HEAD:
+    if objective(tc).needs_head:
         trainable["head"] = critic_init(mcfg, k_head) if head is None else head
         t_axes["head"] = {"w": ("embed",), "b": ()}
     return trainable, frozen, t_axes, f_axes

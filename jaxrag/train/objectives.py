@@ -1,0 +1,230 @@
+"""The loss table: every objective the trainer knows, in one place.
+
+Adding a loss = one `Objective` entry below plus its pure function in jaxrag/losses.py (and its hyperparameter
+section in jaxrag/train/config.py). Each entry says:
+  layout     the batch layout it trains on (jaxrag.train.batching: "sft" | "pairs" | "groups" | "ppo")
+  make       (mcfg, tc) -> loss_fn(trainable, frozen, batch, rng) -> (loss, metrics)
+  needs_ref  tc -> whether a frozen reference policy is kept (full fine-tune; with LoRA the base is the reference)
+  needs_head whether a scalar critic/value head is trained with it
+  prepare    (tc, batch) -> (batch, metrics): whole-batch quantities before microbatching (advantages, GAE)
+
+trainable: {"model": params} (full fine-tune) or {"lora": adapters}, plus {"head": critic/value head}.
+frozen:    {"base": params} with LoRA (the reference = base, adapters off), {"ref": params} for a full fine-tune
+           whose loss needs an online reference, else {}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from jaxrag import losses
+from jaxrag.models import critic_scores, forward
+from jaxrag.models.lora import apply_lora
+
+
+def policy_params(trainable, frozen, tc, rng):
+    if "lora" in trainable:
+        scale = tc.lora.alpha / tc.lora.rank
+        return apply_lora(frozen["base"], trainable["lora"], scale, dropout=tc.lora.dropout, rng=rng)
+    return trainable["model"]
+
+
+def reference_params(trainable, frozen):
+    ref = frozen.get("base", frozen.get("ref"))
+    if ref is None:
+        raise ValueError("this loss needs reference log-probs: put them in the batch or pass reference params")
+    return jax.lax.stop_gradient(ref)
+
+
+def sampled_logprobs(logits, tokens, temperature: float):
+    """Token log-probs under the sampling distribution log_softmax(logits / T) (what jaxrag.generate records)."""
+    return losses.token_logprobs(logits if temperature == 1.0 else logits / temperature, tokens)
+
+
+def token_values(hidden, head):
+    """Value head per token, aligned with token_logprobs: entry t = V(tokens[<t]) read from the hidden state at
+    t-1 (the state in which token t was chosen); entry 0 = 0. hidden [B,T,D] -> [B,T] float32."""
+    v = hidden.astype(jnp.float32) @ head["w"].astype(jnp.float32) + head["b"].astype(jnp.float32)
+    return jnp.pad(v[:, :-1], ((0, 0), (1, 0)))
+
+
+def make_score_fn(mcfg, tc) -> Callable:
+    """(trainable, frozen, batch) -> (logp[B,T] at train.sampling_temperature, values[B,T] or None): the policy's
+    own log-probs and (ppo) value estimates of a batch, computed exactly as the grpo/ppo losses compute them."""
+
+    def score(trainable, frozen, batch):
+        tok, pos, seg = (batch[k] for k in ("tokens", "positions", "segment_ids"))
+        p = policy_params(trainable, frozen, tc, None)
+        logits, hidden = forward(mcfg, p, tok, pos, seg, return_hidden=True)
+        values = token_values(hidden, trainable["head"]) if "head" in trainable else None
+        return sampled_logprobs(logits, tok, tc.sampling_temperature), values
+
+    return score
+
+
+def _fwd(mcfg, tc):
+    return lambda p, tok, pos, seg: forward(mcfg, p, tok, pos, seg, remat=bool(tc.remat))
+
+
+def _ratio_max_dev(logp, old, mask):  # max |π/π_old - 1| over action tokens: 0 on the first inner step
+    return jnp.max(jnp.abs(jnp.exp(jax.lax.stop_gradient(logp) - old) - 1.0) * mask)
+
+
+def _flat(batch, keys=("tokens", "positions", "segment_ids", "loss_mask")):
+    """[B,2,T] pair layout -> [2B,T] (row 2i chosen, 2i+1 rejected)."""
+    return [batch[k].reshape(-1, batch[k].shape[-1]) for k in keys]
+
+
+# ------------------------------------------------------------------------------------------------ the losses
+def sft_objective(mcfg, tc):
+    fwd = _fwd(mcfg, tc)
+
+    def sft(trainable, frozen, batch, rng):
+        p = policy_params(trainable, frozen, tc, rng)
+        logp = losses.token_logprobs(fwd(p, batch["tokens"], batch["positions"], batch["segment_ids"]), batch["tokens"])
+        return losses.sft_loss(logp, batch["loss_mask"], tc.sft.reduction)
+
+    return sft
+
+
+def dpo_objective(mcfg, tc):
+    fwd = _fwd(mcfg, tc)
+
+    def dpo(trainable, frozen, batch, rng):
+        tok, pos, seg, mask = _flat(batch)
+        p = policy_params(trainable, frozen, tc, rng)
+        seq = losses.sequence_logprobs(fwd(p, tok, pos, seg), tok, mask).reshape(-1, 2)
+        if "ref_logps" in batch:
+            ref = batch["ref_logps"]
+        else:
+            ref = losses.sequence_logprobs(fwd(reference_params(trainable, frozen), tok, pos, seg), tok, mask).reshape(-1, 2)
+        return losses.dpo_loss(seq[:, 0], seq[:, 1], ref[:, 0], ref[:, 1], tc.dpo.beta, tc.dpo.label_smoothing,
+                               tc.dpo.loss_type)
+
+    return dpo
+
+
+def bt_objective(mcfg, tc):
+    def bt(trainable, frozen, batch, rng):
+        tok, pos, seg = _flat(batch, ("tokens", "positions", "segment_ids"))
+        p = policy_params(trainable, frozen, tc, rng)
+        scores = critic_scores(mcfg, p, trainable["head"], tok, pos, seg, batch["read_index"].reshape(-1),
+                               remat=bool(tc.remat))
+        scores = scores.reshape(-1, 2)
+        return losses.bradley_terry_loss(scores[:, 0], scores[:, 1], tc.bt.center_coef)
+
+    return bt
+
+
+def grpo_objective(mcfg, tc):
+    fwd, temp = _fwd(mcfg, tc), float(tc.sampling_temperature)
+
+    def grpo(trainable, frozen, batch, rng):
+        tok, pos, seg, mask = (batch[k] for k in ("tokens", "positions", "segment_ids", "loss_mask"))
+        p = policy_params(trainable, frozen, tc, rng)
+        logp = sampled_logprobs(fwd(p, tok, pos, seg), tok, temp)
+        old = batch["old_logp"] if "old_logp" in batch else jax.lax.stop_gradient(logp)
+        if "ref_logp" in batch:
+            ref = batch["ref_logp"]
+        elif tc.grpo.beta == 0:
+            ref = jax.lax.stop_gradient(logp)
+        else:
+            ref = sampled_logprobs(fwd(reference_params(trainable, frozen), tok, pos, seg), tok, temp)
+        clamp = tc.grpo.kl_clamp if tc.grpo.kl_clamp > 0 else None
+        loss, m = losses.grpo_loss(logp, old, ref, mask, batch["advantages"], tc.grpo.clip_eps, tc.grpo.beta,
+                                   tc.grpo.kl_estimator, tc.grpo.aggregation, clamp, batch.get("token_weight"))
+        m["ratio_max_dev"] = _ratio_max_dev(logp, old, mask)
+        return loss, m
+
+    return grpo
+
+
+def ppo_objective(mcfg, tc):
+    temp = float(tc.sampling_temperature)
+
+    def ppo(trainable, frozen, batch, rng):
+        tok, pos, seg, mask = (batch[k] for k in ("tokens", "positions", "segment_ids", "loss_mask"))
+        p = policy_params(trainable, frozen, tc, rng)
+        logits, hidden = forward(mcfg, p, tok, pos, seg, return_hidden=True, remat=bool(tc.remat))
+        values = token_values(hidden, trainable["head"])
+        logp = sampled_logprobs(logits, tok, temp)
+        # batches with token_weight come from jaxrag.rl, which whitens advantages over the whole batch itself
+        whiten = tc.ppo.whiten and "token_weight" not in batch
+        loss, m = losses.ppo_loss(logp, batch["old_logp"], mask, batch["advantages"], values, batch["old_values"],
+                                  batch["returns"], tc.ppo.clip_eps, tc.ppo.value_clip_eps, tc.ppo.vf_coef, whiten,
+                                  batch.get("token_weight"))
+        for name in losses.KL_ESTIMATORS:  # drift from the behaviour policy, every estimator
+            m[f"kl/{name}"] = losses._masked_mean(
+                jax.lax.stop_gradient(losses.kl_penalty(logp, batch["old_logp"], name)), mask)
+        m["ratio_max_dev"] = _ratio_max_dev(logp, batch["old_logp"], mask)
+        return loss, m
+
+    return ppo
+
+
+# ------------------------------------------------------------------------------------- whole-batch preparation
+def grpo_prepare(tc, batch):
+    """Group-normalized advantages from per-row rewards, unless the batch brings its own (the RL loop)."""
+    if "advantages" in batch:
+        return batch, {}
+    r = batch["rewards"]
+    adv = losses.group_advantages(r, tc.grpo.group_size, tc.grpo.adv_eps, tc.grpo.std_ddof)
+    return {**batch, "advantages": adv}, {"reward/mean": jnp.mean(r), "reward/std": jnp.std(r)}
+
+
+def ppo_prepare(tc, batch):
+    """GAE over per-token rewards, unless the batch brings its own advantages and returns (the RL loop)."""
+    if "advantages" in batch:
+        return batch, {}
+    adv, ret = losses.gae(batch["rewards"], batch["old_values"], batch["loss_mask"], tc.ppo.gamma, tc.ppo.lam)
+    per_seq = jnp.sum(batch["rewards"], axis=-1)
+    return {**batch, "advantages": adv, "returns": ret}, {"reward/mean": jnp.mean(per_seq), "reward/std": jnp.std(per_seq)}
+
+
+# ---------------------------------------------------------------------------------------------------- the table
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    name: str
+    layout: str
+    make: Callable
+    needs_ref: Callable = lambda tc: False
+    needs_head: bool = False
+    prepare: Callable | None = None
+
+
+OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
+    Objective("sft", "sft", sft_objective),
+    Objective("dpo", "pairs", dpo_objective, needs_ref=lambda tc: True),
+    Objective("bt", "pairs", bt_objective, needs_head=True),
+    Objective("grpo", "groups", grpo_objective, needs_ref=lambda tc: tc.grpo.beta > 0, prepare=grpo_prepare),
+    Objective("ppo", "ppo", ppo_objective, needs_head=True, prepare=ppo_prepare),
+)}
+
+
+def objective(tc) -> Objective:
+    if tc.loss not in OBJECTIVES:
+        raise ValueError(f"train config: loss: {tc.loss!r} is not one of {tuple(OBJECTIVES)}")
+    return OBJECTIVES[tc.loss]
+
+
+def make_loss_fn(mcfg, tc) -> Callable:
+    return objective(tc).make(mcfg, tc)
+
+
+def make_prepare(tc) -> Callable:
+    """Whole-batch quantities computed before microbatching -> (batch, metrics). "token_weight" (aggregation weights
+    normalized over the whole batch, from the RL loop) is scaled by grad_accum, since the step averages the
+    microbatch gradients: the accumulated gradient then equals the full-batch gradient exactly."""
+    obj, accum = objective(tc), int(tc.grad_accum)
+
+    def prepare(batch):
+        batch, m = obj.prepare(tc, batch) if obj.prepare is not None else (batch, {})
+        if "token_weight" in batch and accum > 1:
+            batch = {**batch, "token_weight": batch["token_weight"] * accum}
+        return batch, m
+
+    return prepare
