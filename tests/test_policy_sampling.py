@@ -18,4 +18,5 @@ def test_n_samples_share_one_prefill_and_equal_the_replicate_path():
             assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-5
     # 2 distinct prompts (2 rows) vs 8 replicated rows, same padded length: a quarter of the prefill
     assert shared.prefill_tokens * 4 == replicate.prefill_tokens
-    assert isinstance(shared.params["layers"], tuple)  # decode reads per-layer weight buffers
+    assert isinstance(shared._sample_params["layers"], tuple)  # decode reads per-layer weight buffers
+    assert not isinstance(shared.params["layers"], tuple)  # the trainer's stacked layout is what `params` gives
