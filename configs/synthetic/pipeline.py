@@ -68,7 +68,7 @@ def get_config(preset: str = "demo"):
                         lr=3e-4, warmup_steps=20, min_lr_ratio=0.1)}))  # c = 0.01: RAG-Gym code
     # Outcome supervision at equal sampled data: SFT on the policy's own correct trajectories (rejection sampling).
     c.outcome = dict(fn=f"{P}.outcome:outcome_stage", policy="sft", budget_from="supervision", agent="react",
-                     max_questions=300, temperature=1.0, max_len=256, **rollout_common,
+                     max_questions=300, keep_f1=1.0, temperature=1.0, max_len=256, **rollout_common,
                      train=trainer(loss="sft", steps=150, batch_size=16, seq_buckets=(64, 128, 192, 256),
                                    optimizer=dict(lr=1e-4, warmup_steps=20, min_lr_ratio=0.1)))
     c.grpo = grpo_section(c)
@@ -138,7 +138,8 @@ def apply_tiny(c) -> None:
     # keep every trajectory's states (not only correct ones): a weak tiny policy still yields pairs to train on
     c.supervision.update(dict(max_questions=16, agreement_questions=6, rollout_m=2, max_steps=4, max_new_tokens=16,
                               outcome_threshold=-1.0))
-    c.outcome.update(dict(max_questions=16, max_steps=4, max_new_tokens=16))
+    # keep every sampled trajectory: a weak tiny policy may answer none right, and the wiring must still run
+    c.outcome.update(dict(max_questions=16, max_steps=4, max_new_tokens=16, keep_f1=0.0))
     c.bestofn.update(dict(ns=(1, 2), max_questions=8, max_steps=4, max_new_tokens=16))
     c.grpo.rl.update(dict(steps=2, questions_per_step=4, group_size=2, max_steps=4, max_new_tokens=16))
     c.grpo.train.progress = False

@@ -3,7 +3,8 @@ trajectories), so that "process beats outcome supervision" is tested, not assume
 
 config[name]: policy (the stage whose model samples and is fine-tuned), budget_from (the supervision stage: its
 stats.json says how many actions it sampled; this stage samples as many, in whole trajectories), agent,
-max_questions (the same seeded train subset as the supervision stage), temperature, max_steps, batch_size,
+max_questions (the same seeded train subset as the supervision stage), keep_f1 (a trajectory is kept when its
+answer's F1 >= keep_f1; 1.0 = exactly right), temperature, max_steps, batch_size,
 max_new_tokens, max_len, and `train` (loss "sft"). Outputs: episodes.jsonl, model/, metrics.jsonl, summary.json.
 """
 
@@ -21,7 +22,7 @@ def outcome_stage(config, workdir, name) -> None:
     from jaxrag.env.agents import get_agent
     from jaxrag.env.mdp import write_episodes
     from jaxrag.env.rollout import RolloutConfig, rollout
-    from jaxrag.metrics import exact_match
+    from jaxrag.metrics import f1_score
     from jaxrag.train import config as tconfig
     from jaxrag.train.loop import fit
 
@@ -44,7 +45,7 @@ def outcome_stage(config, workdir, name) -> None:
             sampled += len(ep.steps)
         rounds += 1
     write_episodes(out / "episodes.jsonl", episodes)
-    correct = [e for e in episodes if exact_match(e.answer, e.gold) > 0]
+    correct = [e for e in episodes if f1_score(e.answer, e.gold) >= s.keep_f1]
     if not correct:
         raise ValueError(f"{name}: none of {len(episodes)} sampled trajectories is correct; nothing to train on")
     tc = tconfig.resolve(s.train)
