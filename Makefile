@@ -32,7 +32,7 @@ test: install-dev
 	$(PY) -m pytest -q tests
 
 bench: install-dev
-	for b in model train retrieval rollout; do $(PY) -m jaxrag.bench.$$b || exit 1; done
+	for b in model train retrieval rollout supervision rl; do $(PY) -m jaxrag.bench.$$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) runs
