@@ -47,7 +47,9 @@ class ScriptedActions:
 
     cfg = property(lambda self: self.inner.cfg, lambda self, v: setattr(self.inner, "cfg", v))
     params = property(lambda self: self.inner.params, lambda self, v: setattr(self.inner, "params", v))
-    tokenizer = property(lambda self: self.inner.tokenizer)
+
+    def __getattr__(self, name):  # tokenizer, prompt_fits, prompt_budget, ...
+        return getattr(self.inner, name)
 
     def generate(self, prompts, **kw):
         from jaxrag.policy import Completion

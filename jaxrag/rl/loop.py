@@ -27,6 +27,7 @@ summaries, retrieval, scoring, training, host) and throughput (episodes_per_s, t
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from pathlib import Path
@@ -44,7 +45,8 @@ from jaxrag.rl.config import RLConfig, rl_train_config
 from jaxrag.supervision.rewards import Reward, reward_fn
 from jaxrag.train.batching import BatchStream
 from jaxrag.train.checkpoint import Checkpointer
-from jaxrag.train.loop import NonFiniteLoss, build
+from jaxrag.train.loop import RESUMABLE as RESUMABLE_TRAIN
+from jaxrag.train.loop import ConfigChanged, NonFiniteLoss, build, changed_keys
 from jaxrag.train.metrics_log import MetricsWriter, flatten_metrics
 from jaxrag.train.state import abstract_state, init_state, put
 from jaxrag.train.steps import make_score_fn
@@ -149,11 +151,30 @@ def build_batches(episodes: Sequence[Episode], rewards: Sequence[Reward], rc: RL
     return batches, info
 
 
+RESUMABLE = tuple(f"train.{k}" for k in RESUMABLE_TRAIN) + ("rl.steps", "rl.save_episodes")
+
+
+def check_resumable(workdir: Path, settings: dict, ckpt: Checkpointer) -> None:
+    """A checkpoint resumes only under the settings it was trained with (rl_settings.json), up to RESUMABLE keys
+    (more steps, logging, checkpoint cadence): anything else raises ConfigChanged naming the keys."""
+    saved = workdir / "rl_settings.json"
+    if not saved.exists():
+        return
+    diff = changed_keys(json.loads(saved.read_text()), settings, ignore=RESUMABLE)
+    if diff:
+        ckpt.close()
+        raise ConfigChanged(f"{workdir}/checkpoints was trained with other settings ({', '.join(diff)} differ; see "
+                            f"{saved}); remove the checkpoints to start over")
+
+
 def check_row_budget(policy, rc: RLConfig, tc) -> None:
     """The longest row the sampler can produce (prompt limit + max_new_tokens) must fit the largest sequence bucket:
     fail before any compute, not at the first long prompt."""
-    limit = min(getattr(policy, "max_prompt_tokens", None) or policy.cfg.max_seq_len,
-                policy.cfg.max_seq_len - rc.max_new_tokens)
+    if hasattr(policy, "prompt_budget"):
+        limit = policy.prompt_budget(rc.max_new_tokens)
+    else:
+        limit = min(getattr(policy, "max_prompt_tokens", None) or policy.cfg.max_seq_len,
+                    policy.cfg.max_seq_len - rc.max_new_tokens)
     longest = limit + rc.max_new_tokens
     if longest > max(tc.seq_buckets):
         raise ValueError(f"train config: seq_buckets: the largest bucket {max(tc.seq_buckets)} is shorter than the "
@@ -183,7 +204,8 @@ def train_rl(
     Episode -> Reward. train_config: the trainer's config (loss "grpo" | "ppo"; see rl_train_config for the keys
     the RL loop sets). step_rewards (PPO): episodes -> per-step rewards (e.g. a PRM), placed at each action's last
     token instead of the outcome at the last one. summarizer: the policy of summary generations (default: policy).
-    workdir: checkpoints/, metrics.jsonl, tb/, train_config.json, episodes.jsonl; None = no files, no resume.
+    workdir: checkpoints/, metrics.jsonl, tb/, train_config.json, rl_settings.json, episodes.jsonl; None = no
+    files, no resume. A checkpoint resumes only under its own settings (check_resumable).
     """
     rc.validate()
     tc = rl_train_config(rc, train_config)
@@ -203,14 +225,17 @@ def train_rl(
     if workdir is not None:
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
-        if jax.process_index() == 0:
-            (workdir / "train_config.json").write_text(tc.to_json(indent=2))
+        settings = {"train": tc.to_dict(), "rl": dataclasses.asdict(rc)}
         if tc.checkpoint.enabled:
             ckpt = Checkpointer(workdir / "checkpoints", keep=tc.checkpoint.keep, async_save=tc.checkpoint.async_save)
         if ckpt is not None and resume and ckpt.latest_step() is not None:
+            check_resumable(workdir, settings, ckpt)
             target = abstract_state(tr.tx, shd.abstract(tr.trainable), tr.state_sh, tc.seed)
             state, meta = ckpt.restore(target)
             start = int(meta["data_position"])
+        if jax.process_index() == 0:
+            (workdir / "train_config.json").write_text(tc.to_json(indent=2))
+            (workdir / "rl_settings.json").write_text(json.dumps(settings, indent=1))
 
     stream = question_stream(questions, rc)
     writer = MetricsWriter(workdir, rc.steps, start, progress=tc.progress if progress is None else progress)
