@@ -1,12 +1,15 @@
 """train_rl end to end in the tiny world: GRPO raises the reward with the sampler on the trainer's live params, and
 the first RL step's loss / advantages equal the values computed by hand from the logged episodes."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from rl_world import QUESTIONS, world
 
 from jaxrag.env.mdp import read_episodes
 from jaxrag.rl import RLConfig, train_rl
+from jaxrag.train.loop import ConfigChanged
 from jaxrag.train.metrics_log import read_metrics
 
 
@@ -55,6 +58,11 @@ def test_first_step_loss_and_advantages_match_hand_values(tmp_path):
     assert m["kl/k2"] < 1e-9 and m["ratio_max_dev"] < 1e-3
     assert m["last_inner/ratio_max_dev"] > 1e-3  # the second inner step sees the first one's update
     assert (tmp_path / "checkpoints" / "1").is_dir()
+    # the checkpoint resumes only under its own settings: another beta or group size is refused, naming the keys
+    changed = {**tc, "grpo": {"beta": 0.1, "aggregation": "token_mean"}}
+    with pytest.raises(ConfigChanged, match=r"rl.group_size, train.batch_size, train.grpo.beta, train.grpo.group_size"):
+        train_rl(policy, retriever, agent, QUESTIONS, "test_ascii", dataclasses.replace(rc, group_size=2), changed,
+                 tmp_path)
 
 
 def test_rows_that_cannot_fit_the_buckets_fail_before_any_compute():
