@@ -232,6 +232,7 @@ def tiny_checkpoint_stage(config, workdir: str, name: str | None = None) -> None
     texts += [arena.SYSTEM, smartsearch.SYSTEM]
     tok = train_byte_bpe(texts, sc.vocab_size, out)
     arch = dict(sc.arch.to_dict())
-    cfg = ModelConfig(**{**arch, "vocab_size": len(tok),  # the tokenizer's size wins over arch.vocab_size "bos_id": tok.bos_token_id, "eos_ids": (tok.eos_token_id,),
+    # the tokenizer's size and special ids win over arch's
+    cfg = ModelConfig(**{**arch, "vocab_size": len(tok), "bos_id": tok.bos_token_id, "eos_ids": (tok.eos_token_id,),
                          "pad_id": tok.pad_token_id})
     save_hf(cfg, init_params(cfg, jax.random.PRNGKey(sc.seed)), out)

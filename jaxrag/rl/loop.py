@@ -301,8 +301,9 @@ def train_rl(
                         st.prompt_ids = []  # reproducible from the prompt text; keeps the file small
                 write_episodes(workdir / "episodes.jsonl", episodes, append=True)
             if ckpt is not None and (step % tc.checkpoint.every_steps == 0 or step == rc.steps):
-                ckpt.save(step, state, {"step": step, "data_position": step, "optimizer_step": step * rc.updates_per_step,
-                                        "loss": metrics["loss"]})
+                meta = {"step": step, "data_position": step, "optimizer_step": step * rc.updates_per_step,
+                        "loss": metrics["loss"]}
+                ckpt.save(step, state, meta)
         else:
             step = rc.steps
     finally:
