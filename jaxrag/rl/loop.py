@@ -274,7 +274,9 @@ def train_rl(
     score_jit = jax.jit(make_score_fn(tr.mcfg, tc))
     rep = shd.replicated(tr.mesh)
     grad_jit = jax.jit(make_grad_fn(tr.mcfg, tc), out_shardings=(tr.state_sh["trainable"], rep))
-    apply_jit = jax.jit(make_apply_fn(tr.tx, tr.schedule), out_shardings=(tr.state_sh, rep), donate_argnums=(0, 1))
+    apply_jit = jax.jit(make_apply_fn(tr.tx, tr.schedule), out_shardings=(tr.state_sh, rep), donate_argnums=(0,))
+
+    seen_shapes: set = set()
 
     def update(state, subs: list[dict]):
         """One optimizer step over the sub-batches of an update -> (state, flat metrics)."""
@@ -329,6 +331,9 @@ def train_rl(
                 step_rewards=step_rewards(episodes) if step_rewards is not None else None,
                 score=lambda b: score_jit(state["trainable"], frozen, shd.shard_batch(tr.mesh, b)))
             host_s = time.perf_counter() - t_host - info.get("time/scoring_s", 0.0)
+            shapes = {(len(subs) > 1, b["tokens"].shape) for subs in batches for b in subs}
+            info["train/new_shapes"] = len(shapes - seen_shapes)  # each one compiles the train step once
+            seen_shapes |= shapes
 
             t_train = time.perf_counter()
             inner = []
