@@ -8,7 +8,6 @@ from rl_world import QUESTIONS, world
 
 from jaxrag.env.rollout import RolloutConfig, rollout
 from jaxrag.rl import rows as R
-from jaxrag.rl.loop import stack_layers
 from jaxrag.train import config as tconfig
 from jaxrag.train.loop import build
 from jaxrag.train.state import init_state, put
@@ -65,7 +64,7 @@ def test_ratio_is_one_on_the_first_inner_step_only(multi_turn):
     tc = tconfig.resolve({"loss": "grpo", "sampling_temperature": T_LOW, "seq_buckets": BUCKETS, "batch_size": 6,
                           "grpo": {"group_size": 2, "aggregation": "token_mean"}, "optimizer": {"lr": 1e-2},
                           "progress": False})
-    tr = build(policy.cfg, stack_layers(policy.params), tc)
+    tr = build(policy.cfg, policy.params, tc)
     state = init_state(put(tr.trainable, tr.state_sh["trainable"]), tr.tx, 0, tr.state_sh)
     frozen = put(tr.frozen, tr.frozen_sh)
     adv = R.group_advantages(eps, [float(len(e.steps)) + 0.1 * i for i, e in enumerate(eps)], 2)

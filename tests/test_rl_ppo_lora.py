@@ -8,7 +8,6 @@ from rl_world import QUESTIONS, world
 from jaxrag.models import critic_init
 from jaxrag.models.lora import merge
 from jaxrag.rl import RLConfig, train_rl
-from jaxrag.rl.loop import stack_layers
 
 RC = RLConfig(steps=2, questions_per_step=2, group_size=4, temperature=1.0, max_new_tokens=4, max_steps=2, k=1, seed=4)
 TC = {"seq_buckets": (256,), "optimizer": {"lr": 1e-2}, "progress": False}
@@ -29,14 +28,14 @@ def test_ppo_trains_the_policy_and_its_value_head():
 
 def test_lora_sampler_gets_the_merged_adapters_every_step():
     policy, retriever, agent = world(seed=3)
-    base = jax.tree.map(np.array, stack_layers(policy.params))
+    base = jax.tree.map(np.array, policy.params)
     lora = {"enabled": True, "rank": 4, "alpha": 8.0, "targets": ("q", "v")}
     res = train_rl(policy, retriever, agent, QUESTIONS, "test_ascii", RC, {**TC, "loss": "grpo", "lora": lora})
     assert all(m["sync/lora_merge"] == 1.0 for m in res.history)
     assert res.history[0]["kl/k2"] < 1e-9  # adapters start at zero: policy == reference (base, adapters off)
     assert res.history[0]["grad_norm"] > 0 and res.history[1]["kl/k2"] > 0
     want = merge(base, res.adapters, 8.0 / 4)
-    sampler = stack_layers(policy.params)
+    sampler = policy.params
     for x, y in zip(jax.tree.leaves(sampler), jax.tree.leaves(want)):
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
     assert not np.allclose(sampler["layers"]["wq"], base["layers"]["wq"])

@@ -7,9 +7,8 @@ Each RL step t (1-based):
    run sees the same questions;
 2. sampling: each question is passed G times to `jaxrag.env.rollout.rollout` (one sample per row, multi-turn, live
    retriever, temperature rc.temperature, sampling keys from (seed, t)) with the CURRENT params: after every update
-   the JaxPolicy gets the trainer's own arrays (full fine-tune, stacked layers) or an explicit, logged copy of them
-   (sync/lora_merge: base + adapters merged; sync/unstack: per-layer buffers, when the policy decodes over
-   unstacked layers; time/sync_s) — never a stale copy;
+   the JaxPolicy gets the trainer's own arrays (full fine-tune) or base + adapters merged (LoRA, sync/lora_merge);
+   the assignment refreshes its per-layer decode copy (JaxPolicy.params; time/sync_s) — never a stale copy;
 3. rewards: the named reward function (jaxrag.supervision.rewards.reward_fn) per episode, total + components;
 4. rows (jaxrag.rl.rows): one row per generated action from exactly the ids the sampler saw; GRPO: group-normalized
    advantages per question + aggregation weights; PPO: the value head scores the rows, GAE along each trajectory;
@@ -75,37 +74,13 @@ def rollout_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step * 10_007) % (2**31 - 1)
 
 
-def stack_layers(params):
-    """The trainer's layout: "layers" as [L, ...] leaves (the inverse of jaxrag.models.unstack_layers, the layout a
-    JaxPolicy may hold for decoding)."""
-    layers = params["layers"]
-    if isinstance(layers, (tuple, list)):
-        return {**params, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
-    return params
-
-
-@jax.jit
-def _split_layers(layers: dict) -> tuple:
-    """[L, ...] leaves -> L per-layer dicts (models.unstack_layers' layout), compiled once per shape: new buffers,
-    so the trainer's own (donated) arrays are never the sampler's."""
-    n = next(iter(layers.values())).shape[0]
-    return tuple({k: w[i] for k, w in layers.items()} for i in range(n))
-
-
-def policy_params(state: dict, frozen: dict, tc, unstack: bool) -> tuple[Any, str]:
-    """The params the sampler must use now and how they were made: "shared" (the trainer's own arrays), or a
-    logged sync: "lora_merge" (base + adapters merged) and/or "unstack" (per-layer buffers for decoding)."""
+def policy_params(state: dict, frozen: dict, tc) -> tuple[Any, str]:
+    """The params the sampler must use now: "shared" (the trainer's own arrays, full fine-tune) or "lora_merge"
+    (base + adapters merged). Assigning them to JaxPolicy.params also refreshes its per-layer decode copy."""
     tr = state["trainable"]
-    how = []
     if "lora" in tr:
-        params = merge(frozen["base"], tr["lora"], tc.lora.alpha / tc.lora.rank)
-        how.append("lora_merge")
-    else:
-        params = tr["model"]
-    if unstack:
-        params = {**params, "layers": _split_layers(params["layers"])}
-        how.append("unstack")
-    return params, "+".join(how) or "shared"
+        return merge(frozen["base"], tr["lora"], tc.lora.alpha / tc.lora.rank), "lora_merge"
+    return tr["model"], "shared"
 
 
 def score_episodes(episodes: Sequence[Episode], reward) -> list[Reward]:
@@ -264,8 +239,7 @@ def train_rl(
     if hasattr(reward, "to_dict"):  # a ConfigDict of weights
         reward = reward.to_dict()
     score_reward = reward if callable(reward) else reward_fn(reward)
-    unstack = isinstance(policy.params["layers"], (tuple, list))  # keep the sampler's own layout
-    tr = build(policy.cfg, stack_layers(policy.params), tc, mesh=mesh)
+    tr = build(policy.cfg, policy.params, tc, mesh=mesh)
     policy.cfg = tr.mcfg  # the sampler computes in train.compute_dtype, as the trainer does
     state = init_state(put(tr.trainable, tr.state_sh["trainable"]), tr.tx, tc.seed, tr.state_sh)
     frozen = put(tr.frozen, tr.frozen_sh)
@@ -314,7 +288,7 @@ def train_rl(
     last: dict = {}
     step = start
     try:
-        policy.params, _ = policy_params(state, frozen, tc, unstack)
+        policy.params, _ = policy_params(state, frozen, tc)
         for step in range(start + 1, rc.steps + 1):
             t_step = time.perf_counter()
             items = [q for q in stream.batch_at(step - 1) for _ in range(rc.group_size)]
@@ -343,7 +317,7 @@ def train_rl(
                     inner.append(m)
             train_s = time.perf_counter() - t_train
             t_sync = time.perf_counter()
-            policy.params, sync = policy_params(state, frozen, tc, unstack)
+            policy.params, sync = policy_params(state, frozen, tc)
             sync_s = time.perf_counter() - t_sync
 
             metrics = dict(inner[0])
@@ -357,8 +331,7 @@ def train_rl(
                 "time/host_s": host_s + stats.get("host_s", 0.0), "time/step_s": time.perf_counter() - t_step,
                 "time/sync_s": sync_s, "episodes_per_s": len(episodes) / max(stats["total_s"], 1e-9),
                 "trained_tokens_per_s": info["row_tokens"] * rc.inner_steps / max(train_s, 1e-9),
-                "optimizer_step": step * rc.updates_per_step, "sync/lora_merge": float("lora_merge" in sync),
-                "sync/unstack": float("unstack" in sync),
+                "optimizer_step": step * rc.updates_per_step, "sync/lora_merge": float(sync == "lora_merge"),
             })
             if not all(math.isfinite(x["loss"]) for x in inner):
                 where = ckpt.latest_step() if ckpt is not None else None
@@ -384,7 +357,7 @@ def train_rl(
             ckpt.close()
         writer.close()
 
-    params, _ = policy_params(state, frozen, tc, unstack=False)
+    params, _ = policy_params(state, frozen, tc)
     trained = state["trainable"]
     return RLResult(params=params, adapters=trained.get("lora"), head=trained.get("head"), step=step, metrics=last,
                     history=history)
