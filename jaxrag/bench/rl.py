@@ -109,7 +109,7 @@ def run_mode(mode: str, args, retriever, agent, questions) -> dict:
            "first_steps_s": sum(m["time/step_s"] for m in res.history[:args.warmup]),
            "new_shapes_timed": sum(m["train/new_shapes"] for m in timed), "padding%": 100 * (1 - med("batch_fill")),
            "total_s": time.perf_counter() - t0}
-    for part in ("sampling", "retrieval", "training", "host"):
+    for part in ("sampling", "retrieval", "training", "host", "sync"):
         row[f"{part}%"] = 100 * med(f"time/{part}_s") / step
     return row
 
@@ -145,7 +145,7 @@ def main(argv=None):
         for r in rows:
             r["speedup"] = r["episodes_per_s"] / rows[0]["episodes_per_s"]
     cols = ["mode", "episodes", "rows", "trained_tokens", "episodes_per_s", "trained_tokens_per_s", "speedup",
-            "step_s", "sampling%", "retrieval%", "training%", "host%", "padding%", "new_shapes_timed", "first_steps_s"]
+            "step_s", "sampling%", "retrieval%", "training%", "host%", "sync%", "padding%", "new_shapes_timed", "first_steps_s"]
     print(table(rows, cols))
     out = write_result("rl", {"preset": args.preset, "model": PRESETS[args.preset], "questions": args.questions,
                               "group": args.group, "new_tokens": args.new_tokens, "agent": "react/plain (scripted)",
