@@ -15,7 +15,7 @@ CFG = ModelConfig(model_type="llama", vocab_size=64, d_model=32, n_layers=2, n_h
                   d_ff=64)
 
 
-def hand_batch(aggregation: str):
+def hand_rows():
     """6 episodes (3 questions x 2) of 1-3 actions of different lengths; old/ref log-probs perturbed so that the
     ratio clips and the KL is non-zero."""
     rng = np.random.default_rng(0)
@@ -27,8 +27,11 @@ def hand_batch(aggregation: str):
             steps.append(Step(action=Action("query", "q"), prompt_ids=list(rng.integers(1, 64, rng.integers(2, 9))),
                               token_ids=list(rng.integers(1, 64, n)), logprobs=list(rng.normal(-3.0, 0.5, n))))
         eps.append(Episode(qid=f"q{e // 2}", question="", gold=[], steps=steps))
-    rows = R.action_rows(eps)
-    adv = R.group_advantages(eps, list(rng.normal(size=6)), 2)
+    return R.action_rows(eps), R.group_advantages(eps, list(rng.normal(size=6)), 2)
+
+
+def hand_batch(aggregation: str):
+    rows, adv = hand_rows()
     return R.grpo_batch(rows, adv, aggregation, 16, (16,), row_multiple=4)
 
 
@@ -60,6 +63,24 @@ def test_gradient_accumulation_equals_the_full_batch():
     full, _ = full_fn(*args, batch, jax.random.PRNGKey(0))
     acc, _ = micro_fn(*args, local, jax.random.PRNGKey(0))
     assert max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(full), jax.tree.leaves(acc))) > 1e-4
+
+
+def test_length_groups_sum_to_the_single_batch_gradient():
+    """The RL loop's length groups: rows split by sequence bucket (8 and 16 here), each padded to its own bucket;
+    with whole-update weights the groups' gradients sum to the gradient of all rows padded together."""
+    params = init_params(CFG, jax.random.PRNGKey(0), std=0.3)
+    args = ({"model": params}, {"ref": jax.tree.map(lambda x: x * 1.05, params)})
+    rows, adv = hand_rows()
+    one = R.grpo_batches(rows, adv, "seq_mean_token_mean", 16, (8, 16), by_length=False)
+    groups = R.grpo_batches(rows, adv, "seq_mean_token_mean", 16, (8, 16), by_length=True)
+    assert len(one) == 1 and [b["tokens"].shape[1] for b in groups] == [8, 16]
+    assert sum(b["tokens"].size for b in groups) < one[0]["tokens"].size  # less padding
+    fn = grads_fn(1)
+    full, _ = fn(*args, one[0], jax.random.PRNGKey(0))
+    parts = [fn(*args, b, jax.random.PRNGKey(0))[0] for b in groups]
+    summed = jax.tree.map(lambda *g: sum(g), *parts)
+    for x, y in zip(jax.tree.leaves(full), jax.tree.leaves(summed)):
+        np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-4)
 
 
 def test_value_head_reads_the_state_before_each_token():

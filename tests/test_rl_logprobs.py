@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from rl_world import QUESTIONS, world
 
-from jaxrag.env.mdp import Action, Episode, Step
 from jaxrag.env.rollout import RolloutConfig, rollout
 from jaxrag.rl import rows as R
 from jaxrag.train import config as tconfig

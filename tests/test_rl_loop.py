@@ -1,12 +1,15 @@
 """train_rl end to end in the tiny world: GRPO raises the reward with the sampler on the trainer's live params, and
 the first RL step's loss / advantages equal the values computed by hand from the logged episodes."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from rl_world import QUESTIONS, world
 
 from jaxrag.env.mdp import read_episodes
 from jaxrag.rl import RLConfig, train_rl
+from jaxrag.train.loop import ConfigChanged
 from jaxrag.train.metrics_log import read_metrics
 
 
@@ -33,11 +36,12 @@ def test_grpo_raises_the_reward_and_logs_the_telemetry():
 
 def test_first_step_loss_and_advantages_match_hand_values(tmp_path):
     """token_mean, β > 0, ratio 1 and KL 0 on the first inner step: loss = -Σ_e A_e n_e / Σ_e n_e, with A_e the
-    group-normalized reward and n_e the generated tokens of episode e over all its actions."""
+    group-normalized reward and n_e the generated tokens of episode e over all its actions (rows split into two
+    length groups whose partial losses add up)."""
     policy, retriever, agent = world(seed=2)
     rc = RLConfig(steps=1, questions_per_step=2, group_size=3, inner_steps=2, temperature=0.7, max_new_tokens=6,
-                  max_steps=2, k=1, seed=3)
-    tc = {"loss": "grpo", "seq_buckets": (256,), "optimizer": {"lr": 1e-2}, "progress": False,
+                  max_steps=2, k=1, seed=3, length_groups=True)
+    tc = {"loss": "grpo", "seq_buckets": (64, 256), "optimizer": {"lr": 1e-2}, "progress": False,
           "grpo": {"beta": 0.04, "aggregation": "token_mean"}, "checkpoint": {"async_save": False}}
     res = train_rl(policy, retriever, agent, QUESTIONS, "test_ascii", rc, tc, tmp_path)
     eps = read_episodes(tmp_path / "episodes.jsonl")
@@ -52,9 +56,15 @@ def test_first_step_loss_and_advantages_match_hand_values(tmp_path):
     np.testing.assert_allclose(m["adv/abs_mean"], np.mean(np.abs(adv)), rtol=1e-5)
     np.testing.assert_allclose(m["reward/mean"], r.mean(), rtol=1e-6)
     assert m["row_tokens"] == n.sum() and m["rows"] == sum(len(e.steps) for e in eps)
+    assert m["sub_batches"] == 2  # first actions (short prompts) and second ones (docs) in their own buckets
     assert m["kl/k2"] < 1e-9 and m["ratio_max_dev"] < 1e-3
     assert m["last_inner/ratio_max_dev"] > 1e-3  # the second inner step sees the first one's update
     assert (tmp_path / "checkpoints" / "1").is_dir()
+    # the checkpoint resumes only under its own settings: another beta or group size is refused, naming the keys
+    changed = {**tc, "grpo": {"beta": 0.1, "aggregation": "token_mean"}}
+    with pytest.raises(ConfigChanged, match=r"rl.group_size, train.batch_size, train.grpo.beta, train.grpo.group_size"):
+        train_rl(policy, retriever, agent, QUESTIONS, "test_ascii", dataclasses.replace(rc, group_size=2), changed,
+                 tmp_path)
 
 
 def test_rows_that_cannot_fit_the_buckets_fail_before_any_compute():

@@ -35,7 +35,8 @@ def test_lora_sampler_gets_the_merged_adapters_every_step():
     assert res.history[0]["kl/k2"] < 1e-9  # adapters start at zero: policy == reference (base, adapters off)
     assert res.history[0]["grad_norm"] > 0 and res.history[1]["kl/k2"] > 0
     want = merge(base, res.adapters, 8.0 / 4)
-    for x, y in zip(jax.tree.leaves(policy.params), jax.tree.leaves(want)):
+    sampler = policy.params
+    for x, y in zip(jax.tree.leaves(sampler), jax.tree.leaves(want)):
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
-    assert not np.allclose(policy.params["layers"]["wq"], base["layers"]["wq"])
-    np.testing.assert_array_equal(policy.params["layers"]["wk"], base["layers"]["wk"])  # not a LoRA target
+    assert not np.allclose(sampler["layers"]["wq"], base["layers"]["wq"])
+    np.testing.assert_array_equal(sampler["layers"]["wk"], base["layers"]["wk"])  # not a LoRA target

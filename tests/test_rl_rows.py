@@ -128,3 +128,14 @@ def test_ppo_batch_places_values_advantages_and_returns_on_action_tokens():
     w = R.ppo_batch(rows, packed, old_values, [1.0], None, gamma=1.0, lam=1.0, whiten=True)
     a = np.array([.9, .8, .7])
     np.testing.assert_allclose([*w["advantages"][0, 2:4], w["advantages"][1, 5]], (a - a.mean()) / a.std(), atol=1e-5)
+
+
+def test_sub_batch_metrics_combine_into_the_updates():
+    from jaxrag.rl.loop import combine_metrics
+
+    parts = [({"loss": 0.25, "kl/k2": 0.1, "clip_fraction": 0.0, "ratio_max_dev": 0.5}, 30.0),
+             ({"loss": -0.5, "kl/k2": 0.4, "clip_fraction": 1.0, "ratio_max_dev": 0.25}, 10.0)]
+    m = combine_metrics(parts)
+    assert m["loss"] == pytest.approx(-0.25)  # partial sums under whole-update weights
+    assert m["kl/k2"] == pytest.approx((0.1 * 30 + 0.4 * 10) / 40)  # token means, token-weighted
+    assert m["clip_fraction"] == pytest.approx(0.25) and m["ratio_max_dev"] == 0.5

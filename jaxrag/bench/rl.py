@@ -6,7 +6,10 @@ the step's time goes (sampling / retrieval / training / host).
 Modes (same world, model and update rule):
 - batch1:  one episode per RL step (B = G = 1): every policy call samples one action, the update has one
            episode's rows;
-- batched: B·G episodes per RL step: all of them advance in one policy call per engine step, one update on all rows.
+- batched: B·G episodes per RL step: all of them advance in one policy call per engine step, one update on all rows
+           padded to the longest;
+- batched_groups: the same with rl.length_groups (one sub-batch per sequence bucket, gradients summed): less
+           padding, more compiled shapes (new_shapes_timed counts the train-step compiles inside the timed steps).
 World: plain ReAct over BM25 (bm25s) on the multihop contexts corpus (11k passages), k = 5, a random Llama with the
 byte tokenizer. The model's tokens are really sampled (and their log-probs trained on), but a random model's text
 would end every episode Invalid at step 1, so the action the environment executes is scripted: 2 searches, then an
@@ -47,7 +50,9 @@ class ScriptedActions:
 
     cfg = property(lambda self: self.inner.cfg, lambda self, v: setattr(self.inner, "cfg", v))
     params = property(lambda self: self.inner.params, lambda self, v: setattr(self.inner, "params", v))
-    tokenizer = property(lambda self: self.inner.tokenizer)
+
+    def __getattr__(self, name):  # tokenizer, prompt_fits, prompt_budget, ...
+        return getattr(self.inner, name)
 
     def generate(self, prompts, **kw):
         from jaxrag.policy import Completion
@@ -87,7 +92,8 @@ def run_mode(mode: str, args, retriever, agent, questions) -> dict:
     b, g = (1, 1) if mode == "batch1" else (args.questions, args.group)
     n_ep = b * g
     rc = RLConfig(steps=args.warmup + args.steps, questions_per_step=b, group_size=g, temperature=1.0,
-                  max_new_tokens=args.new_tokens, max_steps=SEARCHES + 1, k=5)
+                  max_new_tokens=args.new_tokens, max_steps=SEARCHES + 1, k=5,
+                  length_groups=mode == "batched_groups")
     big = args.preset == "1b"
     tc = {"loss": "grpo", "seq_buckets": (128, 256, args.max_prompt_tokens + args.new_tokens), "progress": False,
           "compute_dtype": "bfloat16" if big else "float32", "remat": big, "optimizer": {"lr": 1e-5},
@@ -101,8 +107,9 @@ def run_mode(mode: str, args, retriever, agent, questions) -> dict:
            "episodes_per_s": n_ep / step, "trained_tokens_per_s": med("row_tokens") / step,
            "train_tokens_per_s": med("trained_tokens_per_s"), "step_s": step,
            "first_steps_s": sum(m["time/step_s"] for m in res.history[:args.warmup]),
+           "new_shapes_timed": sum(m["train/new_shapes"] for m in timed), "padding%": 100 * (1 - med("batch_fill")),
            "total_s": time.perf_counter() - t0}
-    for part in ("sampling", "retrieval", "training", "host"):
+    for part in ("sampling", "retrieval", "training", "host", "sync"):
         row[f"{part}%"] = 100 * med(f"time/{part}_s") / step
     return row
 
@@ -116,7 +123,7 @@ def main(argv=None):
     ap.add_argument("--max-prompt-tokens", type=int, default=448)
     ap.add_argument("--steps", type=int, default=3, help="timed RL steps per mode")
     ap.add_argument("--warmup", type=int, default=2, help="untimed RL steps per mode (compilation)")
-    ap.add_argument("--modes", default="batch1,batched")
+    ap.add_argument("--modes", default="batch1,batched,batched_groups")
     args = ap.parse_args(argv)
     logging.getLogger("jaxrag.policy").setLevel(logging.ERROR)
     from jaxrag.data.qa import load_qa
@@ -138,7 +145,7 @@ def main(argv=None):
         for r in rows:
             r["speedup"] = r["episodes_per_s"] / rows[0]["episodes_per_s"]
     cols = ["mode", "episodes", "rows", "trained_tokens", "episodes_per_s", "trained_tokens_per_s", "speedup",
-            "step_s", "sampling%", "retrieval%", "training%", "host%", "first_steps_s"]
+            "step_s", "sampling%", "retrieval%", "training%", "host%", "sync%", "padding%", "new_shapes_timed", "first_steps_s"]
     print(table(rows, cols))
     out = write_result("rl", {"preset": args.preset, "model": PRESETS[args.preset], "questions": args.questions,
                               "group": args.group, "new_tokens": args.new_tokens, "agent": "react/plain (scripted)",

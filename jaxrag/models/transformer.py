@@ -265,9 +265,15 @@ def unstack_layers(params: Params) -> Params:
     layers = params["layers"]
     if isinstance(layers, (tuple, list)):
         return params
+    return {**params, "layers": _split_layers(layers)}
+
+
+@jax.jit
+def _split_layers(layers: dict) -> tuple:
+    """[L,...] leaves -> L per-layer dicts; one jit for every call (compiled once per shape), since the RL loop
+    re-splits the updated params after every optimizer step."""
     n = next(iter(layers.values())).shape[0]
-    split = jax.jit(lambda ls: tuple({k: w[i] for k, w in ls.items()} for i in range(n)))
-    return {**params, "layers": split(layers)}
+    return tuple({k: w[i] for k, w in layers.items()} for i in range(n))
 
 
 def layer_params(params: Params, i: int) -> Params:

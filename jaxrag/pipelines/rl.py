@@ -3,12 +3,13 @@
 config.<name> (configs/arena/grpo.py, configs/smartsearch/grpo.py):
   fn         "jaxrag.pipelines.rl:rl_stage"
   policy     path: a HF checkpoint dir (jaxrag.models.load_hf; every stage's model/ is one); "stage:<s>" =
-             workdir/<s>/model, a relative path is under the workdir. tokenizer: "" = the checkpoint dir, else a tokenizer dir / *.model. dtype ("" = checkpoint's),
-             max_prompt_tokens (0 = max_seq_len - max_new_tokens; agents render over-long prompts shorter).
+             workdir/<s>/model, a relative path is under the workdir. tokenizer: "" = the checkpoint dir, else a
+             tokenizer dir / *.model. dtype ("" = checkpoint's), max_prompt_tokens (0 = max_seq_len -
+             max_new_tokens; agents render over-long prompts shorter, jaxrag.policy).
   retriever  corpus (JSONL, BM25 built in memory over its first max_passages, 0 = all, backend bm25s | lucene) or
              index_dir (a built index, jaxrag.retrieval.load_retriever).
   questions  path (QA JSONL, jaxrag.data.qa.load_qa), select ("all", "first:N", ...), limit (0 = no limit).
-  agent      name (jaxrag.env.agents), mode (chat | plain), max_docs (0 = all), max_doc_chars.
+  agent      name (jaxrag.env.agents), mode (chat | plain), max_docs (0 = all), max_doc_chars (0 = no cut).
   reward     a reward spec (jaxrag.supervision.rewards.reward_fn): "em", "arena", "em+0.5*f1".
   rl         jaxrag.rl.RLConfig fields (steps, questions_per_step, group_size, inner_steps, temperature, ...).
   train      the trainer config (loss grpo | ppo; sampling_temperature, grpo.group_size, batch_size and steps are
@@ -27,7 +28,6 @@ byte-level BPE tokenizer trained on a corpus slice (and the agents' system promp
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import jax
@@ -50,9 +50,8 @@ def stage_name(config, fn_name: str, name: str | None) -> str:
 def resolve_path(p: str, workdir: str | Path) -> Path:
     """Absolute paths as they are; "stage:<s>" -> workdir/<s>/model; others relative to the workdir."""
     if p.startswith("stage:"):
-        return Path(workdir) / p.split(":", 1)[1] / "model"
-    path = Path(p)
-    return path if path.is_absolute() else Path(workdir) / path
+        return common.model_dir(workdir, p.split(":", 1)[1])
+    return common.resolve(p, workdir)
 
 
 def stage_config() -> "ml_collections.ConfigDict":
@@ -126,16 +125,16 @@ def check_config(config, name: str) -> None:
 
 
 def load_policy(pc, workdir: str | Path):
-    """A JaxPolicy from config.<name>.policy (HF checkpoint dir or jaxrag params dir)."""
+    """A JaxPolicy from config.<name>.policy: a HF checkpoint dir (with its tokenizer, or policy.tokenizer);
+    policy.tokenizer_path says where the tokenizer came from (copied beside the trained model)."""
     from jaxrag.models import load_hf
     from jaxrag.policy import JaxPolicy
     from jaxrag.tokenizer import load_tokenizer
 
     path = resolve_path(pc.path, workdir)
-    dtype = pc.get("dtype") or None
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"policy.path: {path} is not a model checkpoint (no config.json)")
-    cfg, params = load_hf(path, dtype=dtype)
+        raise FileNotFoundError(f"policy.path: {path} is not a model checkpoint (no config.json; has its stage run?)")
+    cfg, params = load_hf(path, dtype=pc.get("dtype") or None)
     tok_path = resolve_path(pc.tokenizer, workdir) if pc.get("tokenizer") else path
     tok = load_tokenizer(tok_path)
     if tok.vocab_size > cfg.vocab_size:
@@ -161,7 +160,7 @@ def load_agent(ac, tokenizer):
     from jaxrag.env.agents import get_agent
 
     mode = ac.get("mode", "chat")
-    opts = {"mode": mode, "max_doc_chars": ac.get("max_doc_chars", 1000)}
+    opts = {"mode": mode, "max_doc_chars": ac.get("max_doc_chars") or None}  # 0 = no cut (the papers)
     if ac.get("max_docs"):
         opts["max_docs"] = ac.max_docs
     if mode == "chat":
@@ -176,7 +175,7 @@ def rl_stage(config, workdir: str, name: str | None = None) -> None:
     name = stage_name(config, STAGE_FN, name)
     check_config(config, name)
     sc = config[name]
-    out = Path(workdir) / name
+    out = common.stage_dir(workdir, name)
     policy = load_policy(sc.policy, workdir)
     retriever = load_retriever(sc.retriever, workdir)
     agent = load_agent(sc.agent, policy.tokenizer)
@@ -184,17 +183,18 @@ def rl_stage(config, workdir: str, name: str | None = None) -> None:
                         limit=sc.questions.get("limit") or None)
     rc = RLConfig.from_dict(sc.rl.to_dict())
     reward = sc.reward.to_dict() if hasattr(sc.reward, "to_dict") else sc.reward
+    common.log(name, f"{sc.train.loss} over {len(questions)} questions, agent {sc.agent.name}, reward {reward}")
     result = train_rl(policy, retriever, agent, questions, reward, rc, sc.train, out)
     if jax.process_index() != 0:
         return
     common.save_checkpoint(common.model_dir(workdir, name), policy.cfg, result.params, policy.tokenizer_path,
                            head=result.head)
     history = result.history
-    summary = {"stage": name, "rl_steps": result.step, "optimizer_steps": result.step * rc.inner_steps,
+    summary = {"stage": name, "rl_steps": result.step, "optimizer_steps": result.step * rc.updates_per_step,
                "loss": sc.train.loss, "agent": sc.agent.name, "reward": reward, "questions": len(questions),
                "reward_first": history[0]["reward/mean"] if history else None,
                "reward_last": history[-1]["reward/mean"] if history else None, "metrics": result.metrics}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    common.write_json(out / "summary.json", summary)
 
 
 rl_stage.check_config = check_config
@@ -226,12 +226,13 @@ def tiny_checkpoint_stage(config, workdir: str, name: str | None = None) -> None
 
     name = stage_name(config, "tiny_checkpoint_stage", name)
     sc = config[name]
-    out = Path(workdir) / name / "model"
+    out = common.model_dir(workdir, name)
     out.mkdir(parents=True, exist_ok=True)
     texts = [p.title + "\n" + p.text for p in load_corpus(resolve_path(sc.corpus, workdir), sc.corpus_lines)]
     texts += [arena.SYSTEM, smartsearch.SYSTEM]
     tok = train_byte_bpe(texts, sc.vocab_size, out)
     arch = dict(sc.arch.to_dict())
-    cfg = ModelConfig(**{**arch, "vocab_size": len(tok),  # the tokenizer's size wins over arch.vocab_size "bos_id": tok.bos_token_id, "eos_ids": (tok.eos_token_id,),
+    # the tokenizer's size and special ids win over arch's
+    cfg = ModelConfig(**{**arch, "vocab_size": len(tok), "bos_id": tok.bos_token_id, "eos_ids": (tok.eos_token_id,),
                          "pad_id": tok.pad_token_id})
     save_hf(cfg, init_params(cfg, jax.random.PRNGKey(sc.seed)), out)

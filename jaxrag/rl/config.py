@@ -27,6 +27,9 @@ class RLConfig:
     rollout_batch: int = 0  # live episodes per engine step; 0 = all B·G at once
     summary_max_new_tokens: int = 256  # Search-o1 / ReasonRAG summaries (never trained)
     norm_tokens: int = 0  # Dr. GRPO's constant token budget per trajectory; 0 = max_new_tokens · max_steps
+    # one sub-batch per sequence bucket, gradients summed: less padding, but more compiled shapes (pays off once
+    # the shape set saturates: long runs, a persistent compilation cache); False = one padded batch per update
+    length_groups: bool = False
     seed: int = 0  # question order (epoch permutations) and rollout sampling keys derive from (seed, step)
     shuffle: bool = True
     save_episodes: bool = True  # append every step's episodes to <workdir>/episodes.jsonl (prompt ids dropped)

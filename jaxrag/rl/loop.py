@@ -6,14 +6,15 @@ Each RL step t (1-based):
 1. questions: B of them, batch t-1 of a deterministic stream (epoch permutations of (seed, epoch)), so a resumed
    run sees the same questions;
 2. sampling: each question is passed G times to `jaxrag.env.rollout.rollout` (one sample per row, multi-turn, live
-   retriever, temperature rc.temperature, sampling keys from (seed, t)) with the CURRENT params: the JaxPolicy's
-   params are the trainer's own arrays (full fine-tune) or base + adapters merged after every update (LoRA; logged
-   as sync/merge_s) — never a stale copy;
+   retriever, temperature rc.temperature, sampling keys from (seed, t)) with the CURRENT params: after every update
+   the JaxPolicy gets the trainer's own arrays (full fine-tune) or base + adapters merged (LoRA, sync/lora_merge);
+   the assignment refreshes its per-layer decode copy (JaxPolicy.params; time/sync_s) — never a stale copy;
 3. rewards: the named reward function (jaxrag.supervision.rewards.reward_fn) per episode, total + components;
 4. rows (jaxrag.rl.rows): one row per generated action from exactly the ids the sampler saw; GRPO: group-normalized
    advantages per question + aggregation weights; PPO: the value head scores the rows, GAE along each trajectory;
 5. `inner_steps` epochs of `minibatches` optimizer steps on those rows (each minibatch = whole groups; the trainer's
-   jitted step: jaxrag.train.steps, with gradient accumulation); old log-probs stay the sampler's throughout;
+   jitted step: jaxrag.train.steps, with gradient accumulation; with rc.length_groups the rows of one update are
+   split by sequence bucket, their gradients summed before one optimizer update); old log-probs stay the sampler's;
 6. telemetry (JSONL + TensorBoard + tqdm) and, every train.checkpoint.every_steps RL steps, an orbax checkpoint of
    params, optimizer, optimizer-step counter and PRNG; its meta holds the RL step = the question-stream position.
 
@@ -27,12 +28,14 @@ summaries, retrieval, scoring, training, host) and throughput (episodes_per_s, t
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrag import sharding as shd
@@ -44,10 +47,11 @@ from jaxrag.rl.config import RLConfig, rl_train_config
 from jaxrag.supervision.rewards import Reward, reward_fn
 from jaxrag.train.batching import BatchStream
 from jaxrag.train.checkpoint import Checkpointer
-from jaxrag.train.loop import NonFiniteLoss, build
+from jaxrag.train.loop import RESUMABLE as RESUMABLE_TRAIN
+from jaxrag.train.loop import ConfigChanged, NonFiniteLoss, build, changed_keys
 from jaxrag.train.metrics_log import MetricsWriter, flatten_metrics
 from jaxrag.train.state import abstract_state, init_state, put
-from jaxrag.train.steps import make_score_fn
+from jaxrag.train.steps import make_apply_fn, make_grad_fn, make_score_fn
 
 
 @dataclasses.dataclass
@@ -71,7 +75,8 @@ def rollout_seed(seed: int, step: int) -> int:
 
 
 def policy_params(state: dict, frozen: dict, tc) -> tuple[Any, str]:
-    """The params the sampler must use now: the trainer's own arrays, or base + adapters merged."""
+    """The params the sampler must use now: "shared" (the trainer's own arrays, full fine-tune) or "lora_merge"
+    (base + adapters merged). Assigning them to JaxPolicy.params also refreshes its per-layer decode copy."""
     tr = state["trainable"]
     if "lora" in tr:
         return merge(frozen["base"], tr["lora"], tc.lora.alpha / tc.lora.rank), "lora_merge"
@@ -108,52 +113,94 @@ def episode_stats(episodes: Sequence[Episode], rewards: Sequence[Reward], group_
 
 
 def build_batch(episodes: Sequence[Episode], rewards: Sequence[Reward], rc: RLConfig, tc, pad_id: int,
-                row_multiple: int, score=None, step_rewards: list | None = None) -> tuple[dict, dict]:
-    """Host batch of one update over whole groups + its info. `score(batch) -> (logp, values)`: PPO's old values;
-    step_rewards[e][s]: PPO per-step rewards (None: the outcome reward at the last token)."""
+                row_multiple: int, score=None, step_rewards: list | None = None) -> tuple[list[dict], dict]:
+    """The host batches of one update over whole groups (one per length group) + info. `score(batch) -> (logp,
+    values)`: PPO's old values; step_rewards[e][s]: PPO per-step rewards (None: the outcome at the last token)."""
     rows = R.action_rows(episodes)
     buckets = tuple(tc.seq_buckets)
     info = {"rows": len(rows)}
     if tc.loss == "grpo":
         adv = R.group_advantages(episodes, [r.total for r in rewards], rc.group_size, tc.grpo.adv_eps,
                                  tc.grpo.std_ddof)
-        batch = R.grpo_batch(rows, adv, tc.grpo.aggregation, rc.token_budget, buckets, pad_id, row_multiple)
+        batches = R.grpo_batches(rows, adv, tc.grpo.aggregation, rc.token_budget, buckets, pad_id, row_multiple,
+                                 rc.length_groups)
         info["adv/abs_mean"] = float(np.mean(np.abs(adv)))
     else:
         R.check_groups(episodes, rc.group_size)
-        packed = R.pack(rows, buckets, pad_id, row_multiple)
+        groups = R.length_groups(rows, buckets, rc.length_groups)
+        packed = [R.pack([rows[i] for i in idx], buckets, pad_id, row_multiple) for idx in groups]
         t0 = time.perf_counter()
-        _, values = score({k: v for k, v in packed.items() if k in ("tokens", "positions", "segment_ids")})
-        values = np.asarray(values)
+        values = [np.asarray(score({k: p[k] for k in ("tokens", "positions", "segment_ids")})[1]) for p in packed]
         info["time/scoring_s"] = time.perf_counter() - t0
-        batch = R.ppo_batch(rows, packed, values, [r.total for r in rewards], step_rewards, tc.ppo.gamma, tc.ppo.lam,
-                            tc.ppo.whiten)
-    info["row_tokens"] = int(batch["loss_mask"].sum())
-    info["batch_fill"] = float((batch["segment_ids"] > 0).mean())
-    return batch, info
+        batches = R.ppo_batches(rows, groups, packed, values, [r.total for r in rewards], step_rewards, tc.ppo.gamma,
+                                tc.ppo.lam, tc.ppo.whiten)
+    info["row_tokens"] = int(sum(b["loss_mask"].sum() for b in batches))
+    info["batch_fill"] = float(sum((b["segment_ids"] > 0).sum() for b in batches) /
+                               sum(b["segment_ids"].size for b in batches))
+    info["sub_batches"] = len(batches)
+    return batches, info
 
 
 def build_batches(episodes: Sequence[Episode], rewards: Sequence[Reward], rc: RLConfig, tc, pad_id: int,
-                  row_multiple: int, score=None, step_rewards: list | None = None) -> tuple[list[dict], dict]:
-    """One host batch per minibatch (contiguous whole groups), all built (and, PPO, scored) before any update."""
+                  row_multiple: int, score=None, step_rewards: list | None = None) -> tuple[list[list[dict]], dict]:
+    """The sub-batches of every minibatch (contiguous whole groups), all built (and, PPO, scored) before any update."""
     n = len(episodes) // rc.minibatches
-    batches, infos = [], []
+    updates, infos = [], []
     for i in range(rc.minibatches):
         sl = slice(i * n, (i + 1) * n)
         sub = step_rewards[sl] if step_rewards is not None else None
         b, info = build_batch(episodes[sl], rewards[sl], rc, tc, pad_id, row_multiple, score, sub)
-        batches.append(b)
+        updates.append(b)
         infos.append(info)
-    info = {k: float(np.sum([x[k] for x in infos])) for k in ("rows", "row_tokens", "time/scoring_s") if k in infos[0]}
+    info = {k: float(np.sum([x[k] for x in infos])) for k in ("rows", "row_tokens", "time/scoring_s", "sub_batches")
+            if k in infos[0]}
     info.update({k: float(np.mean([x[k] for x in infos])) for k in ("batch_fill", "adv/abs_mean") if k in infos[0]})
-    return batches, info
+    return updates, info
+
+
+ADDITIVE = ("loss", "ppo/pg_loss", "ppo/vf_loss")  # Σ w·x with whole-update weights: partial sums add up
+
+
+def combine_metrics(parts: Sequence[tuple[dict, float]]) -> dict:
+    """Metrics of the sub-batches of one update -> the update's: the additive losses summed, *_max_dev maxed,
+    the token means (kl/*, clip_fraction) weighted by each sub-batch's action tokens."""
+    total = max(sum(n for _, n in parts), 1.0)
+    out = {}
+    for k in parts[0][0]:
+        vals = [m[k] for m, _ in parts]
+        if k in ADDITIVE:
+            out[k] = float(np.sum(vals))
+        elif k.endswith("_max_dev"):
+            out[k] = float(np.max(vals))
+        else:
+            out[k] = float(sum(v * n for v, (_, n) in zip(vals, parts)) / total)
+    return out
+
+
+RESUMABLE = tuple(f"train.{k}" for k in RESUMABLE_TRAIN) + ("rl.steps", "rl.save_episodes")
+
+
+def check_resumable(workdir: Path, settings: dict, ckpt: Checkpointer) -> None:
+    """A checkpoint resumes only under the settings it was trained with (rl_settings.json), up to RESUMABLE keys
+    (more steps, logging, checkpoint cadence): anything else raises ConfigChanged naming the keys."""
+    saved = workdir / "rl_settings.json"
+    if not saved.exists():
+        return
+    diff = changed_keys(json.loads(saved.read_text()), settings, ignore=RESUMABLE)
+    if diff:
+        ckpt.close()
+        raise ConfigChanged(f"{workdir}/checkpoints was trained with other settings ({', '.join(diff)} differ; see "
+                            f"{saved}); remove the checkpoints to start over")
 
 
 def check_row_budget(policy, rc: RLConfig, tc) -> None:
     """The longest row the sampler can produce (prompt limit + max_new_tokens) must fit the largest sequence bucket:
     fail before any compute, not at the first long prompt."""
-    limit = min(getattr(policy, "max_prompt_tokens", None) or policy.cfg.max_seq_len,
-                policy.cfg.max_seq_len - rc.max_new_tokens)
+    if hasattr(policy, "prompt_budget"):
+        limit = policy.prompt_budget(rc.max_new_tokens)
+    else:
+        limit = min(getattr(policy, "max_prompt_tokens", None) or policy.cfg.max_seq_len,
+                    policy.cfg.max_seq_len - rc.max_new_tokens)
     longest = limit + rc.max_new_tokens
     if longest > max(tc.seq_buckets):
         raise ValueError(f"train config: seq_buckets: the largest bucket {max(tc.seq_buckets)} is shorter than the "
@@ -183,7 +230,8 @@ def train_rl(
     Episode -> Reward. train_config: the trainer's config (loss "grpo" | "ppo"; see rl_train_config for the keys
     the RL loop sets). step_rewards (PPO): episodes -> per-step rewards (e.g. a PRM), placed at each action's last
     token instead of the outcome at the last one. summarizer: the policy of summary generations (default: policy).
-    workdir: checkpoints/, metrics.jsonl, tb/, train_config.json, episodes.jsonl; None = no files, no resume.
+    workdir: checkpoints/, metrics.jsonl, tb/, train_config.json, rl_settings.json, episodes.jsonl; None = no
+    files, no resume. A checkpoint resumes only under its own settings (check_resumable).
     """
     rc.validate()
     tc = rl_train_config(rc, train_config)
@@ -198,19 +246,41 @@ def train_rl(
     row_multiple = tr.mesh.shape["data"] * tr.mesh.shape["fsdp"] * int(tc.grad_accum)
     pad_id = policy.cfg.pad_id if policy.cfg.pad_id is not None else 0
     score_jit = jax.jit(make_score_fn(tr.mcfg, tc))
+    rep = shd.replicated(tr.mesh)
+    grad_jit = jax.jit(make_grad_fn(tr.mcfg, tc), out_shardings=(tr.state_sh["trainable"], rep))
+    apply_jit = jax.jit(make_apply_fn(tr.tx, tr.schedule), out_shardings=(tr.state_sh, rep), donate_argnums=(0,))
+
+    seen_shapes: set = set()
+
+    def update(state, subs: list[dict]):
+        """One optimizer step over the sub-batches of an update -> (state, flat metrics)."""
+        if len(subs) == 1:
+            state, m = tr.step_fn(state, frozen, shd.shard_batch(tr.mesh, subs[0]))
+            return state, flatten_metrics(m)
+        rng = jax.random.fold_in(state["rng"], state["step"])
+        grads, parts = None, []
+        for i, b in enumerate(subs):
+            g, m = grad_jit(state["trainable"], frozen, shd.shard_batch(tr.mesh, b), jax.random.fold_in(rng, i))
+            grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
+            parts.append((flatten_metrics(m), float(b["loss_mask"].sum())))
+        state, m = apply_jit(state, grads)
+        return state, {**combine_metrics(parts), **flatten_metrics(m)}
 
     ckpt, start = None, 0
     if workdir is not None:
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
-        if jax.process_index() == 0:
-            (workdir / "train_config.json").write_text(tc.to_json(indent=2))
+        settings = {"train": tc.to_dict(), "rl": dataclasses.asdict(rc)}
         if tc.checkpoint.enabled:
             ckpt = Checkpointer(workdir / "checkpoints", keep=tc.checkpoint.keep, async_save=tc.checkpoint.async_save)
         if ckpt is not None and resume and ckpt.latest_step() is not None:
+            check_resumable(workdir, settings, ckpt)
             target = abstract_state(tr.tx, shd.abstract(tr.trainable), tr.state_sh, tc.seed)
             state, meta = ckpt.restore(target)
             start = int(meta["data_position"])
+        if jax.process_index() == 0:
+            (workdir / "train_config.json").write_text(tc.to_json(indent=2))
+            (workdir / "rl_settings.json").write_text(json.dumps(settings, indent=1))
 
     stream = question_stream(questions, rc)
     writer = MetricsWriter(workdir, rc.steps, start, progress=tc.progress if progress is None else progress)
@@ -234,16 +304,17 @@ def train_rl(
                 episodes, rewards, rc, tc, pad_id, row_multiple,
                 step_rewards=step_rewards(episodes) if step_rewards is not None else None,
                 score=lambda b: score_jit(state["trainable"], frozen, shd.shard_batch(tr.mesh, b)))
-            device_batches = [shd.shard_batch(tr.mesh, b) for b in batches]
             host_s = time.perf_counter() - t_host - info.get("time/scoring_s", 0.0)
+            shapes = {(len(subs) > 1, b["tokens"].shape) for subs in batches for b in subs}
+            info["train/new_shapes"] = len(shapes - seen_shapes)  # each one compiles the train step once
+            seen_shapes |= shapes
 
             t_train = time.perf_counter()
             inner = []
             for _ in range(rc.inner_steps):
-                for device_batch in device_batches:
-                    state, m = tr.step_fn(state, frozen, device_batch)
+                for subs in batches:
+                    state, m = update(state, subs)  # flat metrics: blocks until the update is done
                     inner.append(m)
-            inner = [flatten_metrics(m) for m in inner]  # blocks until the updates are done
             train_s = time.perf_counter() - t_train
             t_sync = time.perf_counter()
             policy.params, sync = policy_params(state, frozen, tc)
@@ -276,8 +347,9 @@ def train_rl(
                         st.prompt_ids = []  # reproducible from the prompt text; keeps the file small
                 write_episodes(workdir / "episodes.jsonl", episodes, append=True)
             if ckpt is not None and (step % tc.checkpoint.every_steps == 0 or step == rc.steps):
-                ckpt.save(step, state, {"step": step, "data_position": step, "optimizer_step": step * rc.updates_per_step,
-                                        "loss": metrics["loss"]})
+                meta = {"step": step, "data_position": step, "optimizer_step": step * rc.updates_per_step,
+                        "loss": metrics["loss"]}
+                ckpt.save(step, state, meta)
         else:
             step = rc.steps
     finally:

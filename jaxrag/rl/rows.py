@@ -23,6 +23,10 @@ PPO: per-token rewards along each trajectory's action tokens (the outcome reward
 the episode, or per-step rewards, e.g. a PRM's, at each action's last token), GAE over the trajectory's action
 tokens in order (across rows: the value after an action's last token is the next action's first value), advantages
 whitened over the whole batch, token_mean weights.
+
+Length groups: the rows of one update may be split by sequence bucket into several batches (length_groups), each
+padded only to its own bucket; the weights above are computed over all rows, so the groups' gradients, summed,
+are the update's gradient (jaxrag.rl.loop).
 """
 
 from __future__ import annotations
@@ -159,21 +163,41 @@ def pack(rows: Sequence[Row], buckets: Sequence[int], pad_id: int = 0, row_multi
             "row_episode": episode}
 
 
+def length_groups(rows: Sequence[Row], buckets: Sequence[int], by_length: bool = True) -> list[list[int]]:
+    """Row indices of each sub-batch of one update: one per sequence bucket (the smallest holding the row), so a
+    short row is not padded to the longest row of the step; or all rows in one (by_length False)."""
+    if not by_length:
+        return [list(range(len(rows)))]
+    groups: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(pick_bucket(len(r.prompt) + len(r.completion), buckets, f"RL row {i}"), []).append(i)
+    return [groups[b] for b in sorted(groups)]
+
+
+def grpo_batches(rows: Sequence[Row], advantages: np.ndarray, aggregation: str, norm_tokens: int,
+                 buckets: Sequence[int], pad_id: int = 0, row_multiple: int = 1, by_length: bool = False) -> list[dict]:
+    """The device batches of one GRPO update (one per length group): pack() + advantages [R] (the episode's A) +
+    token_weight [R,T], the weights computed over ALL rows of the update, so the groups' gradients sum to it."""
+    w = row_weights(rows, aggregation, norm_tokens)
+    out = []
+    for idx in length_groups(rows, buckets, by_length):
+        sub = [rows[i] for i in idx]
+        b = pack(sub, buckets, pad_id, row_multiple)
+        n = b["tokens"].shape[0]
+        adv, row_w = np.zeros(n, np.float32), np.zeros(n, np.float64)
+        adv[:len(sub)] = [advantages[r.episode] for r in sub]
+        row_w[:len(sub)] = w[idx]
+        b["advantages"] = adv
+        b["token_weight"] = (b["loss_mask"] * row_w[:, None]).astype(np.float32)
+        del b["row_episode"]
+        out.append(b)
+    return out
+
+
 def grpo_batch(rows: Sequence[Row], advantages: np.ndarray, aggregation: str, norm_tokens: int,
                buckets: Sequence[int], pad_id: int = 0, row_multiple: int = 1) -> dict:
-    """The device batch of a GRPO update: pack() + advantages [R] (the episode's A) + token_weight [R,T]."""
-    b = pack(rows, buckets, pad_id, row_multiple)
-    w = row_weights(rows, aggregation, norm_tokens)
-    n = b["tokens"].shape[0]
-    adv = np.zeros(n, np.float32)
-    row_w = np.zeros(n, np.float64)
-    for i, r in enumerate(rows):
-        adv[i] = advantages[r.episode]
-        row_w[i] = w[i]
-    b["advantages"] = adv
-    b["token_weight"] = (b["loss_mask"] * row_w[:, None]).astype(np.float32)
-    del b["row_episode"]
-    return b
+    """grpo_batches with every row in one batch."""
+    return grpo_batches(rows, advantages, aggregation, norm_tokens, buckets, pad_id, row_multiple, False)[0]
 
 
 def token_rewards(rows: Sequence[Row], outcome: Sequence[float],
@@ -221,25 +245,41 @@ def trajectory_gae(rows: Sequence[Row], values: Sequence[np.ndarray], rewards: S
     return adv, returns
 
 
-def ppo_batch(rows: Sequence[Row], packed: dict, old_values: np.ndarray, outcome: Sequence[float],
-              step_rewards: Sequence[Sequence[float]] | None, gamma: float, lam: float, whiten: bool) -> dict:
-    """The device batch of a PPO update from pack() output and the value head's estimates old_values [R,T]
-    (token_values alignment): old_values, advantages, returns [R,T] and token_mean weights."""
-    b = {k: v for k, v in packed.items() if k != "row_episode"}
-    spans = [(len(r.prompt), len(r.prompt) + len(r.completion)) for r in rows]
-    vals = [np.asarray(old_values[i, p:m], np.float32) for i, (p, m) in enumerate(spans)]
+def ppo_batches(rows: Sequence[Row], groups: Sequence[Sequence[int]], packed: Sequence[dict],
+                old_values: Sequence[np.ndarray], outcome: Sequence[float],
+                step_rewards: Sequence[Sequence[float]] | None, gamma: float, lam: float, whiten: bool) -> list[dict]:
+    """The device batches of one PPO update from pack() outputs of the row groups and the value head's estimates
+    old_values [R,T] of each (token_values alignment): old_values, advantages, returns [R,T] and token_mean
+    weights over all rows. GAE runs along each trajectory across groups; advantages are whitened over all rows."""
+    vals: list = [None] * len(rows)
+    for idx, ov in zip(groups, old_values):
+        for j, i in enumerate(idx):
+            p = len(rows[i].prompt)
+            vals[i] = np.asarray(ov[j, p:p + len(rows[i].completion)], np.float32)
     adv, ret = trajectory_gae(rows, vals, token_rewards(rows, outcome, step_rewards), gamma, lam)
     flat = np.concatenate(adv) if adv else np.zeros(0)
     if whiten and flat.size > 1:
         mean, std = flat.mean(), flat.std()
         adv = [(a - mean) / np.sqrt(std * std + 1e-8) for a in adv]
-    shape = b["tokens"].shape
-    b["old_values"] = np.zeros(shape, np.float32)
-    b["advantages"] = np.zeros(shape, np.float32)
-    b["returns"] = np.zeros(shape, np.float32)
-    for i, (p, m) in enumerate(spans):
-        b["old_values"][i, p:m] = vals[i]
-        b["advantages"][i, p:m] = adv[i]
-        b["returns"][i, p:m] = ret[i]
-    b["token_weight"] = (b["loss_mask"] / max(float(b["loss_mask"].sum()), 1.0)).astype(np.float32)
-    return b
+    total = max(float(sum(len(r.completion) for r in rows)), 1.0)
+    out = []
+    for idx, pk in zip(groups, packed):
+        b = {k: v for k, v in pk.items() if k != "row_episode"}
+        shape = b["tokens"].shape
+        for key in ("old_values", "advantages", "returns"):
+            b[key] = np.zeros(shape, np.float32)
+        for j, i in enumerate(idx):
+            p, m = len(rows[i].prompt), len(rows[i].prompt) + len(rows[i].completion)
+            b["old_values"][j, p:m] = vals[i]
+            b["advantages"][j, p:m] = adv[i]
+            b["returns"][j, p:m] = ret[i]
+        b["token_weight"] = (b["loss_mask"] / total).astype(np.float32)
+        out.append(b)
+    return out
+
+
+def ppo_batch(rows: Sequence[Row], packed: dict, old_values: np.ndarray, outcome: Sequence[float],
+              step_rewards: Sequence[Sequence[float]] | None, gamma: float, lam: float, whiten: bool) -> dict:
+    """ppo_batches with every row in one batch."""
+    return ppo_batches(rows, [list(range(len(rows)))], [packed], [old_values], outcome, step_rewards, gamma, lam,
+                       whiten)[0]

@@ -63,20 +63,31 @@ def make_grad_fn(mcfg, tc) -> Callable:
     return grads_of
 
 
-def make_train_step(mcfg, tc, tx, schedule) -> Callable:
-    """step(state, frozen, batch) -> (state, metrics). state = {step, trainable, opt_state, rng}."""
-    grads_of = make_grad_fn(mcfg, tc)
+def make_apply_fn(tx, schedule) -> Callable:
+    """apply(state, grads) -> (state, metrics): one optimizer update from a finished gradient (the second half of
+    the train step; the RL loop calls it on gradients summed over sequence-length groups)."""
 
-    def step(state, frozen, batch):
-        rng = jax.random.fold_in(state["rng"], state["step"])
+    def apply(state, grads):
         trainable = state["trainable"]
-        grads, metrics = grads_of(trainable, frozen, batch, rng)
-        metrics["grad_norm"] = optax.tree.norm(grads)
-        metrics["grad_layer_max_abs"] = layer_max_abs(grads)
-        metrics["lr"] = schedule(state["step"])
+        metrics = {"grad_norm": optax.tree.norm(grads), "grad_layer_max_abs": layer_max_abs(grads),
+                   "lr": schedule(state["step"])}
         updates, opt_state = tx.update(grads, state["opt_state"], trainable)
         new_state = {"step": state["step"] + 1, "trainable": optax.apply_updates(trainable, updates),
                      "opt_state": opt_state, "rng": state["rng"]}
         return new_state, metrics
+
+    return apply
+
+
+def make_train_step(mcfg, tc, tx, schedule) -> Callable:
+    """step(state, frozen, batch) -> (state, metrics). state = {step, trainable, opt_state, rng}."""
+    grads_of = make_grad_fn(mcfg, tc)
+    apply = make_apply_fn(tx, schedule)
+
+    def step(state, frozen, batch):
+        rng = jax.random.fold_in(state["rng"], state["step"])
+        grads, metrics = grads_of(state["trainable"], frozen, batch, rng)
+        state, m = apply(state, grads)
+        return state, {**metrics, **m}
 
     return step
