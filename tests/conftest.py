@@ -60,7 +60,8 @@ def synthetic_run(tmp_path_factory):
 
     from jaxrag import main as jmain
 
-    path = Path(__file__).resolve().parents[1] / "configs" / "synthetic" / "pipeline.py"
+    # the findings config: every stage of the main job (configs/synthetic/pipeline.py) and the studies after them
+    path = Path(__file__).resolve().parents[1] / "configs" / "synthetic" / "findings.py"
     spec = importlib.util.spec_from_file_location("synthetic_pipeline", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -1,4 +1,4 @@
-"""Reusable test fakes: scripted / random / fixed-latency policies, a term-overlap retriever, a byte tokenizer.
+"""Reusable test fakes: the policy and tokenizer stand-ins of jaxrag.fakes, and a term-overlap retriever.
 
 They implement the same protocols as the real things (jaxrag.policy.Policy, jaxrag.retrieval.Retriever,
 jaxrag.tokenizer.Tokenizer) so the rollout engine and the eval job can be tested without a model or index.
@@ -7,85 +7,17 @@ from __future__ import annotations
 
 import collections
 import json
-import random
 import re
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
+from jaxrag.fakes import (ByteTokenizer, LatencyPolicy, QueuePolicy, RandomTextPolicy,  # noqa: F401 (re-exported)
+                          ScriptedPolicy, completion, cut_at_stop, tiny_jax_policy)
 from jaxrag.paths import BENCHMARKS
 
 BENCH = BENCHMARKS
 CORPUS = BENCH / "corpus_multihop_contexts.jsonl"
-
-try:
-    from jaxrag.policy import Completion
-except Exception:  # the real module pulls JAX; the engine only needs these four fields
-    @dataclass
-    class Completion:
-        text: str
-        token_ids: list = field(default_factory=list)
-        logprobs: list = field(default_factory=list)
-        finish_reason: str = "stop"
-
-
-def completion(text: str, finish_reason: str = "stop") -> "Completion":
-    ids = [ord(c) % 256 for c in text]
-    return Completion(text, ids, [-0.5] * len(ids), finish_reason)
-
-
-def cut_at_stop(text: str, stop: Sequence[str] | None) -> str:
-    """What a sampler does with stop strings: keep the text up to and including the first stop string."""
-    if not stop:
-        return text
-    hits = [(text.find(s), s) for s in stop if s and text.find(s) >= 0]
-    if not hits:
-        return text
-    i, s = min(hits)
-    return text[:i + len(s)]
-
-
-class ScriptedPolicy:
-    """Answers each prompt with respond(prompt, sample_index) (cut at the stop strings); records every call."""
-
-    def __init__(self, respond: Callable[[str, int], str]):
-        self.respond = respond
-        self.calls: list[dict] = []
-
-    def generate(self, prompts, *, n=1, temperature=0.0, max_new_tokens=128, stop=None, seed=0):
-        self.calls.append({"prompts": list(prompts), "n": n, "stop": stop, "temperature": temperature, "seed": seed})
-        return [[completion(cut_at_stop(self.respond(p, j), stop)) for j in range(n)] for p in prompts]
-
-
-class QueuePolicy(ScriptedPolicy):
-    """Replies from a fixed list in order (cycling), whatever the prompt."""
-
-    def __init__(self, texts: Sequence[str]):
-        it = iter(list(texts) * 10_000)
-        super().__init__(lambda p, j: next(it))
-
-
-class RandomTextPolicy(ScriptedPolicy):
-    """Garbage: random printable strings (what an untrained model emits)."""
-
-    def __init__(self, seed: int = 0):
-        rng = random.Random(seed)
-        alphabet = "abc <>/{}[]\"':,\n#*`qryansw"
-        super().__init__(lambda p, j: "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60))))
-
-
-class LatencyPolicy:
-    """Fixed per-call latency + per-token cost (per sequence): models a device that saturates with batch."""
-
-    def __init__(self, respond: Callable[[str, int], str], call_s: float = 0.02, token_s: float = 2e-5,
-                 tokens: int = 32):
-        self.respond, self.call_s, self.token_s, self.tokens = respond, call_s, token_s, tokens
-
-    def generate(self, prompts, *, n=1, temperature=0.0, max_new_tokens=128, stop=None, seed=0):
-        time.sleep(self.call_s + self.token_s * self.tokens * len(prompts) * n)
-        return [[completion(cut_at_stop(self.respond(p, j), stop)) for j in range(n)] for p in prompts]
-
 
 _WORD = re.compile(r"\w+")
 
@@ -137,33 +69,6 @@ class OverlapRetriever:
             best = sorted(scores.items(), key=lambda x: (-x[1], x[0]))[:k]
             out.append([Doc(self.passages[i].doc_id, s, self.passages[i].title, self.passages[i].text) for i, s in best])
         return out
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as tokens: 0 pad, 1 bos, 2 eos, byte b -> b + 3 (vocab 259). Tokenizer protocol."""
-    pad_id, bos_id, eos_id, vocab_size = 0, 1, 2, 259
-    eos_ids = (2,)
-
-    def encode(self, text, add_bos=False):
-        return ([1] if add_bos else []) + [b + 3 for b in text.encode("utf-8")]
-
-    def decode(self, ids):
-        return bytes(int(i) - 3 for i in ids if int(i) >= 3).decode("utf-8", errors="replace")
-
-    def chat(self, messages, add_generation_prompt=True):
-        return "\n\n".join(m["content"] for m in messages) + ("\n\n" if add_generation_prompt else "")
-
-
-def tiny_jax_policy(seed: int = 0, max_seq_len: int = 384):
-    """A JaxPolicy over a tiny random Llama with the byte tokenizer (garbage in, garbage out)."""
-    import jax
-
-    from jaxrag.models.config import ModelConfig
-    from jaxrag.models.transformer import init_params
-    from jaxrag.policy import JaxPolicy
-    cfg = ModelConfig(vocab_size=259, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64,
-                      max_seq_len=max_seq_len, bos_id=1, eos_ids=(2,), pad_id=0)
-    return JaxPolicy(cfg, init_params(cfg, jax.random.PRNGKey(seed), std=0.5), ByteTokenizer())
 
 
 def bm25_over_corpus():

@@ -12,7 +12,8 @@ from fakes import BENCH, CORPUS
 from jaxrag.data.qa import load_qa
 from jaxrag.env.agents import get_agent
 from jaxrag.env.mdp import read_episodes
-from jaxrag.pipelines.eval import eval_stage, load_policy
+from jaxrag.pipelines.common import load_policy
+from jaxrag.pipelines.eval import eval_stage
 
 N_QUESTIONS = 5
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|im_end|>"]

@@ -232,6 +232,9 @@ def test_policy_tree_env_batches_and_builds_grounding_nodes(tmp_path):
     # iteration 1: ONE generate call holds all 3 roots x n=2
     assert len(pol.calls[0]["prompts"]) == 3 and pol.calls[0]["n"] == 2
     assert stats["expand_calls"] == 2 and stats["rollout_calls"] == 2 and env.calls["engine"] == 2
+    # policy samples (the compute unit of the equal-budget study): 3 roots x 2 actions; evidence: 3 A-nodes x 2
+    # rollout copies, then 3 x 2 extractions; rollout answers: 3 x 2 from A, then 6 evidence nodes x 2
+    assert env.sampled == {"expand": 6, "evidence": 12, "rollout": 18} and env.sampled_actions == 36
     t = trees[0]
     a, b = t.kids(t.root)
     assert (a.stage, a.action.text, len(a.step.docs)) == (GROUNDING, "topic1 fact", 2)

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from jaxrag import main as jmain
-from jaxrag.data.synthetic import export
+from jaxrag.jsonl import read_jsonl
 from jaxrag.env.mdp import read_episodes
 from jaxrag.metrics import exact_match
 
@@ -30,10 +30,10 @@ def test_every_stage_ran_and_reruns_skip(run):
 def test_world_teacher_and_model_outputs_agree(run):
     config, workdir, _ = run
     stats = json.load(open(os.path.join(workdir, "world", "stats.json")))
-    corpus = export.read_jsonl(os.path.join(workdir, "world", "corpus.jsonl"))
+    corpus = read_jsonl(os.path.join(workdir, "world", "corpus.jsonl"))
     assert len(corpus) == stats["passages"]
     for split in ("train", "dev", "test", "heldout"):
-        qs = export.read_jsonl(os.path.join(workdir, "world", f"questions_{split}.jsonl"))
+        qs = read_jsonl(os.path.join(workdir, "world", f"questions_{split}.jsonl"))
         assert sum(v for k, v in stats["questions"].items() if k.startswith(split + "/")) == len(qs)
         teacher = os.path.join(workdir, "teacher", f"episodes_{split}.jsonl")
         assert os.path.exists(teacher) == (split in config.teacher.splits)
@@ -43,7 +43,7 @@ def test_world_teacher_and_model_outputs_agree(run):
     assert os.path.exists(os.path.join(workdir, "tokenizer", "spm.model"))
     for stage in ("sft", "sft_re2search"):
         summary = json.load(open(os.path.join(workdir, stage, "summary.json")))
-        rows = export.read_jsonl(os.path.join(workdir, stage, "metrics.jsonl"))
+        rows = read_jsonl(os.path.join(workdir, stage, "metrics.jsonl"))
         assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(1, config[stage].train.steps + 1))
         assert summary["agent"] == config[stage].agent and summary["steps"] >= 1
         evals = [r for r in rows if r["kind"] == "eval"]
@@ -64,7 +64,7 @@ def test_eval_results_match_episode_files(run):
         assert results["systems"][name]["agent"] == agent and results["systems"][name]["model"] == model
         for split in s.splits:
             r = results["systems"][name]["splits"][split]
-            qs = export.read_jsonl(os.path.join(workdir, "world", f"questions_{split}.jsonl"))
+            qs = read_jsonl(os.path.join(workdir, "world", f"questions_{split}.jsonl"))
             types = collections.Counter(q["metadata"]["type"] for q in qs)
             per_type = -(-s.max_questions // len(types))  # evaluation is stratified by question type
             eps = read_episodes(os.path.join(workdir, "eval", f"episodes_{name}_{split}.jsonl"))
@@ -87,8 +87,14 @@ def test_report_files(run):
     rows = list(csv.DictReader(open(os.path.join(out, "results.csv"))))
     expected = sum(1 + len(sp["by_type"]) for sysr in results["systems"].values() for sp in sysr["splits"].values())
     assert len(rows) == expected and len(results["systems"]) == len(config.eval.systems)
-    md = open(os.path.join(out, "results.md")).read().split("\n## ")[0]  # the systems table, before the studies
-    assert md.count("\n|") == expected + 2  # header, separator, rows
+    sections = open(os.path.join(out, "results.md")).read().split("\n## ")
+    summary = next(s for s in sections if s.startswith("Summary"))
+    assert summary.count("\n|") == len(results["systems"]) + 2  # header, separator, one row per system
+    for name, r in results["systems"].items():  # the summary's numbers are the eval stage's
+        test = r["splits"]["test"]["all"]
+        assert f"| {name} | {test['em']:.3f} / {test['f1']:.3f} |" in summary
+    full = next(s for s in sections if s.startswith("Every system"))
+    assert full.count("\n|") == expected + 2  # header, separator, rows
     for png in ("training_curves.png", "accuracy_by_hops.png"):
         with open(os.path.join(out, png), "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -157,3 +163,77 @@ def test_agreement_and_bestofn_outputs(run):
     with open(os.path.join(workdir, "report", "bestofn.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert "Annotator agreement" in open(os.path.join(workdir, "report", "results.md")).read()
+
+
+# ------------------------------------------------------------------------------ the findings (configs/synthetic/findings.py)
+def test_findings_config_reuses_the_demo_stages():
+    """Every main-job stage has the same settings (so the same fingerprint) under findings.py as under pipeline.py,
+    for both presets: running the findings in the demo's workdir reuses the demo's outputs."""
+    import importlib.util
+    from pathlib import Path
+
+    from jaxrag.workdir import stage_settings
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "synthetic" / "findings.py"
+    spec = importlib.util.spec_from_file_location("findings_config", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for preset in ("demo", "tiny"):
+        demo, findings = mod.pipeline.get_config(preset), mod.get_config(preset)
+        assert list(findings.stages[: len(demo.stages)]) == list(demo.stages)
+        for stage in demo.stages:
+            assert stage_settings(findings, stage) == stage_settings(demo, stage), (preset, stage)
+        assert findings.grpo_k3.train.grpo.kl_estimator == "k3" and findings.grpo.train.grpo.kl_estimator == "k2"
+        assert findings.grpo_k3.rl.to_dict() == findings.grpo.rl.to_dict()
+        findings.index.k = 7  # the k3 run's k still references the one home
+        assert findings.grpo_k3.rl.k == findings.grpo.rl.k == 7
+
+
+def test_mcts_pairs_at_the_ranking_budget(run):
+    from jaxrag.supervision.mcts import read_trees, tree_pairs
+    from jaxrag.supervision.records import read_pairs, read_records
+
+    config, workdir, _ = run
+    st = json.load(open(os.path.join(workdir, "mcts", "stats.json")))
+    budget = json.load(open(os.path.join(workdir, "supervision", "stats.json")))["sampled_actions_all"]
+    assert st["budget_actions"] == budget and st["sampled_actions_all"] == sum(st["sampled"].values())
+    if st["trees"] < config.mcts.max_questions:  # stopped by the budget, within one round of it
+        assert st["sampled_actions_all"] >= budget
+    trees = read_trees(os.path.join(workdir, "mcts", "trees.jsonl"))
+    pairs = read_pairs(os.path.join(workdir, "mcts", "pairs.jsonl"))
+    records = read_records(os.path.join(workdir, "mcts", "records_mcts.jsonl"))
+    assert len(trees) == st["trees"] and len(pairs) == st["pairs"] and len(records) == st["states"]
+    assert [(p.chosen, p.rejected) for p in pairs] == [
+        (p.chosen, p.rejected) for t in trees for p in tree_pairs(t, config.mcts.mcts.min_margin)]
+    for p in pairs:
+        assert p.margin >= config.mcts.mcts.min_margin - 1e-9 and p.chosen != p.rejected and p.source == "mcts"
+    alpha = config.mcts.mcts.alpha
+    for t in trees:  # exact leaves: Q = v · α^depth
+        for n in t.nodes:
+            if n.stage == "Terminal" and n.value is not None and n.visits and not n.children:
+                assert n.own_q == pytest.approx(n.value * alpha ** n.depth)
+
+
+def test_findings_stages_and_report(run):
+    from jaxrag.train.metrics_log import read_metrics
+
+    config, workdir, _ = run
+    dpo_mcts = json.load(open(os.path.join(workdir, "dpo_mcts", "summary.json")))
+    assert dpo_mcts["pairs"] == json.load(open(os.path.join(workdir, "mcts", "stats.json")))["pairs"]
+    assert sorted(read_metrics(os.path.join(workdir, "dpo_mcts", "metrics.jsonl"))) == list(
+        range(1, config.dpo_mcts.train.steps + 1))
+    k2 = json.load(open(os.path.join(workdir, "grpo", "summary.json")))
+    k3 = json.load(open(os.path.join(workdir, "grpo_k3", "summary.json")))
+    assert k2["rl_steps"] == k3["rl_steps"] == config.grpo.rl.steps
+    assert json.load(open(os.path.join(workdir, "grpo_k3", "train_config.json")))["grpo"]["kl_estimator"] == "k3"
+    b = json.load(open(os.path.join(workdir, "bestofn_transfer", "bestofn.json")))
+    assert [r["n"] for r in b["rows"] if r["selector"] == "critic"] == list(config.bestofn_transfer.ns)
+    res = json.load(open(os.path.join(workdir, "eval_findings", "results.json")))
+    assert set(res["systems"]) == {"dpo_mcts", "grpo_k3"}
+    md = open(os.path.join(workdir, "findings", "findings.md")).read()
+    for system in ("| sft_react |", "| dpo |", "| dpo_mcts |", "| grpo |", "| grpo_k3 |", "Re²Search (transfer)"):
+        assert system in md
+    test_em = res["systems"]["dpo_mcts"]["splits"]["test"]["all"]["em"]
+    assert "| dpo_mcts | mcts | " in md and f"{test_em:.3f} /" in md
+    with open(os.path.join(workdir, "findings", "grpo_curves.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"

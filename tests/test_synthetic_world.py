@@ -4,6 +4,7 @@
 import pytest
 
 from jaxrag.data.synthetic import export, questions as Q, spm, world as W
+from jaxrag.jsonl import read_jsonl
 
 SMALL = dict(n_countries=5, n_cities=20, n_persons=80, n_films=40, n_companies=20)
 
@@ -91,12 +92,12 @@ def test_bad_arguments_raise_clear_errors():
 def test_export_roundtrip_matches_real_data_format(small, tmp_path):
     w, qs = small
     paths = export.export_world(w, qs, str(tmp_path))
-    corpus = export.read_jsonl(paths["corpus"])
+    corpus = read_jsonl(paths["corpus"])
     assert corpus and all(set(r) == {"id", "title", "contents"} for r in corpus)
     ids = {r["id"] for r in corpus}
     n = 0
     for split in Q.SPLITS:
-        recs = export.read_jsonl(paths[split])
+        recs = read_jsonl(paths[split])
         n += len(recs)
         for r in recs:
             assert {"id", "question", "golden_answers", "supporting_titles", "metadata"} <= set(r) and r[
@@ -108,7 +109,7 @@ def test_export_roundtrip_matches_real_data_format(small, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 1}\n{oops\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2"):
-        export.read_jsonl(str(bad))
+        read_jsonl(str(bad))
 
 
 def test_sentencepiece_keeps_tags_whole_and_roundtrips(small, tmp_path):

@@ -8,7 +8,7 @@ Policies measured in the same run:
   (2 layers, d_model 128, byte tokenizer). A random model's text is garbage (every episode would end Invalid
   at step 1), so its completions are generated and paid for, then replaced by a scripted ReAct line: every
   episode is 2 searches then an answer, for every policy.
-Retrieval: BM25 (bm25s) over the multihop contexts corpus (11k passages). Agent: plain ReAct, k=5.
+Retrieval: BM25 (bm25s) over the multihop contexts corpus (11k passages). Agent: plain ReAct, k = RolloutConfig's default.
 Shares: gen = inside policy.generate (tok = the part of it in the tokenizer: encode, decode, stop strings),
 ret = retriever.search, host = the rest of the engine (render, parse, bookkeeping).
 Each batch size is warmed up (jit compiles for its shapes) before it is timed.
@@ -17,6 +17,7 @@ The fake's per-token cost is fixed; the JaxPolicy's row shows what the CPU/accel
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import time
 
@@ -24,56 +25,18 @@ from jaxrag.bench.common import table, write_result
 from jaxrag.data.qa import load_qa
 from jaxrag.env.agents import get_agent
 from jaxrag.env.rollout import RolloutConfig, rollout
+from jaxrag.fakes import LatencyPolicy, tiny_jax_policy
 from jaxrag.paths import BENCHMARKS
 
 BENCH = BENCHMARKS
 SEARCHES = 2
+K = RolloutConfig.k  # documents per search: the engine's default
 
 
-class _C:
-    def __init__(self, text, token_ids=(0,) * 8):
-        self.text, self.token_ids, self.finish_reason = text, list(token_ids), "stop"
-        self.logprobs = [-1.0] * len(self.token_ids)
-
-
-def _script(prompt: str) -> str:
+def _script(prompt: str, j: int = 0) -> str:
     """Plain ReAct: search twice (question words + hop number), then answer."""
     n = prompt.count("\nsearch: ")
     return f"search: {prompt.splitlines()[0][10:60]} part {n}" if n < SEARCHES else "answer: unknown"
-
-
-class LatencyPolicy:
-    """sleep(call_s + token_s * tokens * batch): fixed launch cost + per-sequence compute."""
-
-    def __init__(self, call_s=0.02, token_s=1e-5, tokens=32):
-        self.call_s, self.token_s, self.tokens = call_s, token_s, tokens
-
-    def generate(self, prompts, *, n=1, temperature=0.0, max_new_tokens=32, stop=None, seed=0):
-        time.sleep(self.call_s + self.token_s * self.tokens * len(prompts) * n)
-        return [[_C(_script(p)) for _ in range(n)] for p in prompts]
-
-
-class ByteTok:
-    """UTF-8 bytes as tokens (0 pad, 1 bos, 2 eos); counts the seconds spent in it."""
-    pad_id, bos_id, eos_id, vocab_size, eos_ids = 0, 1, 2, 259, (2,)
-
-    def __init__(self):
-        self.seconds = 0.0
-
-    def encode(self, t, add_bos=False):
-        t0 = time.perf_counter()
-        ids = ([1] if add_bos else []) + [b + 3 for b in t.encode()]
-        self.seconds += time.perf_counter() - t0
-        return ids
-
-    def decode(self, ids):
-        t0 = time.perf_counter()
-        text = bytes(int(i) - 3 for i in ids if int(i) >= 3).decode(errors="replace")
-        self.seconds += time.perf_counter() - t0
-        return text
-
-    def chat(self, m, add_generation_prompt=True):
-        return "\n\n".join(x["content"] for x in m)
 
 
 class ScriptedJax:
@@ -87,20 +50,12 @@ class ScriptedJax:
                                 seed=seed)
         self.generated += sum(len(c.token_ids) for row in out for c in row)
         self.prefilled += sum(len(row[0].prompt_ids) for row in out)
-        return [[_C(_script(p), c.token_ids) for c in row] for p, row in zip(prompts, out)]
+        return [[dataclasses.replace(c, text=_script(p)) for c in row] for p, row in zip(prompts, out)]
 
 
 def tiny_jax(d_model=128, n_layers=2, max_seq_len=512, max_prompt_tokens=480):
-    import jax
-
-    from jaxrag.models.config import ModelConfig
-    from jaxrag.models.transformer import init_params
-    from jaxrag.policy import JaxPolicy
-
-    cfg = ModelConfig(vocab_size=259, d_model=d_model, n_layers=n_layers, n_heads=4, n_kv_heads=2,
-                      head_dim=d_model // 4, d_ff=4 * d_model, max_seq_len=max_seq_len, bos_id=1, eos_ids=(2,),
-                      pad_id=0)
-    return JaxPolicy(cfg, init_params(cfg, jax.random.PRNGKey(0)), ByteTok(), max_prompt_tokens=max_prompt_tokens)
+    return tiny_jax_policy(0, max_seq_len, d_model=d_model, n_layers=n_layers, n_heads=4, n_kv_heads=2,
+                           d_ff=4 * d_model, std=0.02, max_prompt_tokens=max_prompt_tokens)
 
 
 def measure(pol, retriever, agent, examples, batch: int, tok=None) -> dict:
@@ -108,11 +63,11 @@ def measure(pol, retriever, agent, examples, batch: int, tok=None) -> dict:
     then time all `examples` at this batch size."""
     by_len = sorted(examples, key=lambda ex: len(ex.question))
     warm = by_len if 2 * batch >= len(by_len) else by_len[:batch] + by_len[-batch:]
-    rollout(pol, retriever, agent, warm, RolloutConfig(k=5, batch_size=batch))
+    rollout(pol, retriever, agent, warm, RolloutConfig(batch_size=batch))
     st: dict = {}
     tok_before = tok.seconds if tok is not None else 0.0
     gen_before, pre_before = getattr(pol, "generated", 0), getattr(pol, "prefilled", 0)
-    rollout(pol, retriever, agent, examples, RolloutConfig(k=5, batch_size=batch), stats=st)
+    rollout(pol, retriever, agent, examples, RolloutConfig(batch_size=batch), stats=st)
     tot = st["total_s"]
     row = {"batch": batch, "episodes_per_s": len(examples) / tot, "total_s": tot,
            "generate_share": st["generate_s"] / tot, "retrieve_share": st["retrieve_s"] / tot,
@@ -141,12 +96,12 @@ def main(argv=None):
     t0 = time.perf_counter()
     retriever = build_bm25(load_corpus(BENCH / "corpus_multihop_contexts.jsonl"), backend="bm25s")
     examples = load_qa(BENCH / "hotpotqa_dev_500.jsonl", f"first:{args.episodes}")
-    retriever.search([ex.question for ex in examples[:8]], 5)     # numba compiles before any timing
+    retriever.search([ex.question for ex in examples[:8]], K)     # numba compiles before any timing
     print(f"BM25 over {len(retriever.passages) if hasattr(retriever, 'passages') else '?'} passages: "
           f"{time.perf_counter() - t0:.1f}s (build + numba compile)")
     agent = get_agent("react", mode="plain", max_docs=2, max_doc_chars=200)
     batches = [int(x) for x in args.batches.split(",")]
-    policies = {"fake(20ms+10us/tok)": (LatencyPolicy(), None)}
+    policies = {"fake(20ms+10us/tok)": (LatencyPolicy(_script, call_s=0.02, token_s=1e-5), None)}
     if args.jax:
         pol = tiny_jax(args.d_model, args.layers)
         policies[f"jax(L{args.layers},d{args.d_model},{args.new_tokens}tok)"] = (ScriptedJax(pol, args.new_tokens),
@@ -166,7 +121,7 @@ def main(argv=None):
     cols = ["policy", "batch", "episodes_per_s", "speedup_vs_smallest_batch", "generate%", "tokenizer%",
             "retrieve%", "host%", "retrieve_ms_per_query", "prompt_tokens_per_s", "new_tokens_per_s", "policy_calls"]
     print(table(rows, cols))
-    out = write_result("rollout", {"episodes": len(examples), "agent": "react/plain", "k": 5,
+    out = write_result("rollout", {"episodes": len(examples), "agent": "react/plain", "k": K,
                                    "searches_per_episode": SEARCHES, "new_tokens": args.new_tokens,
                                    "model": {"d_model": args.d_model, "n_layers": args.layers}, "rows": rows})
     print(f"wrote {out}")

@@ -8,12 +8,11 @@ data derive from, so they round-trip through JSONL exactly.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from jaxrag.jsonl import iter_jsonl
+from jaxrag.jsonl import iter_jsonl, write_jsonl
 
 QUERY, ANSWER, INVALID = "query", "answer", "invalid"
 ACTION_KINDS = (QUERY, ANSWER, INVALID)
@@ -136,12 +135,7 @@ class Episode:
 
 
 def write_episodes(path: str | Path, episodes: Iterable[Episode], append: bool = False) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a" if append else "w", encoding="utf-8") as f:
-        for ep in episodes:
-            f.write(json.dumps(ep.to_json(), ensure_ascii=False) + "\n")
-    return path
+    return write_jsonl(path, (ep.to_json() for ep in episodes), append=append)
 
 
 def read_episodes(path: str | Path) -> list[Episode]:

@@ -23,7 +23,7 @@ from jaxrag.env.mdp import (ANSWER, INVALID, QUERY, Action, Doc, Episode, State,
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    k: int = 5                       # documents per search (fixed IR configuration)
+    k: int = 5                       # documents per search: THE default (every other config takes it from here)
     max_steps: int = 10              # actions per episode (RAG-Gym: 10)
     gamma: float = 1.0               # discount of the return
     batch_size: int = 32             # live episodes per engine step

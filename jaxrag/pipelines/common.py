@@ -4,7 +4,7 @@ A stage is `fn(config, workdir, name)`: `config[name]` is its own section; it re
 directories under `workdir` and writes its outputs under `workdir/<name>/` (jaxrag.main writes DONE after it
 returns). Model checkpoints are one format everywhere: a Hugging Face directory (config.json + safetensors, via
 jaxrag.models.save_hf) with its tokenizer beside the weights, so every stage and every pipeline can read every
-other's models (`load_checkpoint`, `jaxrag.evaluate.load_policy`).
+other's models (`load_checkpoint`; `load_policy` for a sampling policy from a config section).
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ def stage_dir(workdir, name: str) -> Path:
 
 
 def resolve(path: str, workdir) -> Path:
-    """A config path: absolute, or relative to the workdir."""
+    """A config path: absolute, relative to the workdir, or "stage:<s>" = the model of stage <s> (workdir/<s>/model)."""
+    if str(path).startswith("stage:"):
+        return model_dir(workdir, str(path).split(":", 1)[1])
     p = Path(path)
     return p if p.is_absolute() else Path(workdir) / p
 
@@ -102,3 +104,44 @@ def load_checkpoint(path, with_head: bool = False):
         with np.load(path / "head.npz") as z:
             head = {k: z[k] for k in z.files}
     return cfg, params, head
+
+
+# ------------------------------------------------------------------------------------ policy and retriever
+def load_policy(pc, workdir):
+    """A JaxPolicy from a config section (dict or ConfigDict): `path` (a HF checkpoint dir: absolute, relative to the
+    workdir, or "stage:<s>"), optional `tokenizer` (a tokenizer dir / *.model; default: the checkpoint dir), `dtype`,
+    `max_prompt_tokens` (agents render over-long prompts shorter), `top_k`, `top_p`, `add_bos`.
+    `policy.tokenizer_path` says where the tokenizer came from (stages copy it beside the models they train)."""
+    from jaxrag.models import load_hf
+    from jaxrag.policy import JaxPolicy
+    from jaxrag.tokenizer import load_tokenizer
+
+    if not pc.get("path"):
+        raise ValueError("policy needs 'path' (a Hugging Face checkpoint dir, or stage:<name>)")
+    path = resolve(pc["path"], workdir)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"policy.path: {path} is not a checkpoint dir (no config.json; has its stage run?)")
+    cfg, params = load_hf(path, dtype=pc.get("dtype") or None)
+    tok_path = resolve(pc["tokenizer"], workdir) if pc.get("tokenizer") else path
+    tok = load_tokenizer(tok_path)
+    if tok.vocab_size > cfg.vocab_size:
+        raise ValueError(f"policy: tokenizer {tok_path} has {tok.vocab_size} tokens but the model in {path} has "
+                         f"vocab_size {cfg.vocab_size}")
+    policy = JaxPolicy(cfg, params, tok, top_k=pc.get("top_k") or 0, top_p=pc.get("top_p") or 1.0,
+                       add_bos=pc.get("add_bos", True), max_prompt_tokens=pc.get("max_prompt_tokens") or None)
+    policy.tokenizer_path = tok_path
+    return policy
+
+
+def load_retriever(rc, workdir):
+    """A retriever from a config section: `index_dir` (a built index: jaxrag.retrieval.load_retriever with `kind`,
+    `backend`) or `corpus` (a JSONL; BM25 built in memory over its first `max_passages`, 0 = all)."""
+    from jaxrag import retrieval
+
+    if rc.get("index_dir"):
+        return retrieval.load_retriever(resolve(rc["index_dir"], workdir), kind=rc.get("kind") or "bm25",
+                                        backend=rc.get("backend") or "bm25s")
+    if rc.get("corpus"):
+        passages = retrieval.load_corpus(resolve(rc["corpus"], workdir), rc.get("max_passages") or None)
+        return retrieval.build_bm25(passages, backend=rc.get("backend") or "bm25s")
+    raise ValueError("retriever needs 'index_dir' (a built index) or 'corpus' (a JSONL)")

@@ -17,47 +17,13 @@ from pathlib import Path
 from jaxrag.env.agents import get_agent
 from jaxrag.env.rollout import RolloutConfig
 from jaxrag.evaluate import evaluate, results_table
-from jaxrag.pipelines.common import resolve
+
 
 log = logging.getLogger(__name__)
 
 
 def _plain(v):
     return v.to_dict() if hasattr(v, "to_dict") else v
-
-
-def load_policy(pcfg, workdir: str | Path):
-    """Default policy builder: a local HF checkpoint dir -> JaxPolicy. Keys: `path` (relative to workdir or
-    absolute), optional `tokenizer` (a separate tokenizer dir / *.model; default: `path`), `dtype`,
-    `max_prompt_tokens`, `top_k`, `top_p`."""
-    from jaxrag.models.hf import load_hf
-    from jaxrag.policy import JaxPolicy
-    from jaxrag.tokenizer import load_tokenizer
-    if not pcfg.get("path"):
-        raise ValueError("eval.policy needs 'path' (a Hugging Face checkpoint dir) or 'fn'")
-    path = resolve(pcfg["path"], workdir)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"eval.policy.path: {path} is not a checkpoint dir (no config.json)")
-    tok_path = resolve(pcfg["tokenizer"], workdir) if pcfg.get("tokenizer") else path
-    cfg, params = load_hf(path, dtype=pcfg.get("dtype"))
-    tok = load_tokenizer(tok_path)
-    if tok.vocab_size > cfg.vocab_size:
-        raise ValueError(f"eval.policy: tokenizer {tok_path} has {tok.vocab_size} tokens but the model in {path} "
-                         f"has vocab_size {cfg.vocab_size}")
-    return JaxPolicy(cfg, params, tok, top_k=pcfg.get("top_k", 0), top_p=pcfg.get("top_p", 1.0),
-                     max_prompt_tokens=pcfg.get("max_prompt_tokens"))
-
-
-def load_index(rcfg, workdir: str | Path):
-    """Default retriever builder: `index_dir` (built index) or `corpus` (a JSONL: BM25 built in memory)."""
-    from jaxrag import retrieval
-    if rcfg.get("index_dir"):
-        return retrieval.load_retriever(resolve(rcfg["index_dir"], workdir), kind=rcfg.get("kind", "bm25"),
-                                        backend=rcfg.get("backend", "bm25s"))
-    if rcfg.get("corpus"):
-        corpus = resolve(rcfg["corpus"], workdir)
-        return retrieval.build_bm25(retrieval.load_corpus(corpus), backend=rcfg.get("backend", "bm25s"))
-    raise ValueError("eval.retriever needs 'index_dir' or 'corpus'")
 
 
 def eval_stage(config, workdir: str | Path, name: str) -> dict:
@@ -69,10 +35,10 @@ def eval_stage(config, workdir: str | Path, name: str) -> dict:
     out_dir = Path(workdir) / name
     out_dir.mkdir(parents=True, exist_ok=True)
     pcfg, rcfg = _plain(ec.policy), _plain(ec.retriever)
-    policy = resolve_fn(pcfg.get("fn", "jaxrag.pipelines.eval:load_policy"), f"config.{name}.policy.fn")(pcfg, workdir)
-    retriever = resolve_fn(rcfg.get("fn", "jaxrag.pipelines.eval:load_index"), f"config.{name}.retriever.fn")(rcfg, workdir)
+    policy = resolve_fn(pcfg.get("fn", "jaxrag.pipelines.common:load_policy"), f"config.{name}.policy.fn")(pcfg, workdir)
+    retriever = resolve_fn(rcfg.get("fn", "jaxrag.pipelines.common:load_retriever"), f"config.{name}.retriever.fn")(rcfg, workdir)
     scfg = _plain(ec.get("summarizer", None))
-    summarizer = (resolve_fn(scfg.get("fn", "jaxrag.pipelines.eval:load_policy"), f"config.{name}.summarizer.fn")
+    summarizer = (resolve_fn(scfg.get("fn", "jaxrag.pipelines.common:load_policy"), f"config.{name}.summarizer.fn")
                   (scfg, workdir) if scfg else None)
     judge = judge_from_config(_plain(ec.get("judge", None)))
     rc = RolloutConfig(**_plain(ec.get("rollout", {})))

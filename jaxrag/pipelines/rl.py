@@ -47,13 +47,6 @@ def stage_name(config, fn_name: str, name: str | None) -> str:
     return names[0]
 
 
-def resolve_path(p: str, workdir: str | Path) -> Path:
-    """Absolute paths as they are; "stage:<s>" -> workdir/<s>/model; others relative to the workdir."""
-    if p.startswith("stage:"):
-        return common.model_dir(workdir, p.split(":", 1)[1])
-    return common.resolve(p, workdir)
-
-
 def stage_config() -> "ml_collections.ConfigDict":
     """The stage section with every key typed (a config file sets what differs; unknown keys fail)."""
     import ml_collections
@@ -124,38 +117,6 @@ def check_config(config, name: str) -> None:
         _fail(name, "reward", str(e))
 
 
-def load_policy(pc, workdir: str | Path):
-    """A JaxPolicy from config.<name>.policy: a HF checkpoint dir (with its tokenizer, or policy.tokenizer);
-    policy.tokenizer_path says where the tokenizer came from (copied beside the trained model)."""
-    from jaxrag.models import load_hf
-    from jaxrag.policy import JaxPolicy
-    from jaxrag.tokenizer import load_tokenizer
-
-    path = resolve_path(pc.path, workdir)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"policy.path: {path} is not a model checkpoint (no config.json; has its stage run?)")
-    cfg, params = load_hf(path, dtype=pc.get("dtype") or None)
-    tok_path = resolve_path(pc.tokenizer, workdir) if pc.get("tokenizer") else path
-    tok = load_tokenizer(tok_path)
-    if tok.vocab_size > cfg.vocab_size:
-        raise ValueError(f"policy: tokenizer {tok_path} has {tok.vocab_size} tokens but the model in {path} has "
-                         f"vocab_size {cfg.vocab_size}")
-    policy = JaxPolicy(cfg, params, tok, max_prompt_tokens=pc.get("max_prompt_tokens") or None,
-                       add_bos=pc.get("add_bos", True))
-    policy.tokenizer_path = tok_path
-    return policy
-
-
-def load_retriever(rc, workdir: str | Path):
-    from jaxrag import retrieval
-
-    if rc.get("index_dir"):
-        return retrieval.load_retriever(resolve_path(rc.index_dir, workdir), kind=rc.get("kind", "bm25"),
-                                        backend=rc.get("backend", "bm25s"))
-    passages = retrieval.load_corpus(resolve_path(rc.corpus, workdir), rc.get("max_passages") or None)
-    return retrieval.build_bm25(passages, backend=rc.get("backend", "bm25s"))
-
-
 def load_agent(ac, tokenizer):
     from jaxrag.env.agents import get_agent
 
@@ -176,10 +137,10 @@ def rl_stage(config, workdir: str, name: str | None = None) -> None:
     check_config(config, name)
     sc = config[name]
     out = common.stage_dir(workdir, name)
-    policy = load_policy(sc.policy, workdir)
-    retriever = load_retriever(sc.retriever, workdir)
+    policy = common.load_policy(sc.policy, workdir)
+    retriever = common.load_retriever(sc.retriever, workdir)
     agent = load_agent(sc.agent, policy.tokenizer)
-    questions = load_qa(resolve_path(sc.questions.path, workdir), sc.questions.get("select") or None,
+    questions = load_qa(common.resolve(sc.questions.path, workdir), sc.questions.get("select") or None,
                         limit=sc.questions.get("limit") or None)
     rc = RLConfig.from_dict(sc.rl.to_dict())
     reward = sc.reward.to_dict() if hasattr(sc.reward, "to_dict") else sc.reward
@@ -228,7 +189,7 @@ def tiny_checkpoint_stage(config, workdir: str, name: str | None = None) -> None
     sc = config[name]
     out = common.model_dir(workdir, name)
     out.mkdir(parents=True, exist_ok=True)
-    texts = [p.title + "\n" + p.text for p in load_corpus(resolve_path(sc.corpus, workdir), sc.corpus_lines)]
+    texts = [p.title + "\n" + p.text for p in load_corpus(common.resolve(sc.corpus, workdir), sc.corpus_lines)]
     texts += [arena.SYSTEM, smartsearch.SYSTEM]
     tok = train_byte_bpe(texts, sc.vocab_size, out)
     arch = dict(sc.arch.to_dict())

@@ -35,8 +35,8 @@ class DataError(ValueError):
     pass
 
 
-def read_jsonl(path: Path) -> list[tuple[str, dict]]:
-    """[(where = "file:line", record)]; a missing or empty file is an error that names it."""
+def _records(path: Path) -> list[tuple[str, dict]]:
+    """jaxrag.jsonl.iter_jsonl's [(where = "file:line", record)]; a missing or empty data file is an error."""
     if not path.exists():
         raise DataError(f"{path}: no such file")
     out = list(iter_jsonl(path, DataError))
@@ -60,7 +60,7 @@ def _ids(rec: dict, key: str, where: str, tok) -> list[int]:
 
 def load_examples(kind: str, path: Path, tok=None, vocab_size: int | None = None) -> list:
     out = []
-    for where, rec in read_jsonl(path):
+    for where, rec in _records(path):
         if kind == "sft":
             ex = SFTExample(_ids(rec, "prompt", where, tok), _ids(rec, "completion", where, tok))
             ids = ex.prompt + ex.completion

@@ -7,6 +7,7 @@ import dataclasses
 
 import ml_collections
 
+from jaxrag.env.rollout import RolloutConfig
 from jaxrag.train import config as tconfig
 
 RL_LOSSES = ("grpo", "ppo")
@@ -22,7 +23,7 @@ class RLConfig:
     temperature: float = 1.0  # sampling temperature of every action (ARENA 0.9); 0 = greedy (scored at T = 1)
     max_new_tokens: int = 256  # per action
     max_steps: int = 10  # actions per episode (RAG-Gym: 10)
-    k: int = 5  # documents per search
+    k: int = RolloutConfig.k  # documents per search (the engine's default)
     max_invalid: int = 1  # an episode ends after this many Invalid actions
     rollout_batch: int = 0  # live episodes per engine step; 0 = all B·G at once
     summary_max_new_tokens: int = 256  # Search-o1 / ReasonRAG summaries (never trained)

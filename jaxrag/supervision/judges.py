@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 
 from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Doc, Step
 from jaxrag.env.parsing import canon
+from jaxrag.env.rollout import RolloutConfig
 from jaxrag.judge import OpenAIJudge
 from jaxrag.metrics import exact_match
 from jaxrag.supervision import prompts as P
@@ -297,7 +298,7 @@ class OracleJudge:
 
     name = "oracle"
 
-    def __init__(self, retriever, k: int = 5):
+    def __init__(self, retriever, k: int = RolloutConfig.k):
         if k < 1:
             raise ValueError(f"OracleJudge: k={k} must be >= 1")
         self.retriever, self.k = retriever, k

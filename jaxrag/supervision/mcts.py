@@ -37,7 +37,6 @@ design (ReasonRAG's).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
 from jaxrag.env.mdp import INVALID, QUERY, Action, Episode, State, Step
-from jaxrag.jsonl import iter_jsonl
+from jaxrag.jsonl import iter_jsonl, write_jsonl
 from jaxrag.supervision.judge_protocol import Judge, JudgeRequest
 from jaxrag.supervision.records import Pair, ProcessRecord, ScoredCandidate
 
@@ -489,14 +488,7 @@ def tree_from_json(d: dict) -> Tree:
 
 
 def write_trees(path: str | Path, trees: Iterable[Tree]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for t in trees:
-            f.write(json.dumps(tree_to_json(t), ensure_ascii=False) + "\n")
-    tmp.replace(path)
-    return path
+    return write_jsonl(path, (tree_to_json(t) for t in trees))
 
 
 def read_trees(path: str | Path) -> list[Tree]:

@@ -41,7 +41,14 @@ class PolicyTreeEnv:
     reward: str = "auto"  # v: f1, or acc for multiple choice
     seed: int = 0
     calls: dict = field(default_factory=lambda: {"expand": 0, "rollout": 0, "engine": 0})  # counts per method
+    sampled: dict = field(default_factory=lambda: {"expand": 0, "evidence": 0, "rollout": 0})  # policy samples
     _draws: int = 0  # sampler seeds handed out so far
+
+    @property
+    def sampled_actions(self) -> int:
+        """Every sampled policy output so far (expansion candidates, evidence, rollout actions): MCTS's compute in
+        the unit of the ranking collection's N candidates per state."""
+        return sum(self.sampled.values())
 
     @property
     def _grounds(self) -> bool:
@@ -77,6 +84,7 @@ class PolicyTreeEnv:
                 states.append(s)
             prompts, cands = candidates(self.policy, self.agent, states, n, temperature=self.temperature,
                                         max_new_tokens=self.max_new_tokens, seed=self._seed())
+            self.sampled["expand"] += sum(len(c) for c in cands)
             q_states, q_steps = [], []
             for j, i in enumerate(reason):
                 t, nd = items[i]
@@ -115,6 +123,7 @@ class PolicyTreeEnv:
             outs = self.policy.generate(prompts, n=n, temperature=self.temperature,
                                         max_new_tokens=self.summary_max_new_tokens,
                                         stop=list(self.agent.summary_stop) or None, seed=self._seed())
+            self.sampled["evidence"] += sum(len(o) for o in outs)
             for j, i in enumerate(ground):
                 t, nd = items[i]
                 qstep = t.history(nd)[-1]
@@ -161,8 +170,10 @@ class PolicyTreeEnv:
                             summary_temperature=self.rollout_temperature, reward=self.reward, seed=self._seed())
         done = rollout(self.policy, self.retriever, self.agent, episodes, cfg, summarizer=self.summarizer)
         self.calls["engine"] += 1
+        self.sampled["evidence"] += len(pending_ev)
         out: list[list[Outcome]] = [[] for _ in items]
         for i, ep in zip(owner, done):
+            self.sampled["rollout"] += max(0, len(ep.steps) - len(items[i][0].history(items[i][1])))
             v = ep.reward if ep.done == "answer" else 0.0
             out[i].append(Outcome(float(v), self.tree_steps(ep.steps), ep.answer))
         return out

@@ -33,7 +33,7 @@ class RankingConfig:
     n_candidates: int = 10  # N actions per state (RAG-Gym: 10)
     temperature: float = 1.0  # candidate sampling temperature (RAG-Gym: 1.0)
     max_steps: int = 10  # actions per trajectory (RAG-Gym: 10)
-    k: int = 5  # documents per search
+    k: int = RolloutConfig.k  # documents per search (the engine's default)
     batch_size: int = 64  # live trajectories per engine step
     max_new_tokens: int = 256
     summary_max_new_tokens: int = 256

@@ -14,13 +14,12 @@ batches with the loss mask on the action tokens only (`jaxrag.train.batching`).
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from jaxrag.env.mdp import Action, Episode, State, Step
-from jaxrag.jsonl import iter_jsonl
+from jaxrag.jsonl import iter_jsonl, write_jsonl
 
 # RAG-Gym code: chosen candidates have reward > 0.75, rejected < 0.5, at the same state.
 CHOSEN_ABOVE, REJECTED_BELOW = 0.75, 0.5
@@ -113,20 +112,8 @@ def step_labels(record: ProcessRecord) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------------- JSONL I/O
-def _write(path: str | Path, rows: Iterable[dict]) -> Path:
-    """Write JSONL atomically: a temp file renamed into place, so a killed write never leaves a half file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    tmp.replace(path)
-    return path
-
-
 def write_records(path: str | Path, records: Iterable[ProcessRecord]) -> Path:
-    return _write(path, (r.to_json() for r in records))
+    return write_jsonl(path, (r.to_json() for r in records))
 
 
 def read_records(path: str | Path) -> list[ProcessRecord]:
@@ -140,7 +127,7 @@ def read_records(path: str | Path) -> list[ProcessRecord]:
 
 
 def write_pairs(path: str | Path, pairs: Iterable[Pair]) -> Path:
-    return _write(path, (p.to_json() for p in pairs))
+    return write_jsonl(path, (p.to_json() for p in pairs))
 
 
 def read_pairs(path: str | Path) -> list[Pair]:

@@ -27,7 +27,7 @@ class RolloutValueConfig:
     temperature: float = 1.0  # continuation sampling temperature
     metric: str = "f1"  # f1 | em | cem | acc
     max_steps: int = 10
-    k: int = 5
+    k: int = RolloutConfig.k  # documents per search (the engine's default)
     batch_size: int = 256  # live continuations per engine step
     max_new_tokens: int = 256
     summary_max_new_tokens: int = 256

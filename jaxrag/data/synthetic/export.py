@@ -3,30 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 from jaxrag.data.synthetic.questions import SPLITS, by_split
 from jaxrag.data.synthetic.world import World
-from jaxrag.jsonl import iter_jsonl
+from jaxrag.jsonl import write_jsonl
 
 
 def corpus_records(world: World) -> list[dict]:
     return [{"id": p.id, "title": p.title, "contents": p.contents} for p in world.passages]
-
-
-def write_jsonl(path: str, records) -> int:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    n = 0
-    with open(path, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-            n += 1
-    return n
-
-
-def read_jsonl(path: str) -> list[dict]:
-    return [record for _, record in iter_jsonl(path)]
 
 
 def export_world(world: World, questions: list[dict], out_dir: str) -> dict[str, str]:

@@ -21,7 +21,7 @@ def teacher_episode(question: dict, steps: list[TeacherStep], passages: dict[str
     """One teacher trajectory as an Episode (docs filled from the corpus records by id)."""
     ep_steps = []
     for s in steps:
-        docs = [Doc(d, 0.0, passages[d]["title"], passages[d]["contents"]) for d in s.doc_ids]
+        docs = [Doc(d, 0.0, passages[d].title, passages[d].text) for d in s.doc_ids]
         ep_steps.append(Step(Action(s.action.kind, s.action.text, "", dict(s.action.extra)), docs=docs))
     answer = steps[-1].action.text if steps and steps[-1].action.kind == ANSWER else None
     reward = exact_match(answer, question["golden_answers"])

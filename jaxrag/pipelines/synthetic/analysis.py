@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 
 from jaxrag.pipelines.common import log, stage_dir, write_json
-from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever
+from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
 
 
 def agreement_stage(config, workdir, name) -> None:
@@ -43,13 +43,12 @@ def bestofn_stage(config, workdir, name) -> None:
     from jaxrag.env.rollout import rollout
     from jaxrag.pipelines.synthetic.evaluate import rollout_config, score_episodes, stratified
     from jaxrag.pipelines.synthetic.preference import critic_select
-    from jaxrag.pipelines.synthetic.supervise import policy_from
 
     s = config[name]
     tok = load_tokenizer(workdir)
     retriever = make_retriever(config, workdir)
     agent = get_agent(s.agent, mode="plain")
-    policy = policy_from(workdir, s.policy, tok)
+    policy = stage_policy(workdir, s.policy, tok)
     select = critic_select(workdir, s.critic, tok, agent)
     qs = stratified(load_questions(workdir, s.split), s.max_questions)
     qmap = {q["id"]: q for q in qs}

@@ -12,8 +12,8 @@ import collections
 import dataclasses
 import time
 
-from jaxrag.pipelines.common import load_checkpoint, log, model_dir, stage_dir, write_json
-from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever
+from jaxrag.pipelines.common import log, stage_dir, write_json
+from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
 
 FORCED_ANSWER_AGENTS = ("direct", "rag")
 
@@ -59,16 +59,6 @@ def stratified(questions: list[dict], limit: int) -> list[dict]:
     return [q for q in questions if q["id"] in keep]
 
 
-def load_policy(workdir, stage: str, tok, cache: dict):
-    """A JaxPolicy over workdir/<stage>/model (loaded once per stage)."""
-    from jaxrag.policy import JaxPolicy
-
-    if stage not in cache:
-        mcfg, params = load_checkpoint(model_dir(workdir, stage))
-        cache[stage] = JaxPolicy(mcfg, params, tok)
-    return cache[stage]
-
-
 def rollout_config(config, s, **over):
     from jaxrag.env.rollout import RolloutConfig
 
@@ -89,7 +79,9 @@ def eval_stage(config, workdir, name) -> None:
     results = {"seed": config.seed, "k": config.index.k, "systems": {}}
     for system in s.systems:
         agent = get_agent(system["agent"], mode="plain")
-        policy = load_policy(workdir, system["model"], tok, policies)
+        if system["model"] not in policies:  # each stage's model loaded once
+            policies[system["model"]] = stage_policy(workdir, system["model"], tok)
+        policy = policies[system["model"]]
         if system["agent"] in FORCED_ANSWER_AGENTS:
             policy = ForcedAnswerPolicy(policy)
         select, rcfg = None, rollout_config(config, s, progress=True)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from jaxrag.pipelines.common import load_checkpoint, log, model_dir, read_json, save_checkpoint, stage_dir, write_json
 from jaxrag.pipelines.synthetic.sft import RandomRows, sft_arrays
-from jaxrag.pipelines.synthetic.supervise import policy_from, train_subset
-from jaxrag.pipelines.synthetic.world import load_tokenizer, make_retriever, tokenizer_path
+from jaxrag.pipelines.synthetic.supervise import train_subset
+from jaxrag.pipelines.synthetic.world import load_tokenizer, make_retriever, stage_policy, tokenizer_path
 
 
 def outcome_stage(config, workdir, name) -> None:
@@ -32,7 +32,7 @@ def outcome_stage(config, workdir, name) -> None:
     tok = load_tokenizer(workdir)
     retriever = make_retriever(config, workdir)
     agent = get_agent(s.agent, mode="plain")
-    policy = policy_from(workdir, s.policy, tok)
+    policy = stage_policy(workdir, s.policy, tok)
     questions = train_subset(workdir, s.max_questions, config.seed)
     episodes, sampled, rounds = [], 0, 0
     while sampled < budget and rounds < 100:

@@ -54,6 +54,28 @@ def table_rows(results: dict) -> list[dict]:
     return rows
 
 
+def summary_table(results: dict) -> str:
+    """One line per system: EM / F1 per split (all question types), searches and invalid rate on the first split,
+    EM by question type on the first split (the compact table the README shows)."""
+    systems = results["systems"]
+    splits = sorted({s for r in systems.values() for s in r["splits"]}, key=lambda s: (s != "test", s))
+    first = splits[0]
+    types = sorted({t for r in systems.values() for t in r["splits"].get(first, {}).get("by_type", {})},
+                   key=_type_order)
+    head = ["system"] + [f"{s} EM / F1" for s in splits] + [f"{first} searches", f"{first} invalid"] + [
+        f"{first} {t} EM" for t in types]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, r in systems.items():
+        sp = r["splits"]
+        cells = [name] + [f"{sp[s]['all']['em']:.3f} / {sp[s]['all']['f1']:.3f}" if s in sp else "–" for s in splits]
+        a = sp.get(first, {}).get("all")
+        cells += [f"{a['searches_mean']:.2f}", f"{a['invalid_rate']:.3f}"] if a else ["–", "–"]
+        cells += [f"{sp[first]['by_type'][t]['em']:.3f}" if t in sp.get(first, {}).get("by_type", {}) else "–"
+                  for t in types]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def markdown_table(rows: list[dict]) -> str:
     fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
@@ -130,7 +152,8 @@ def plot_accuracy_by_hops(results: dict, path: str) -> None:
 
 
 def write_report(results: dict, curves: dict[str, list[dict]], out_dir: str, title: str = "Results") -> list[str]:
-    """results.md, results.csv, training_curves.png, accuracy_by_hops.png under out_dir; returns the paths."""
+    """results.md (the summary table, then every row), results.csv, training_curves.png, accuracy_by_hops.png under
+    out_dir; returns the paths."""
     os.makedirs(out_dir, exist_ok=True)
     rows = table_rows(results)
     paths = [
@@ -139,7 +162,8 @@ def write_report(results: dict, curves: dict[str, list[dict]], out_dir: str, tit
     with open(paths[0], "w") as f:
         f.write(
             f"# {title}\n\nk = {results.get('k')} retrieved passages per search; EM/F1 against the gold answer; SE = "
-            f"mean F1 / searches; invalid = share of actions that did not parse.\n\n{markdown_table(rows)}\n"
+            f"mean F1 / searches; invalid = share of actions that did not parse.\n\n## Summary\n\n"
+            f"{summary_table(results)}\n\n## Every system x split x question type\n\n{markdown_table(rows)}\n"
         )
     write_csv(rows, paths[1])
     plot_training_curves(curves, paths[2])

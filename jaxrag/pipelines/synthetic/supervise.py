@@ -17,8 +17,8 @@ import dataclasses
 
 import numpy as np
 
-from jaxrag.pipelines.common import load_checkpoint, log, model_dir, stage_dir, write_json
-from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever
+from jaxrag.pipelines.common import log, stage_dir, write_json
+from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
 
 
 def train_subset(workdir, n: int, seed: int, offset: int = 0) -> list[dict]:
@@ -26,13 +26,6 @@ def train_subset(workdir, n: int, seed: int, offset: int = 0) -> list[dict]:
     qs = load_questions(workdir, "train")
     order = np.random.default_rng(seed).permutation(len(qs))
     return [qs[i] for i in order[offset:offset + n]] if n else [qs[i] for i in order]
-
-
-def policy_from(workdir, stage: str, tok):
-    from jaxrag.policy import JaxPolicy
-
-    mcfg, params = load_checkpoint(model_dir(workdir, stage))
-    return JaxPolicy(mcfg, params, tok)
 
 
 def supervision_stage(config, workdir, name) -> None:
@@ -47,7 +40,7 @@ def supervision_stage(config, workdir, name) -> None:
     tok = load_tokenizer(workdir)
     retriever = make_retriever(config, workdir)
     agent = get_agent(s.agent, mode="plain")
-    policy = policy_from(workdir, s.policy, tok)
+    policy = stage_policy(workdir, s.policy, tok)
     questions = train_subset(workdir, s.max_questions, config.seed)
     judge = get_judge("oracle", retriever=retriever, k=config.index.k)
     rc = RankingConfig(n_candidates=s.n_candidates, temperature=s.temperature, max_steps=s.max_steps,

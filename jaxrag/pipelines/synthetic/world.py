@@ -10,24 +10,33 @@ import numpy as np
 
 from jaxrag.data.synthetic import export, questions as Q, sft_data, teacher as T
 from jaxrag.data.synthetic.world import generate_world
+from jaxrag.jsonl import read_jsonl
 from jaxrag.pipelines.common import log, stage_dir, write_json
 
 
 # ------------------------------------------------------------------------------------------------ loaders
 def load_questions(workdir, split: str) -> list[dict]:
-    return export.read_jsonl(export.question_paths(Path(workdir) / "world")[split])
+    return read_jsonl(export.question_paths(Path(workdir) / "world")[split])
 
 
-def load_corpus(workdir) -> list[dict]:
-    return export.read_jsonl(Path(workdir) / "world" / "corpus.jsonl")
+def corpus_path(workdir) -> Path:
+    return Path(workdir) / "world" / "corpus.jsonl"
 
 
-def make_retriever(config, workdir):
+def make_retriever(config, workdir, out_dir: str | None = None):
     """BM25 over the world's corpus, built in-process (sub-second for the synthetic corpus)."""
-    from jaxrag.retrieval import Passage, build_bm25
+    from jaxrag.retrieval import build_bm25, load_corpus
 
-    corpus = load_corpus(workdir)
-    return build_bm25([Passage(r["id"], r["title"], r["contents"]) for r in corpus], backend=config.index.backend)
+    return build_bm25(load_corpus(corpus_path(workdir)), backend=config.index.backend, out_dir=out_dir)
+
+
+def stage_policy(workdir, stage: str, tok):
+    """A JaxPolicy over the model that stage `stage` trained (workdir/<stage>/model), with the world's tokenizer."""
+    from jaxrag.pipelines.common import load_checkpoint, model_dir
+    from jaxrag.policy import JaxPolicy
+
+    mcfg, params = load_checkpoint(model_dir(workdir, stage))
+    return JaxPolicy(mcfg, params, tok)
 
 
 def load_teacher_episodes(workdir, split: str):
@@ -62,14 +71,7 @@ def world_stage(config, workdir, name) -> None:
 
 
 def index_stage(config, workdir, name) -> None:
-    from jaxrag.retrieval import Passage, build_bm25
-
-    corpus = load_corpus(workdir)
-    retriever = build_bm25(
-        [Passage(r["id"], r["title"], r["contents"]) for r in corpus],
-        backend=config.index.backend,
-        out_dir=str(stage_dir(workdir, name) / "bm25"),
-    )
+    retriever = make_retriever(config, workdir, out_dir=str(stage_dir(workdir, name) / "bm25"))
     # Diagnostic: does the first good teacher query of each hop find its gold passage at k?
     hops = [h for q in load_questions(workdir, "dev") for h in q["metadata"]["gold_chain"]]
     queries = [T.QUERY_TEMPLATES[h["relation"]][0].format(e=h["entity"]) for h in hops]
@@ -86,8 +88,10 @@ def teacher_stage(config, workdir, name) -> None:
 
     s = config[name]
     retriever = make_retriever(config, workdir)
-    passages = {r["id"]: r for r in load_corpus(workdir)}
-    entities = export.read_jsonl(Path(workdir) / "world" / "entities.jsonl")
+    from jaxrag.retrieval import load_corpus
+
+    passages = {p.doc_id: p for p in load_corpus(corpus_path(workdir))}
+    entities = read_jsonl(Path(workdir) / "world" / "entities.jsonl")
     pool = T.guess_pool_from_entities([e for e in entities if not e["heldout"]])
     cfg = T.TeacherConfig(s.p_vague, s.p_redundant, s.p_premature, s.max_retries, s.max_steps)
     stats = {}
@@ -117,8 +121,8 @@ def tokenizer_stage(config, workdir, name) -> None:
     from jaxrag.env.agents import get_agent
 
     s = config[name]
-    metas = export.read_jsonl(Path(workdir) / "world" / "passages_meta.jsonl")
-    entities = {e["id"]: e for e in export.read_jsonl(Path(workdir) / "world" / "entities.jsonl")}
+    metas = read_jsonl(Path(workdir) / "world" / "passages_meta.jsonl")
+    entities = {e["id"]: e for e in read_jsonl(Path(workdir) / "world" / "entities.jsonl")}
     texts = [f"{m['title']}: {m['contents']}" for m in metas if not entities[m["subject"]]["heldout"]]
     episodes = load_teacher_episodes(workdir, "train")
     for agent_name in s.agents:

@@ -1,0 +1,68 @@
+"""The longer studies a user starts deliberately, on top of the main job (configs/synthetic/pipeline.py):
+
+python -m jaxrag.main --config=configs/synthetic/findings.py --workdir=runs/demo
+
+Same workdir as `make demo`: the demo's stages have the same settings here, so they are reused (run it first, or
+this runs them too), and the studies' stages follow:
+  mcts              ReasonRAG MCTS-SPRE pairs from the SFT policy, as many sampled actions as the ranking collection
+  dpo_mcts          DPO on them (the same trainer settings as `dpo` on the ranking pairs): supervision sources at
+                    equal compute
+  grpo_k3           GRPO from the SFT policy with the k3 KL estimator (`grpo` uses ARENA's k2), same seed and budget
+  bestofn_transfer  the critic (trained on the ReAct policy's pairs) guiding the Re²Search policy: another format
+  eval_findings     the new systems on the demo's eval splits and question subset
+  findings          findings.md + grpo_curves.png
+The tiny preset (`findings.py:tiny`) runs the same stages in a minute or two (tests).
+"""
+
+import importlib.util
+from pathlib import Path
+
+import ml_collections
+
+
+def _load_pipeline():
+    """configs/synthetic/pipeline.py beside this file (wherever the run starts from)."""
+    spec = importlib.util.spec_from_file_location("synthetic_pipeline_config", Path(__file__).with_name("pipeline.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+pipeline = _load_pipeline()
+
+P = "jaxrag.pipelines.synthetic"
+STUDIES = ["mcts", "dpo_mcts", "grpo_k3", "bestofn_transfer", "eval_findings", "findings"]
+
+
+def get_config(preset: str = "demo"):
+    c = pipeline.get_config(preset)
+    c.stages = list(c.stages) + STUDIES
+    # ReasonRAG's search (its released code: 2 children per expansion, UCT "code", α = 0.9 in the preference
+    # script), sized to the synthetic world: fewer rollouts per tree and depth = the demo's max_steps.
+    c.mcts = dict(fn=f"{P}.mcts:mcts_stage", policy="sft", agent="react", budget_from="supervision",
+                  max_questions=c.supervision.max_questions, trees_per_round=16, temperature=1.0,
+                  max_new_tokens=c.supervision.max_new_tokens, batch_size=c.supervision.batch_size,
+                  mcts=dict(uct="code", c=1.414, max_children=2, max_rollouts=16, max_iterations=16,
+                            max_depth=c.supervision.max_steps, rollouts_per_node=1, alpha=0.9, min_margin=0.01))
+    c.dpo_mcts = ml_collections.ConfigDict(c.dpo.to_dict())
+    c.dpo_mcts.pairs = "mcts"
+    c.grpo_k3 = pipeline.grpo_section(c)
+    c.grpo_k3.train.grpo.kl_estimator = "k3"
+    # the same budget as `grpo`, whatever the preset made it (k and seed stay references to index.k and seed)
+    c.grpo_k3.rl.update({k: v for k, v in c.grpo.rl.to_dict().items() if k not in ("k", "seed")})
+    c.grpo_k3.train.progress = c.grpo.train.progress
+    c.bestofn_transfer = ml_collections.ConfigDict(c.bestofn.to_dict())
+    c.bestofn_transfer.update(dict(policy="sft_re2search", agent="re2search"))
+    c.eval_findings = ml_collections.ConfigDict(c.eval.to_dict())
+    c.eval_findings.systems = [dict(name="dpo_mcts", agent="react", model="dpo_mcts"),
+                               dict(name="grpo_k3", agent="react", model="grpo_k3")]
+    c.findings = dict(fn=f"{P}.findings:findings_stage", eval="eval", eval_findings="eval_findings",
+                      sources=[dict(system="sft_react", pairs_from=""), dict(system="dpo", pairs_from="supervision"),
+                               dict(system="dpo_mcts", pairs_from="mcts")],
+                      grpo=[dict(system="grpo", stage="grpo"), dict(system="grpo_k3", stage="grpo_k3")],
+                      bestofn=[dict(label="ReAct (the critic's own policy)", stage="bestofn"),
+                               dict(label="Re²Search (transfer)", stage="bestofn_transfer")])
+    if preset == "tiny":
+        c.mcts.update(dict(trees_per_round=4, max_new_tokens=c.supervision.max_new_tokens))
+        c.mcts.mcts.update(dict(max_rollouts=6, max_iterations=6, max_depth=c.supervision.max_steps))
+    return c

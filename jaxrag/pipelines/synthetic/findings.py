@@ -1,0 +1,101 @@
+"""The findings report (configs/synthetic/findings.py): the longer studies side by side, as measured.
+
+config[name]: eval (the main eval stage's name: its results.json holds the demo's systems), eval_findings (the
+findings' own eval stage), sources (rows of the supervision-source study: {"system", "pairs_from"}: a DPO system and
+the stage whose pairs and stats.json it trained on; pairs_from "" = the policy it starts from), grpo (GRPO stages
+to compare, e.g. k2 vs k3 KL estimators: {"system", "stage"}), bestofn (best-of-N stages: {"label", "stage"}).
+Outputs under workdir/<name>/: findings.md, grpo_curves.png.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jaxrag.pipelines.common import log, read_json, stage_dir
+
+
+def _systems(workdir, *stages) -> dict:
+    out = {}
+    for st in stages:
+        p = Path(workdir) / st / "results.json"
+        if p.exists():
+            out.update(read_json(p)["systems"])
+    return out
+
+
+def _em_f1(systems: dict, name: str, split: str) -> str:
+    r = systems.get(name, {}).get("splits", {}).get(split, {}).get("all")
+    return f"{r['em']:.3f} / {r['f1']:.3f}" if r else "–"
+
+
+def _rl_rows(workdir, stage: str) -> list[dict]:
+    from jaxrag.jsonl import iter_jsonl
+
+    p = Path(workdir) / stage / "metrics.jsonl"
+    if not p.exists():
+        return []
+    last = {r["step"]: r for _, r in iter_jsonl(p) if "reward/mean" in r and "step" in r}
+    return [last[s] for s in sorted(last)]
+
+
+def plot_grpo(curves: dict[str, list[dict]], path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, rows in curves.items():
+        steps = [r["step"] for r in rows]
+        a.plot(steps, [r["reward/mean"] for r in rows], marker="o", ms=2, label=label)
+        b.plot(steps, [r.get("kl/k1", float("nan")) for r in rows], marker="o", ms=2, label=label)
+    a.set(xlabel="RL step", ylabel="mean reward (EM) of the step's rollouts", title="GRPO reward")
+    b.set(xlabel="RL step", ylabel="KL to the reference (k1 estimate, per token)", title="GRPO KL")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def findings_stage(config, workdir, name) -> None:
+    s = config[name]
+    systems = _systems(workdir, s.eval, s.eval_findings)
+    out = stage_dir(workdir, name)
+    md = [f"# Findings (synthetic world, seed {config.seed})", "",
+          "EM / F1 on the test split and on held-out entities (names never seen in training); greedy decoding.", ""]
+
+    md += ["## Where process supervision comes from, at equal compute", "",
+           "DPO from the SFT policy on process-level pairs from each source; compute = policy outputs sampled to "
+           "collect them.", "",
+           "| system | pairs from | sampled actions | pairs | test EM / F1 | held-out EM / F1 |", "|---|---|---|---|---|---|"]
+    for row in s.sources:
+        stats = read_json(Path(workdir) / row["pairs_from"] / "stats.json") if row["pairs_from"] else {}
+        md.append(f"| {row['system']} | {row['pairs_from'] or '–'} | {stats.get('sampled_actions_all', '–')} | "
+                  f"{stats.get('pairs', '–')} | {_em_f1(systems, row['system'], 'test')} | "
+                  f"{_em_f1(systems, row['system'], 'heldout')} |")
+
+    curves = {g["system"]: _rl_rows(workdir, g["stage"]) for g in s.grpo}
+    md += ["", "## GRPO: the KL estimator", "",
+           "| system | KL estimator | β | RL steps | reward first → last | test EM / F1 | held-out EM / F1 |",
+           "|---|---|---|---|---|---|---|"]
+    for g in s.grpo:
+        rows, tc = curves[g["system"]], config[g["stage"]].train.grpo
+        rew = f"{rows[0]['reward/mean']:.3f} → {rows[-1]['reward/mean']:.3f}" if rows else "–"
+        md.append(f"| {g['system']} | {tc.kl_estimator} | {tc.beta} | {len(rows)} | {rew} | "
+                  f"{_em_f1(systems, g['system'], 'test')} | {_em_f1(systems, g['system'], 'heldout')} |")
+    plot_grpo(curves, out / "grpo_curves.png")
+    md += ["", "![GRPO curves](grpo_curves.png)"]
+
+    md += ["", "## The critic on another policy", "",
+           "PRM-guided best-of-N with the critic trained on the ReAct policy's pairs: on that policy, and on the "
+           "Re²Search policy (another output format), against the first valid sample at the same N.", "",
+           "| policy | N | selector | EM | F1 |", "|---|---|---|---|---|"]
+    for b in s.bestofn:
+        p = Path(workdir) / b["stage"] / "bestofn.json"
+        if p.exists():
+            md += [f"| {b['label']} | {r['n']} | {r['selector']} | {r['em']:.3f} | {r['f1']:.3f} |"
+                   for r in read_json(p)["rows"]]
+    (out / "findings.md").write_text("\n".join(md) + "\n")
+    log(name, f"{out / 'findings.md'}, {out / 'grpo_curves.png'}")
