@@ -43,7 +43,10 @@ def mcts_stage(config, workdir, name) -> None:
                         temperature=s.temperature, rollout_temperature=s.temperature, max_new_tokens=s.max_new_tokens,
                         batch_size=s.batch_size, seed=config.seed)
     questions = train_subset(workdir, s.max_questions, config.seed)
+    from tqdm import tqdm
+
     trees, totals = [], dict.fromkeys(SUMMED, 0)
+    bar = tqdm(total=budget or len(questions), unit="action" if budget else "tree", desc=name)
     for start in range(0, len(questions), s.trees_per_round):
         if budget and env.sampled_actions >= budget:
             break
@@ -51,6 +54,9 @@ def mcts_stage(config, workdir, name) -> None:
         trees += run_mcts(env, questions[start:start + s.trees_per_round], cfg, stats=st)
         for key in SUMMED:
             totals[key] += st.get(key, 0)
+        bar.update(min(env.sampled_actions, budget) - bar.n if budget else len(trees) - bar.n)
+        bar.set_postfix(trees=len(trees))
+    bar.close()
     if budget and env.sampled_actions < budget:
         log(name, f"ran out of questions at {env.sampled_actions} of {budget} sampled actions (max_questions="
                   f"{s.max_questions})")
