@@ -69,10 +69,7 @@ def bestofn_stage(config, workdir, name) -> None:
 
 
 def plot_bestofn(rows: list[dict], path, split: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from jaxrag.pipelines.synthetic.report import plt, save_figure
 
     fig, ax = plt.subplots(figsize=(5.5, 4))
     greedy = [r for r in rows if r["n"] == 1]
@@ -81,8 +78,4 @@ def plot_bestofn(rows: list[dict], path, split: str) -> None:
         ax.plot([r["n"] for r in pts], [r["em"] for r in pts], marker="o", label=label)
     ax.set(xscale="log", xlabel="candidates per step (N)", ylabel="EM", title=f"best-of-N ({split})")
     ax.set_xticks(sorted({r["n"] for r in rows}), [str(n) for n in sorted({r["n"] for r in rows})])
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, (ax,), path)

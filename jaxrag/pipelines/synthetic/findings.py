@@ -39,10 +39,7 @@ def _rl_rows(workdir, stage: str) -> list[dict]:
 
 
 def plot_grpo(curves: dict[str, list[dict]], path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from jaxrag.pipelines.synthetic.report import plt, save_figure
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for label, rows in curves.items():
@@ -51,12 +48,7 @@ def plot_grpo(curves: dict[str, list[dict]], path) -> None:
         b.plot(steps, [r.get("kl/k1", float("nan")) for r in rows], marker="o", ms=2, label=label)
     a.set(xlabel="RL step", ylabel="mean reward (EM) of the step's rollouts", title="GRPO reward")
     b.set(xlabel="RL step", ylabel="KL to the reference (k1 estimate, per token)", title="GRPO KL")
-    for ax in (a, b):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, (a, b), path)
 
 
 def findings_stage(config, workdir, name) -> None:

@@ -30,6 +30,16 @@ COLUMNS = (
 )
 
 
+def save_figure(fig, axes, path, legend_size: int = 8) -> None:
+    """Grid and legend on every axis, tight layout, PNG at 110 dpi, figure closed."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def table_rows(results: dict) -> list[dict]:
     rows = []
     for sysname, sysres in results["systems"].items():
@@ -112,12 +122,7 @@ def plot_training_curves(curves: dict[str, list[dict]], path: str) -> None:
         ylim=(0, 1),
         title="teacher-forced: every action token right",
     )
-    for ax in (a, b):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, (a, b), path, legend_size=7)
 
 
 def _type_order(t: str):
