@@ -83,6 +83,34 @@ def test_length_groups_sum_to_the_single_batch_gradient():
         np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-4)
 
 
+def test_merged_turns_give_the_per_action_gradient():
+    """GRPO rows with an episode's turns merged (each next prompt continues the ids) give the same gradient as one
+    row per action: every generated id is scored under the same context, with the same weight."""
+    rng = np.random.default_rng(1)
+    eps = []
+    for e in range(4):
+        ids, steps = list(rng.integers(1, 64, 5)), []
+        for _ in range(3):
+            gen = list(rng.integers(1, 64, int(rng.integers(1, 5))))
+            steps.append(Step(action=Action("query", "q"), prompt_ids=list(ids), token_ids=gen,
+                              logprobs=list(rng.normal(-3.0, 0.5, len(gen)))))
+            ids = ids + gen + list(rng.integers(1, 64, 3))  # the observation the next prompt adds
+        eps.append(Episode(qid=f"q{e // 2}", question="", gold=[], steps=steps))
+    adv = R.group_advantages(eps, [1.0, 0.0, 0.5, 2.0], 2)
+    per_action = R.action_rows(eps)
+    merged = R.merge_turns(per_action)
+    assert len(per_action) == 12 and len(merged) == 4
+    params = init_params(CFG, jax.random.PRNGKey(0), std=0.3)
+    args = ({"model": params}, {"ref": jax.tree.map(lambda x: x * 1.05, params)})
+    fn = grads_fn(1, "seq_mean_token_mean")
+    g_a, m_a = fn(*args, R.grpo_batch(per_action, adv, "seq_mean_token_mean", 16, (32,)), jax.random.PRNGKey(0))
+    g_m, m_m = fn(*args, R.grpo_batch(merged, adv, "seq_mean_token_mean", 16, (32,)), jax.random.PRNGKey(0))
+    assert float(m_a["clip_fraction"]) > 0 and float(m_a["kl/k2"]) > 0
+    np.testing.assert_allclose(float(m_a["loss"]), float(m_m["loss"]), rtol=1e-5)
+    for x, y in zip(jax.tree.leaves(g_a), jax.tree.leaves(g_m)):
+        np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-4)
+
+
 def test_value_head_reads_the_state_before_each_token():
     params = init_params(CFG, jax.random.PRNGKey(1), std=0.3)
     head = {"w": jax.random.normal(jax.random.PRNGKey(2), (CFG.d_model,)), "b": jnp.asarray(0.5)}

@@ -139,3 +139,26 @@ def test_sub_batch_metrics_combine_into_the_updates():
     assert m["loss"] == pytest.approx(-0.25)  # partial sums under whole-update weights
     assert m["kl/k2"] == pytest.approx((0.1 * 30 + 0.4 * 10) / 40)  # token means, token-weighted
     assert m["clip_fraction"] == pytest.approx(0.25) and m["ratio_max_dev"] == 0.5
+
+
+def test_merge_turns_joins_actions_whose_ids_continue():
+    """An episode whose next prompt continues the last row's ids token for token becomes one row (observation ids
+    masked, each generated id with its own log-prob); a prompt that does not continue starts a new row."""
+    a = episode("a", step([1, 5], [7, 8], logp=[-0.5, -0.25]),
+                step([1, 5, 7, 8, 40, 41], [9], "query", logp=[-2.0]),
+                step([1, 5, 7, 8, 40, 41, 9, 42], [10, 11], "answer", logp=[-1.0, -3.0]))
+    b = episode("b", step([1, 3], [4]), step([1, 3, 6, 50], [5], "answer"))  # re-rendered: 6 != 4, no merge
+    rows = R.merge_turns(R.action_rows([a, b]))
+    assert [(r.episode, r.step) for r in rows] == [(0, 0), (1, 0), (1, 1)]
+    m = rows[0]
+    assert m.prompt == [1, 5] and m.completion == [7, 8, 40, 41, 9, 42, 10, 11]
+    assert m.gen_mask == [1, 1, 0, 0, 1, 0, 1, 1] and m.generated == 5
+    batch = R.pack(rows, (16,))
+    np.testing.assert_array_equal(batch["loss_mask"][0, :10], [0, 0, 1, 1, 0, 0, 1, 0, 1, 1])
+    np.testing.assert_allclose(batch["old_logp"][0, :10], [0, 0, -0.5, -0.25, 0, 0, -2.0, 0, -1.0, -3.0])
+    # the weights count generated ids only: the same as without merging
+    unmerged = R.action_rows([a, b])
+    for agg in ("token_mean", "seq_mean_token_mean"):
+        w_m = R.grpo_batch(rows, np.ones(2, np.float32), agg, 16, (16,))["token_weight"]
+        w_u = R.grpo_batch(unmerged, np.ones(2, np.float32), agg, 16, (16,))["token_weight"]
+        assert w_m.sum() == pytest.approx(w_u.sum()) == pytest.approx(1.0)

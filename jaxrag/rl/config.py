@@ -31,6 +31,9 @@ class RLConfig:
     # one sub-batch per sequence bucket, gradients summed: less padding, but more compiled shapes (pays off once
     # the shape set saturates: long runs, a persistent compilation cache); False = one padded batch per update
     length_groups: bool = False
+    # GRPO: an episode's consecutive actions as one row wherever the next prompt's ids continue the last row's ids
+    # (rows.merge_turns: the same objective, each prompt scored once); False = one row per action
+    merge_turns: bool = True
     seed: int = 0  # question order (epoch permutations) and rollout sampling keys derive from (seed, step)
     shuffle: bool = True
     save_episodes: bool = True  # append every step's episodes to <workdir>/episodes.jsonl (prompt ids dropped)

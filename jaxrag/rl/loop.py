@@ -10,7 +10,8 @@ Each RL step t (1-based):
    the JaxPolicy gets the trainer's own arrays (full fine-tune) or base + adapters merged (LoRA, sync/lora_merge);
    the assignment refreshes its per-layer decode copy (JaxPolicy.params; time/sync_s) — never a stale copy;
 3. rewards: the named reward function (jaxrag.supervision.rewards.reward_fn) per episode, total + components;
-4. rows (jaxrag.rl.rows): one row per generated action from exactly the ids the sampler saw; GRPO: group-normalized
+4. rows (jaxrag.rl.rows): one row per generated action from exactly the ids the sampler saw (GRPO, rc.merge_turns:
+   an episode's consecutive actions share one row wherever the ids continue); GRPO: group-normalized
    advantages per question + aggregation weights; PPO: the value head scores the rows, GAE along each trajectory;
 5. `inner_steps` epochs of `minibatches` optimizer steps on those rows (each minibatch = whole groups; the trainer's
    jitted step: jaxrag.train.steps, with gradient accumulation; with rc.length_groups the rows of one update are
@@ -120,6 +121,9 @@ def build_batch(episodes: Sequence[Episode], rewards: Sequence[Reward], rc: RLCo
     buckets = tuple(tc.seq_buckets)
     info = {"rows": len(rows)}
     if tc.loss == "grpo":
+        if rc.merge_turns:
+            rows = R.merge_turns(rows)
+            info["rows_merged"] = len(rows)
         adv = R.group_advantages(episodes, [r.total for r in rewards], rc.group_size, tc.grpo.adv_eps,
                                  tc.grpo.std_ddof)
         batches = R.grpo_batches(rows, adv, tc.grpo.aggregation, rc.token_budget, buckets, pad_id, row_multiple,
@@ -152,8 +156,8 @@ def build_batches(episodes: Sequence[Episode], rewards: Sequence[Reward], rc: RL
         b, info = build_batch(episodes[sl], rewards[sl], rc, tc, pad_id, row_multiple, score, sub)
         updates.append(b)
         infos.append(info)
-    info = {k: float(np.sum([x[k] for x in infos])) for k in ("rows", "row_tokens", "time/scoring_s", "sub_batches")
-            if k in infos[0]}
+    info = {k: float(np.sum([x[k] for x in infos])) for k in ("rows", "rows_merged", "row_tokens", "time/scoring_s",
+                                                                "sub_batches") if k in infos[0]}
     info.update({k: float(np.mean([x[k] for x in infos])) for k in ("batch_fill", "adv/abs_mean") if k in infos[0]})
     return updates, info
 

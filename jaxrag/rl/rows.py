@@ -1,6 +1,8 @@
 """Finished episodes -> the token rows, advantages and aggregation weights of one RL update (host side, numpy).
 
-Rows (the exact choice for multi-turn episodes): one row per generated action. A row is the prompt ids the sampler
+Rows (the exact choice for multi-turn episodes): one row per generated action; for GRPO, `merge_turns` joins an
+episode's consecutive actions into one row wherever the next prompt's ids continue the row's ids token for token
+(observations between turns masked), the same objective with each prompt scored once. A row is the prompt ids the sampler
 saw followed by the ids it generated (`Step.prompt_ids + Step.token_ids`, as `JaxPolicy.encode_prompt` produced
 them, never re-tokenized text), so the trainer scores exactly the tokens that were sampled. `loss_mask` is 1 on the
 generated ids only: the question, the history and the retrieved documents all live in the prompt ids and are
@@ -47,10 +49,19 @@ class GroupError(ValueError):
 @dataclasses.dataclass
 class Row:
     episode: int  # index into the step's episode list
-    step: int  # index into episode.steps
+    step: int  # index into episode.steps (a merged row: its first step)
     prompt: list[int]
     completion: list[int]
-    logprobs: list[float]
+    logprobs: list[float]  # aligned with completion (0.0 where gen_mask is 0)
+    gen_mask: list[int] | None = None  # merged rows: 1 = generated id (trained), 0 = observation ids between turns
+
+    @property
+    def generated(self) -> int:
+        """How many of the completion ids the policy generated (the row's action tokens)."""
+        return len(self.completion) if self.gen_mask is None else int(sum(self.gen_mask))
+
+    def completion_mask(self) -> list[int]:
+        return [1] * len(self.completion) if self.gen_mask is None else list(self.gen_mask)
 
 
 def action_rows(episodes: Sequence[Episode]) -> list[Row]:
@@ -68,6 +79,28 @@ def action_rows(episodes: Sequence[Episode]) -> list[Row]:
                 raise ValueError(f"{where}: {len(st.logprobs)} log-probs for {len(st.token_ids)} generated ids")
             rows.append(Row(e, s, list(st.prompt_ids), list(st.token_ids), list(st.logprobs)))
     return rows
+
+
+def merge_turns(rows: Sequence[Row]) -> list[Row]:
+    """Consecutive action rows of one episode as ONE row wherever the next action's prompt ids begin with this row's
+    whole ids (prompt + generated): the tokens between (the environment's observation: retrieved documents, the next
+    turn's prefix) are masked, every generated id keeps its own sampler log-prob, and its context is token for token
+    the one it was sampled under, so the objective is unchanged while each prompt is scored once instead of once per
+    action. Where the ids do not continue (an agent that re-renders or shortens its prompt, a tokenization that does
+    not compose), a new row starts. Rows must come grouped by episode, steps in order (as action_rows gives them)."""
+    out: list[Row] = []
+    for r in rows:
+        last = out[-1] if out else None
+        if last is not None and last.episode == r.episode and r.step > last.step:
+            whole = last.prompt + last.completion
+            if len(r.prompt) >= len(whole) and r.prompt[:len(whole)] == whole:
+                obs = r.prompt[len(whole):]
+                out[-1] = Row(last.episode, last.step, last.prompt, last.completion + obs + r.completion,
+                              last.logprobs + [0.0] * len(obs) + r.logprobs,
+                              last.completion_mask() + [0] * len(obs) + [1] * len(r.completion))
+                continue
+        out.append(r)
+    return out
 
 
 def check_groups(episodes: Sequence[Episode], group_size: int) -> list[str]:
@@ -114,7 +147,7 @@ def row_weights(rows: Sequence[Row], aggregation: str, norm_tokens: int) -> np.n
         return np.zeros(0)
     per_episode: dict[int, int] = {}
     for r in rows:
-        per_episode[r.episode] = per_episode.get(r.episode, 0) + len(r.completion)
+        per_episode[r.episode] = per_episode.get(r.episode, 0) + r.generated
     n_ep = len(per_episode)
     if aggregation == "token_mean":
         return np.full(len(rows), 1.0 / sum(per_episode.values()))
@@ -155,7 +188,7 @@ def pack(rows: Sequence[Row], buckets: Sequence[int], pad_id: int = 0, row_multi
         p, m = len(r.prompt), len(r.prompt) + len(r.completion)
         tokens[i, :m] = r.prompt + r.completion
         seg[i, :m] = 1
-        mask[i, p:m] = 1.0
+        mask[i, p:m] = r.completion_mask()
         old[i, p:m] = r.logprobs
         episode[i] = r.episode
     positions = np.broadcast_to(np.arange(t, dtype=np.int32), (n, t)).copy()
