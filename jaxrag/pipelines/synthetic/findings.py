@@ -41,14 +41,17 @@ def _rl_rows(workdir, stage: str) -> list[dict]:
 def plot_grpo(curves: dict[str, list[dict]], path) -> None:
     from jaxrag.pipelines.synthetic.report import plt, save_figure
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4))
     for label, rows in curves.items():
         steps = [r["step"] for r in rows]
         a.plot(steps, [r["reward/mean"] for r in rows], marker="o", ms=2, label=label)
         b.plot(steps, [r.get("kl/k1", float("nan")) for r in rows], marker="o", ms=2, label=label)
+        c.plot(steps, [max((v for k, v in r.items() if k.startswith("grad_max_abs/")), default=float("nan"))
+                       for r in rows], marker="o", ms=2, label=label)
     a.set(xlabel="RL step", ylabel="mean reward (EM) of the step's rollouts", title="GRPO reward")
     b.set(xlabel="RL step", ylabel="KL to the reference (k1 estimate, per token)", title="GRPO KL")
-    save_figure(fig, (a, b), path)
+    c.set(xlabel="RL step", ylabel="max |gradient| over layers (ARENA's spikes)", yscale="log", title="GRPO gradients")
+    save_figure(fig, (a, b, c), path)
 
 
 def findings_stage(config, workdir, name) -> None:
