@@ -229,7 +229,7 @@ def test_findings_stages_and_report(run):
     b = json.load(open(os.path.join(workdir, "bestofn_transfer", "bestofn.json")))
     assert [r["n"] for r in b["rows"] if r["selector"] == "critic"] == list(config.bestofn_transfer.ns)
     res = json.load(open(os.path.join(workdir, "eval_findings", "results.json")))
-    assert set(res["systems"]) == {"dpo_mcts", "grpo_k3"}
+    assert set(res["systems"]) == {s["name"] for s in config.eval_findings.systems} >= {"dpo_mcts", "grpo_k3"}
     md = open(os.path.join(workdir, "findings", "findings.md")).read()
     for system in ("| sft_react |", "| dpo |", "| dpo_mcts |", "| grpo |", "| grpo_k3 |", "Re²Search (transfer)"):
         assert system in md
@@ -237,3 +237,37 @@ def test_findings_stages_and_report(run):
     assert "| dpo_mcts | mcts | " in md and f"{test_em:.3f} /" in md
     with open(os.path.join(workdir, "findings", "grpo_curves.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_smartsearch_curriculum_stages(run):
+    """The curriculum's data agree with SmartSearch's rules, and each stage starts from the one before."""
+    from jaxrag.supervision import smartsearch as SS
+    from jaxrag.supervision.records import read_pairs
+
+    config, workdir, _ = run
+    d = os.path.join(workdir, "ss_data")
+    st = json.load(open(os.path.join(d, "stats.json")))
+    cfg = SS.SmartSearchConfig(**config.ss_data.smartsearch.to_dict())
+    every = read_episodes(os.path.join(d, "episodes.jsonl"))
+    assert len(every) == st["sampled"] + st["refined"] == config.ss_data.max_questions * config.ss_data.samples + \
+        st["refined"]
+    refined = [e for e in every if SS.REFINED_KEY in e.metadata]
+    assert len(refined) == st["refined"] and all(SS.credits_of(e) is not None for e in every)
+    for e in refined:  # the refined query replaced a search the credit marked bad, and the trajectory went on
+        r = e.metadata[SS.REFINED_KEY]
+        assert e.steps[r["step"]].action.text == r["refined_query"] != r["original_query"]
+    kept = read_episodes(os.path.join(d, "sft_episodes.jsonl"))
+    assert len(kept) == st["sft_episodes"] == len(SS.sft_filter(every, cfg))
+    for e in kept:
+        assert SS.is_correct(e, cfg) and all(c.good for c in SS.credits_of(e))
+    pairs = read_pairs(os.path.join(d, "pairs.jsonl"))
+    assert len(pairs) == st["pairs"] and all(p.chosen != p.rejected and p.source == "smartsearch" for p in pairs)
+    sft = json.load(open(os.path.join(workdir, "ss_sft", "summary.json")))
+    assert sft["episodes"] == len(kept)
+    assert json.load(open(os.path.join(workdir, "ss_dpo", "summary.json")))["pairs"] == len(pairs)
+    rows = read_jsonl(os.path.join(workdir, "ss_grpo", "metrics.jsonl"))
+    assert len(rows) == config.ss_grpo.rl.steps and all("reward/composite" in r for r in rows)
+    md = open(os.path.join(workdir, "findings", "findings.md")).read()
+    section = md.split("## The SmartSearch curriculum")[1]
+    for name in config.findings.smartsearch.systems:
+        assert f"| {name} |" in section

@@ -31,7 +31,8 @@ def _load_pipeline():
 pipeline = _load_pipeline()
 
 P = "jaxrag.pipelines.synthetic"
-STUDIES = ["mcts", "dpo_mcts", "grpo_k3", "bestofn_transfer", "eval_findings", "findings"]
+STUDIES = ["mcts", "dpo_mcts", "grpo_k3", "bestofn_transfer", "ss_data", "ss_sft", "ss_dpo", "ss_grpo",
+           "eval_findings", "findings"]
 
 
 def get_config(preset: str = "demo"):
@@ -53,16 +54,39 @@ def get_config(preset: str = "demo"):
     c.grpo_k3.train.progress = c.grpo.train.progress
     c.bestofn_transfer = ml_collections.ConfigDict(c.bestofn.to_dict())
     c.bestofn_transfer.update(dict(policy="sft_re2search", agent="re2search"))
+    # SmartSearch's curriculum from the SFT policy: trajectories credited (novelty + the oracle's usefulness) and
+    # refined -> stage 1 SFT (correct, every query good) -> stage 2 DPO on trajectory pairs -> stage 3 GRPO with the
+    # composite reward (the paper's γ, φ and λ; step labels from novelty inside the reward, as the code's default)
+    c.ss_data = dict(fn=f"{P}.smartsearch:curriculum_data_stage", policy="sft", agent="react",
+                     max_questions=c.supervision.max_questions, samples=4, temperature=1.0,
+                     max_steps=c.supervision.max_steps, batch_size=c.supervision.batch_size,
+                     max_new_tokens=c.supervision.max_new_tokens,
+                     smartsearch=dict(overlap_threshold=1, correct_f1=0.8, require_judged=True))
+    c.ss_sft = dict(fn=f"{P}.smartsearch:episodes_sft_stage", data="ss_data", init="sft", agent="react",
+                    max_len=c.outcome.max_len, train=ml_collections.ConfigDict(c.outcome.train.to_dict()))
+    c.ss_dpo = ml_collections.ConfigDict(c.dpo.to_dict())
+    c.ss_dpo.update(dict(pairs="ss_data", init="ss_sft"))
+    c.ss_grpo = pipeline.grpo_section(c)
+    c.ss_grpo.policy.path = "stage:ss_dpo"
+    c.ss_grpo.reward = "smartsearch"
+    c.ss_grpo.rl.update({k: v for k, v in c.grpo.rl.to_dict().items() if k not in ("k", "seed")})
+    c.ss_grpo.train.progress = c.grpo.train.progress
     c.eval_findings = ml_collections.ConfigDict(c.eval.to_dict())
     c.eval_findings.systems = [dict(name="dpo_mcts", agent="react", model="dpo_mcts"),
-                               dict(name="grpo_k3", agent="react", model="grpo_k3")]
+                               dict(name="grpo_k3", agent="react", model="grpo_k3"),
+                               dict(name="ss_sft", agent="react", model="ss_sft"),
+                               dict(name="ss_dpo", agent="react", model="ss_dpo"),
+                               dict(name="ss_grpo", agent="react", model="ss_grpo")]
     c.findings = dict(fn=f"{P}.findings:findings_stage", eval="eval", eval_findings="eval_findings",
                       sources=[dict(system="sft_react", pairs_from=""), dict(system="dpo", pairs_from="supervision"),
                                dict(system="dpo_mcts", pairs_from="mcts")],
                       grpo=[dict(system="grpo", stage="grpo"), dict(system="grpo_k3", stage="grpo_k3")],
                       bestofn=[dict(label="ReAct (the critic's own policy)", stage="bestofn"),
-                               dict(label="Re²Search (transfer)", stage="bestofn_transfer")])
+                               dict(label="Re²Search (transfer)", stage="bestofn_transfer")],
+                      smartsearch=dict(data="ss_data", systems=["sft_react", "ss_sft", "ss_dpo", "ss_grpo"]))
     if preset == "tiny":
         c.mcts.update(dict(trees_per_round=4, max_new_tokens=c.supervision.max_new_tokens))
         c.mcts.mcts.update(dict(max_rollouts=6, max_iterations=6, max_depth=c.supervision.max_steps))
+        c.ss_data.update(dict(max_questions=12))
+        c.ss_data.smartsearch.update(dict(correct_f1=0.0, require_judged=False))  # a weak tiny policy: keep some
     return c

@@ -134,7 +134,7 @@ def assess(episodes: Sequence[Episode], judge: Judge | None = None,
     for e, ep in enumerate(episodes):
         for i in search_steps(ep):
             reqs.append(JudgeRequest("usefulness", ep.state(i + 1), [ep.steps[i].action], gold=list(ep.gold),
-                                     metadata={"qid": ep.qid, "step": i}))
+                                     metadata={**_judge_metadata(ep), "qid": ep.qid, "step": i}))
             where.append((e, i))
     results = judge.judge(reqs) if (judge is not None and reqs) else [None] * len(reqs)
     if len(results) != len(reqs):
@@ -159,6 +159,12 @@ def assess(episodes: Sequence[Episode], judge: Judge | None = None,
         ep.metadata[CREDIT_KEY] = [c.to_json() for c in credits]
         out.append(credits)
     return out
+
+
+def _judge_metadata(ep: Episode) -> dict:
+    """What a judge may read of the episode's metadata (e.g. the synthetic world's gold_chain for the oracle): all of
+    it but the credit bookkeeping."""
+    return {k: v for k, v in ep.metadata.items() if k not in (CREDIT_KEY, REFINED_KEY)}
 
 
 def credits_of(ep: Episode) -> list[StepCredit] | None:
@@ -296,7 +302,8 @@ def refine(episodes: Sequence[Episode], refiner: Judge, policy, retriever, agent
         for c in cr:
             if not c.good:
                 reqs.append(JudgeRequest("refine", ep.state(c.step + 1), [ep.steps[c.step].action],
-                                         explanation=c.explanation, metadata={"qid": ep.qid, "step": c.step}))
+                                         explanation=c.explanation,
+                                         metadata={**_judge_metadata(ep), "qid": ep.qid, "step": c.step}))
                 where.append((e, c))
     if not reqs:
         return Refinement([], [], 0)

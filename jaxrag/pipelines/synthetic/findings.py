@@ -3,7 +3,8 @@
 config[name]: eval (the main eval stage's name: its results.json holds the demo's systems), eval_findings (the
 findings' own eval stage), sources (rows of the supervision-source study: {"system", "pairs_from"}: a DPO system and
 the stage whose pairs and stats.json it trained on; pairs_from "" = the policy it starts from), grpo (GRPO stages
-to compare, e.g. k2 vs k3 KL estimators: {"system", "stage"}), bestofn (best-of-N stages: {"label", "stage"}).
+to compare, e.g. k2 vs k3 KL estimators: {"system", "stage"}), bestofn (best-of-N stages: {"label", "stage"}),
+smartsearch ({"data": the curriculum's data stage, "systems": the systems whose test episodes get SQ}; optional).
 Outputs under workdir/<name>/: findings.md, grpo_curves.png.
 """
 
@@ -92,5 +93,46 @@ def findings_stage(config, workdir, name) -> None:
         if p.exists():
             md += [f"| {b['label']} | {r['n']} | {r['selector']} | {r['em']:.3f} | {r['f1']:.3f} |"
                    for r in read_json(p)["rows"]]
+    if s.get("smartsearch"):
+        md += smartsearch_section(config, workdir, s.smartsearch, systems, (s.eval, s.eval_findings))
     (out / "findings.md").write_text("\n".join(md) + "\n")
     log(name, f"{out / 'findings.md'}, {out / 'grpo_curves.png'}")
+
+
+def search_quality_of(config, workdir, episodes) -> dict:
+    """SmartSearch's Perfect / Partial / SQ of eval episodes, every search credited by the oracle (novelty + does
+    the query's result resolve an open hop of the gold chain), as the curriculum's data stage credits them."""
+    from jaxrag.pipelines.synthetic.world import load_questions, make_retriever
+    from jaxrag.supervision import smartsearch as SS
+    from jaxrag.supervision.judges import get_judge
+
+    chains = {q["id"]: q["metadata"]["gold_chain"] for split in ("test", "heldout") for q in
+              load_questions(workdir, split)}
+    for ep in episodes:
+        ep.metadata["gold_chain"] = chains[ep.qid]
+    SS.assess(episodes, get_judge("oracle", retriever=make_retriever(config, workdir), k=config.index.k))
+    return SS.search_quality(episodes)
+
+
+def smartsearch_section(config, workdir, ss, systems: dict, eval_stages) -> list[str]:
+    from jaxrag.env.mdp import read_episodes
+
+    st = read_json(Path(workdir) / ss["data"] / "stats.json")
+    md = ["", "## The SmartSearch curriculum (SFT → DPO → GRPO)", "",
+          f"Data from the SFT policy: {st['sampled']} trajectories ({st['correct_sampled']} correct), "
+          f"{st['refine_requests']} searches refined into {st['refined']} regenerated trajectories "
+          f"({st['refine_failures']} not refinable), {st['sft_episodes']} kept for stage 1, {st['pairs']} stage-2 "
+          f"pairs. SQ of the sampled trajectories {st['search_quality_sampled']['sq']:.3f}"
+          + (f", of the refined ones {st['search_quality_refined']['sq']:.3f}" if st["search_quality_refined"]
+             else "") + ".", "",
+          "SQ = Perfect (right answer, every search novel and useful) + Partial (wrong answer, some search good), "
+          "searches credited by the oracle, on the test split.", "",
+          "| system | test EM / F1 | held-out EM / F1 | test Perfect | test Partial | test SQ |", "|---|---|---|---|---|---|"]
+    for name in ss["systems"]:
+        path = next((Path(workdir) / e / f"episodes_{name}_test.jsonl" for e in eval_stages
+                     if (Path(workdir) / e / f"episodes_{name}_test.jsonl").exists()), None)
+        q = search_quality_of(config, workdir, read_episodes(path)) if path else None
+        cells = [f"{q['perfect']:.3f}", f"{q['partial']:.3f}", f"{q['sq']:.3f}"] if q else ["–"] * 3
+        md.append(f"| {name} | {_em_f1(systems, name, 'test')} | {_em_f1(systems, name, 'heldout')} | "
+                  + " | ".join(cells) + " |")
+    return md

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jaxrag.pipelines.common import load_checkpoint, log, model_dir, read_json, save_checkpoint, stage_dir, write_json
-from jaxrag.pipelines.synthetic.sft import RandomRows, sft_arrays
+from jaxrag.pipelines.common import read_json, stage_dir
+from jaxrag.pipelines.synthetic.sft import sft_on_episodes
 from jaxrag.pipelines.synthetic.supervise import train_subset
-from jaxrag.pipelines.synthetic.world import load_tokenizer, make_retriever, stage_policy, tokenizer_path
+from jaxrag.pipelines.synthetic.world import load_tokenizer, make_retriever, stage_policy
 
 
 def outcome_stage(config, workdir, name) -> None:
@@ -23,8 +23,6 @@ def outcome_stage(config, workdir, name) -> None:
     from jaxrag.env.mdp import write_episodes
     from jaxrag.env.rollout import RolloutConfig, rollout
     from jaxrag.metrics import f1_score
-    from jaxrag.train import config as tconfig
-    from jaxrag.train.loop import fit
 
     s = config[name]
     out = stage_dir(workdir, name)
@@ -48,13 +46,6 @@ def outcome_stage(config, workdir, name) -> None:
     correct = [e for e in episodes if f1_score(e.answer, e.gold) >= s.keep_f1]
     if not correct:
         raise ValueError(f"{name}: none of {len(episodes)} sampled trajectories is correct; nothing to train on")
-    tc = tconfig.resolve(s.train)
-    arrays, info = sft_arrays(correct, agent, tok, s.max_len, pack=True)
-    mcfg, params = load_checkpoint(model_dir(workdir, s.policy))
-    info.update({"budget_actions": budget, "sampled_actions": sampled, "trajectories": len(episodes),
-                 "correct": len(correct), "rounds": rounds})
-    log(name, str(info))
-    result = fit(mcfg, params, RandomRows(arrays, tc.batch_size, tuple(tc.seq_buckets), tc.seed), train_config=tc,
-                 workdir=out)
-    save_checkpoint(model_dir(workdir, name), mcfg, result.params, tokenizer_path(workdir))
-    write_json(out / "summary.json", {**info, "steps": result.step, "final_loss": result.metrics.get("loss")})
+    sft_on_episodes(workdir, name, correct, agent, s.policy, s.max_len, s.train,
+                    {"budget_actions": budget, "sampled_actions": sampled, "trajectories": len(episodes),
+                     "correct": len(correct), "rounds": rounds})

@@ -113,3 +113,22 @@ def sft_stage(config, workdir, name) -> None:
                "final_loss": result.metrics.get("loss"), "final_teacher_forced": last}
     write_json(stage_dir(workdir, name) / "summary.json", summary)
     log(name, str(summary))
+
+
+def sft_on_episodes(workdir, name: str, episodes, agent, init: str, max_len: int, train, info: dict | None = None):
+    """SFT of stage `init`'s model on `episodes` (packed rows, loss on action tokens) through jaxrag.train.fit;
+    saves workdir/<name>/model and summary.json; returns the summary."""
+    from jaxrag.train import config as tconfig
+    from jaxrag.train.loop import fit
+
+    tc = tconfig.resolve(train)
+    arrays, data = sft_arrays(episodes, agent, load_tokenizer(workdir), max_len, pack=True)
+    summary = {**(info or {}), **data, "episodes": len(episodes)}
+    mcfg, params = load_checkpoint(model_dir(workdir, init))
+    log(name, str(summary))
+    result = fit(mcfg, params, RandomRows(arrays, tc.batch_size, tuple(tc.seq_buckets), tc.seed), train_config=tc,
+                 workdir=stage_dir(workdir, name))
+    save_checkpoint(model_dir(workdir, name), mcfg, result.params, tokenizer_path(workdir))
+    summary.update({"steps": result.step, "final_loss": result.metrics.get("loss")})
+    write_json(stage_dir(workdir, name) / "summary.json", summary)
+    return summary
