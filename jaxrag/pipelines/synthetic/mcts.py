@@ -16,16 +16,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jaxrag.pipelines.common import log, read_json, stage_dir, write_json
-from jaxrag.pipelines.synthetic.supervise import train_subset
-from jaxrag.pipelines.synthetic.world import load_tokenizer, make_retriever, stage_policy
+from jaxrag.pipelines.common import log, read_json, write_json
+from jaxrag.pipelines.synthetic.supervise import sampling_setup
 
 SUMMED = ("iterations", "expand_calls", "rollout_calls", "expanded", "rollouts", "revisits", "nodes", "expand_s",
           "rollout_s", "total_s")
 
 
 def mcts_stage(config, workdir, name) -> None:
-    from jaxrag.env.agents import get_agent
     from jaxrag.supervision.mcts import MCTSConfig, run_mcts, tree_pairs, tree_records, write_trees
     from jaxrag.supervision.mcts_env import PolicyTreeEnv
     from jaxrag.supervision.records import write_pairs, write_records
@@ -36,13 +34,10 @@ def mcts_stage(config, workdir, name) -> None:
     cfg = MCTSConfig(**s.mcts.to_dict())
     cfg.validate()
     budget = int(read_json(Path(workdir) / s.budget_from / "stats.json")["sampled_actions_all"]) if s.budget_from else 0
-    out = stage_dir(workdir, name)
-    tok = load_tokenizer(workdir)
-    agent = get_agent(s.agent, mode="plain")
-    env = PolicyTreeEnv(stage_policy(workdir, s.policy, tok), make_retriever(config, workdir), agent, k=config.index.k,
-                        temperature=s.temperature, rollout_temperature=s.temperature, max_new_tokens=s.max_new_tokens,
-                        batch_size=s.batch_size, seed=config.seed)
-    questions = train_subset(workdir, s.max_questions, config.seed)
+    _, out, _, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
+    env = PolicyTreeEnv(policy, retriever, agent, k=config.index.k, temperature=s.temperature,
+                        rollout_temperature=s.temperature, max_new_tokens=s.max_new_tokens, batch_size=s.batch_size,
+                        seed=config.seed)
     from tqdm import tqdm
 
     trees, totals = [], dict.fromkeys(SUMMED, 0)

@@ -12,26 +12,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jaxrag.pipelines.common import read_json, stage_dir
+from jaxrag.pipelines.common import read_json
 from jaxrag.pipelines.synthetic.sft import sft_on_episodes
-from jaxrag.pipelines.synthetic.supervise import train_subset
-from jaxrag.pipelines.synthetic.world import load_tokenizer, make_retriever, stage_policy
+from jaxrag.pipelines.synthetic.supervise import sampling_setup
 
 
 def outcome_stage(config, workdir, name) -> None:
-    from jaxrag.env.agents import get_agent
     from jaxrag.env.mdp import write_episodes
     from jaxrag.env.rollout import RolloutConfig, rollout
     from jaxrag.metrics import f1_score
 
     s = config[name]
-    out = stage_dir(workdir, name)
     budget = int(read_json(Path(workdir) / s.budget_from / "stats.json")["sampled_actions_all"])
-    tok = load_tokenizer(workdir)
-    retriever = make_retriever(config, workdir)
-    agent = get_agent(s.agent, mode="plain")
-    policy = stage_policy(workdir, s.policy, tok)
-    questions = train_subset(workdir, s.max_questions, config.seed)
+    s, out, _, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
     episodes, sampled, rounds = [], 0, 0
     while sampled < budget and rounds < 100:
         rc = RolloutConfig(k=config.index.k, max_steps=s.max_steps, batch_size=s.batch_size, temperature=s.temperature,

@@ -19,25 +19,18 @@ from pathlib import Path
 
 from jaxrag.pipelines.common import load_checkpoint, log, model_dir, save_checkpoint, stage_dir, write_json
 from jaxrag.pipelines.synthetic.sft import sft_on_episodes
-from jaxrag.pipelines.synthetic.supervise import train_subset
-from jaxrag.pipelines.synthetic.world import load_tokenizer, make_retriever, stage_policy, tokenizer_path
+from jaxrag.pipelines.synthetic.supervise import sampling_setup
+from jaxrag.pipelines.synthetic.world import tokenizer_path
 
 
 def curriculum_data_stage(config, workdir, name) -> None:
-    from jaxrag.env.agents import get_agent
     from jaxrag.env.mdp import write_episodes
     from jaxrag.env.rollout import RolloutConfig, rollout
     from jaxrag.supervision import smartsearch as SS
     from jaxrag.supervision.judges import get_judge
     from jaxrag.supervision.records import write_pairs, write_records
 
-    s = config[name]
-    out = stage_dir(workdir, name)
-    tok = load_tokenizer(workdir)
-    retriever = make_retriever(config, workdir)
-    agent = get_agent(s.agent, mode="plain")
-    policy = stage_policy(workdir, s.policy, tok)
-    questions = train_subset(workdir, s.max_questions, config.seed)
+    s, out, _, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
     rc = RolloutConfig(k=config.index.k, max_steps=s.max_steps, batch_size=s.batch_size, temperature=s.temperature,
                        max_new_tokens=s.max_new_tokens, reward="f1", seed=config.seed + 31)
     items = [q for q in questions for _ in range(s.samples)]  # contiguous samples per question

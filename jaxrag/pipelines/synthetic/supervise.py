@@ -14,6 +14,8 @@ episodes.jsonl (every collected train trajectory), agreement/records_<source>.js
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,20 +30,34 @@ def train_subset(workdir, n: int, seed: int, offset: int = 0) -> list[dict]:
     return [qs[i] for i in order[offset:offset + n]] if n else [qs[i] for i in order]
 
 
-def supervision_stage(config, workdir, name) -> None:
+class Sampling(NamedTuple):
+    """What every stage that samples from a trained policy on train questions starts from."""
+
+    s: object  # config[name]
+    out: Path  # workdir/<name>
+    tok: object
+    retriever: object
+    agent: object  # the plain-text agent design config[name].agent
+    policy: object  # the model of stage config[name].policy
+    questions: list  # the seeded train subset of config[name].max_questions
+
+
+def sampling_setup(config, workdir, name) -> Sampling:
     from jaxrag.env.agents import get_agent
+
+    s = config[name]
+    tok = load_tokenizer(workdir)
+    return Sampling(s, stage_dir(workdir, name), tok, make_retriever(config, workdir), get_agent(s.agent, mode="plain"),
+                    stage_policy(workdir, s.policy, tok), train_subset(workdir, s.max_questions, config.seed))
+
+
+def supervision_stage(config, workdir, name) -> None:
     from jaxrag.env.mdp import write_episodes
     from jaxrag.supervision.judges import get_judge
     from jaxrag.supervision.ranking import RankingConfig, collect_ranking, ranking_pairs
     from jaxrag.supervision.records import write_pairs, write_records
 
-    s = config[name]
-    out = stage_dir(workdir, name)
-    tok = load_tokenizer(workdir)
-    retriever = make_retriever(config, workdir)
-    agent = get_agent(s.agent, mode="plain")
-    policy = stage_policy(workdir, s.policy, tok)
-    questions = train_subset(workdir, s.max_questions, config.seed)
+    s, out, _, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
     judge = get_judge("oracle", retriever=retriever, k=config.index.k)
     rc = RankingConfig(n_candidates=s.n_candidates, temperature=s.temperature, max_steps=s.max_steps,
                        k=config.index.k, batch_size=s.batch_size, max_new_tokens=s.max_new_tokens,
