@@ -9,7 +9,8 @@ from jaxrag.env.mdp import Action, Episode, Step
 from jaxrag.models import ModelConfig, forward, init_params
 from jaxrag.rl import rows as R
 from jaxrag.train import config as tconfig
-from jaxrag.train.steps import make_grad_fn, make_score_fn
+from jaxrag.train.objectives import make_score_fn
+from jaxrag.train.steps import make_grad_fn
 
 CFG = ModelConfig(model_type="llama", vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16,
                   d_ff=64)

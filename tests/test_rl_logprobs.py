@@ -11,7 +11,7 @@ from jaxrag.rl import rows as R
 from jaxrag.train import config as tconfig
 from jaxrag.train.loop import build
 from jaxrag.train.state import init_state, put
-from jaxrag.train.steps import make_score_fn
+from jaxrag.train.objectives import make_score_fn
 
 BUCKETS = (256,)
 T_LOW = 0.7

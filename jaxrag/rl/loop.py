@@ -52,7 +52,8 @@ from jaxrag.train.loop import RESUMABLE as RESUMABLE_TRAIN
 from jaxrag.train.loop import ConfigChanged, NonFiniteLoss, build, changed_keys
 from jaxrag.train.metrics_log import MetricsWriter, flatten_metrics
 from jaxrag.train.state import abstract_state, init_state, put
-from jaxrag.train.steps import make_apply_fn, make_grad_fn, make_score_fn
+from jaxrag.train.objectives import make_score_fn
+from jaxrag.train.steps import make_apply_fn, make_grad_fn
 
 
 @dataclasses.dataclass
@@ -200,11 +201,7 @@ def check_resumable(workdir: Path, settings: dict, ckpt: Checkpointer) -> None:
 def check_row_budget(policy, rc: RLConfig, tc) -> None:
     """The longest row the sampler can produce (prompt limit + max_new_tokens) must fit the largest sequence bucket:
     fail before any compute, not at the first long prompt."""
-    if hasattr(policy, "prompt_budget"):
-        limit = policy.prompt_budget(rc.max_new_tokens)
-    else:
-        limit = min(getattr(policy, "max_prompt_tokens", None) or policy.cfg.max_seq_len,
-                    policy.cfg.max_seq_len - rc.max_new_tokens)
+    limit = policy.prompt_budget(rc.max_new_tokens)
     longest = limit + rc.max_new_tokens
     if longest > max(tc.seq_buckets):
         raise ValueError(f"train config: seq_buckets: the largest bucket {max(tc.seq_buckets)} is shorter than the "

@@ -294,7 +294,7 @@ def ppo_batches(rows: Sequence[Row], groups: Sequence[Sequence[int]], packed: Se
     if whiten and flat.size > 1:
         mean, std = flat.mean(), flat.std()
         adv = [(a - mean) / np.sqrt(std * std + 1e-8) for a in adv]
-    total = max(float(sum(len(r.completion) for r in rows)), 1.0)
+    total = max(float(sum(r.generated for r in rows)), 1.0)
     out = []
     for idx, pk in zip(groups, packed):
         b = {k: v for k, v in pk.items() if k != "row_episode"}

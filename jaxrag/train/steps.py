@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxrag.train.objectives import (make_loss_fn, make_prepare, make_score_fn, policy_params,  # noqa: F401
-                                     reference_params, sampled_logprobs, token_values)
+from jaxrag.train.objectives import make_loss_fn, make_prepare
 
 
 def layer_max_abs(grads) -> jax.Array:

@@ -17,8 +17,8 @@ from jaxrag.env.mdp import ANSWER, Action, Doc, Episode, State, Step
 from jaxrag.metrics import exact_match
 
 
-def teacher_episode(question: dict, steps: list[TeacherStep], passages: dict[str, dict]) -> Episode:
-    """One teacher trajectory as an Episode (docs filled from the corpus records by id)."""
+def teacher_episode(question: dict, steps: list[TeacherStep], passages: dict) -> Episode:
+    """One teacher trajectory as an Episode (docs filled by id from the corpus passages: .title, .text)."""
     ep_steps = []
     for s in steps:
         docs = [Doc(d, 0.0, passages[d].title, passages[d].text) for d in s.doc_ids]

@@ -99,23 +99,25 @@ def findings_stage(config, workdir, name) -> None:
     log(name, f"{out / 'findings.md'}, {out / 'grpo_curves.png'}")
 
 
-def search_quality_of(config, workdir, episodes) -> dict:
+def search_quality_of(episodes, chains: dict, oracle) -> dict:
     """SmartSearch's Perfect / Partial / SQ of eval episodes, every search credited by the oracle (novelty + does
-    the query's result resolve an open hop of the gold chain), as the curriculum's data stage credits them."""
-    from jaxrag.pipelines.synthetic.world import load_questions, make_retriever
+    the query's result resolve an open hop of the gold chain, `chains[qid]`), as the curriculum's data stage credits
+    them."""
     from jaxrag.supervision import smartsearch as SS
-    from jaxrag.supervision.judges import get_judge
 
-    chains = {q["id"]: q["metadata"]["gold_chain"] for split in ("test", "heldout") for q in
-              load_questions(workdir, split)}
     for ep in episodes:
         ep.metadata["gold_chain"] = chains[ep.qid]
-    SS.assess(episodes, get_judge("oracle", retriever=make_retriever(config, workdir), k=config.index.k))
+    SS.assess(episodes, oracle)
     return SS.search_quality(episodes)
 
 
 def smartsearch_section(config, workdir, ss, systems: dict, eval_stages) -> list[str]:
     from jaxrag.env.mdp import read_episodes
+    from jaxrag.pipelines.synthetic.world import load_questions, make_retriever
+    from jaxrag.supervision.judges import get_judge
+
+    chains = {q["id"]: q["metadata"]["gold_chain"] for q in load_questions(workdir, "test")}
+    oracle = get_judge("oracle", retriever=make_retriever(config, workdir), k=config.index.k)
 
     st = read_json(Path(workdir) / ss["data"] / "stats.json")
     md = ["", "## The SmartSearch curriculum (SFT → DPO → GRPO)", "",
@@ -131,7 +133,7 @@ def smartsearch_section(config, workdir, ss, systems: dict, eval_stages) -> list
     for name in ss["systems"]:
         path = next((Path(workdir) / e / f"episodes_{name}_test.jsonl" for e in eval_stages
                      if (Path(workdir) / e / f"episodes_{name}_test.jsonl").exists()), None)
-        q = search_quality_of(config, workdir, read_episodes(path)) if path else None
+        q = search_quality_of(read_episodes(path), chains, oracle) if path else None
         cells = [f"{q['perfect']:.3f}", f"{q['partial']:.3f}", f"{q['sq']:.3f}"] if q else ["–"] * 3
         md.append(f"| {name} | {_em_f1(systems, name, 'test')} | {_em_f1(systems, name, 'heldout')} | "
                   + " | ".join(cells) + " |")

@@ -24,6 +24,8 @@ SUMMED = ("iterations", "expand_calls", "rollout_calls", "expanded", "rollouts",
 
 
 def mcts_stage(config, workdir, name) -> None:
+    from tqdm import tqdm
+
     from jaxrag.supervision.mcts import MCTSConfig, run_mcts, tree_pairs, tree_records, write_trees
     from jaxrag.supervision.mcts_env import PolicyTreeEnv
     from jaxrag.supervision.records import write_pairs, write_records
@@ -34,12 +36,10 @@ def mcts_stage(config, workdir, name) -> None:
     cfg = MCTSConfig(**s.mcts.to_dict())
     cfg.validate()
     budget = int(read_json(Path(workdir) / s.budget_from / "stats.json")["sampled_actions_all"]) if s.budget_from else 0
-    _, out, _, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
+    _, out, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
     env = PolicyTreeEnv(policy, retriever, agent, k=config.index.k, temperature=s.temperature,
                         rollout_temperature=s.temperature, max_new_tokens=s.max_new_tokens, batch_size=s.batch_size,
                         seed=config.seed)
-    from tqdm import tqdm
-
     trees, totals = [], dict.fromkeys(SUMMED, 0)
     bar = tqdm(total=budget or len(questions), unit="action" if budget else "tree", desc=name)
     for start in range(0, len(questions), s.trees_per_round):

@@ -24,7 +24,7 @@ def outcome_stage(config, workdir, name) -> None:
 
     s = config[name]
     budget = int(read_json(Path(workdir) / s.budget_from / "stats.json")["sampled_actions_all"])
-    s, out, _, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
+    _, out, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
     episodes, sampled, rounds = [], 0, 0
     while sampled < budget and rounds < 100:
         rc = RolloutConfig(k=config.index.k, max_steps=s.max_steps, batch_size=s.batch_size, temperature=s.temperature,

@@ -30,7 +30,7 @@ def curriculum_data_stage(config, workdir, name) -> None:
     from jaxrag.supervision.judges import get_judge
     from jaxrag.supervision.records import write_pairs, write_records
 
-    s, out, _, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
+    s, out, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
     rc = RolloutConfig(k=config.index.k, max_steps=s.max_steps, batch_size=s.batch_size, temperature=s.temperature,
                        max_new_tokens=s.max_new_tokens, reward="f1", seed=config.seed + 31)
     items = [q for q in questions for _ in range(s.samples)]  # contiguous samples per question

@@ -35,7 +35,6 @@ class Sampling(NamedTuple):
 
     s: object  # config[name]
     out: Path  # workdir/<name>
-    tok: object
     retriever: object
     agent: object  # the plain-text agent design config[name].agent
     policy: object  # the model of stage config[name].policy
@@ -46,9 +45,9 @@ def sampling_setup(config, workdir, name) -> Sampling:
     from jaxrag.env.agents import get_agent
 
     s = config[name]
-    tok = load_tokenizer(workdir)
-    return Sampling(s, stage_dir(workdir, name), tok, make_retriever(config, workdir), get_agent(s.agent, mode="plain"),
-                    stage_policy(workdir, s.policy, tok), train_subset(workdir, s.max_questions, config.seed))
+    return Sampling(s, stage_dir(workdir, name), make_retriever(config, workdir), get_agent(s.agent, mode="plain"),
+                    stage_policy(workdir, s.policy, load_tokenizer(workdir)),
+                    train_subset(workdir, s.max_questions, config.seed))
 
 
 def supervision_stage(config, workdir, name) -> None:
@@ -57,7 +56,7 @@ def supervision_stage(config, workdir, name) -> None:
     from jaxrag.supervision.ranking import RankingConfig, collect_ranking, ranking_pairs
     from jaxrag.supervision.records import write_pairs, write_records
 
-    s, out, _, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
+    s, out, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
     judge = get_judge("oracle", retriever=retriever, k=config.index.k)
     rc = RankingConfig(n_candidates=s.n_candidates, temperature=s.temperature, max_steps=s.max_steps,
                        k=config.index.k, batch_size=s.batch_size, max_new_tokens=s.max_new_tokens,

@@ -85,11 +85,10 @@ def index_stage(config, workdir, name) -> None:
 
 def teacher_stage(config, workdir, name) -> None:
     from jaxrag.env.mdp import write_episodes
+    from jaxrag.retrieval import load_corpus
 
     s = config[name]
     retriever = make_retriever(config, workdir)
-    from jaxrag.retrieval import load_corpus
-
     passages = {p.doc_id: p for p in load_corpus(corpus_path(workdir))}
     entities = read_jsonl(Path(workdir) / "world" / "entities.jsonl")
     pool = T.guess_pool_from_entities([e for e in entities if not e["heldout"]])
