@@ -8,13 +8,22 @@ from typing import Iterable, Iterator
 
 
 def iter_jsonl(path: str | Path, error: type[Exception] = ValueError) -> Iterator[tuple[str, dict]]:
-    """Yield (where = "path:line", record) per non-blank line; malformed JSON raises `error` naming the line."""
+    """Yield (where = "path:line", record) per non-blank line; malformed JSON or a byte that is not UTF-8 raises
+    `error` naming the line (and the column of the bad byte); a missing file raises it naming the path."""
     path = Path(path)
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    try:
+        f = path.open("rb")
+    except OSError as e:
+        raise error(f"{path}: cannot read ({e.strerror or e})") from None
+    with f:
+        for line_no, raw in enumerate(f, start=1):
+            where = f"{path}:{line_no}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise error(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
             if not line.strip():
                 continue
-            where = f"{path}:{line_no}"
             try:
                 yield where, json.loads(line)
             except json.JSONDecodeError as e:

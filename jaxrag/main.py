@@ -2,8 +2,8 @@
                         [--force | --rerun_changed]
 
 Runs `config.stages` in order (ARCHITECTURE.md "Stages"): for each name, `config[name].fn = "module:function"` is
-called as fn(config, workdir, name) and `workdir/<name>/DONE` (with the stage's settings fingerprint) is written
-when it returns. Finished stages are skipped on reruns; one whose settings changed is refused with the keys named
+called as fn(config, workdir, name) and `workdir/<name>/DONE` (with the stage's settings fingerprint and its wall
+time) is written when it returns; the run ends with the wall time per stage. Finished stages are skipped on reruns; one whose settings changed is refused with the keys named
 (--rerun_changed reruns it and everything after it; --force reruns the planned stages). --stages picks a subset.
 A config file's preset is its get_config argument, applied before any --config.* override, so overrides win.
 Every stage's fn is imported and the config is checked before any stage runs, so a typo fails before compute
@@ -80,6 +80,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
     forget the DONE of every stage after the first one rerun). See jaxrag/workdir.py.
     """
     import shutil
+    import time
 
     import jax
 
@@ -90,6 +91,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
     workdir = Path(workdir)
     stages = dict(plan(config, only))
     ran: list[str] = []
+    timings: dict[str, float] = {}
     lead = jax.process_index() == 0
     with wd.Lock(workdir) if lead else _Null():
         if lead:
@@ -119,6 +121,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
             print(f"[main] {name}: running {config[name].fn}")
             prev = wd.set_aside(sdir) if lead else None
             sdir.mkdir(parents=True, exist_ok=True)
+            t0 = time.perf_counter()
             try:
                 stages[name](config, str(workdir), name)
             except BaseException:
@@ -126,12 +129,19 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
                     shutil.rmtree(sdir, ignore_errors=True)
                     prev.rename(sdir)
                 raise
+            seconds = round(time.perf_counter() - t0, 1)
+            print(f"[main] {name}: finished in {seconds:.0f} s")
             if lead:
-                wd.write_done(sdir / "DONE", {"fingerprint": fp, "settings": settings})
+                wd.write_done(sdir / "DONE", {"fingerprint": fp, "settings": settings, "seconds": seconds})
                 if prev is not None:
                     shutil.rmtree(prev, ignore_errors=True)
             invalidated = True
             ran.append(name)
+            timings[name] = seconds
+    if len(timings) > 1:
+        total = sum(timings.values())
+        print(f"[main] wall time per stage ({total / 60:.1f} min in all): "
+              + ", ".join(f"{n} {t:.0f} s" for n, t in sorted(timings.items(), key=lambda kv: -kv[1])))
     return ran
 
 

@@ -45,6 +45,13 @@ def test_errors_name_file_line_key(tmp_path):
         load_qa(_write(tmp_path, [ok, ok]))
     with pytest.raises(QADataError, match="no such file"):
         load_qa(tmp_path / "missing.jsonl")
+    with pytest.raises(QADataError, match=r"d\.jsonl: empty \(no QA records\)"):
+        load_qa(_write(tmp_path, ["", ""]))
+    with pytest.raises(QADataError, match=r"d\.jsonl: the selection 'first:0' \(limit None\) leaves no questions"):
+        load_qa(_write(tmp_path, [ok]), "first:0")
+    (tmp_path / "d.jsonl").write_bytes(ok.encode() + b'\n{"id": "\xff"}\n')
+    with pytest.raises(QADataError, match=r"d\.jsonl:2: not UTF-8 \(byte 0xff"):
+        load_qa(tmp_path / "d.jsonl")
 
 
 def test_tfds_build_read_and_grain_batches(tmp_path):

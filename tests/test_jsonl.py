@@ -29,3 +29,15 @@ def test_malformed_line_names_file_and_line(tmp_path):
     p.write_text('{"a": 1}\n\n{"a": \n')
     with pytest.raises(ValueError, match=r"bad.jsonl:3: malformed JSON"):
         read_jsonl(p)
+
+
+def test_non_utf8_byte_names_file_line_and_column(tmp_path):
+    p = tmp_path / "corpus.jsonl"
+    p.write_bytes(b'{"a": "ok"}\n{"a": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match=r"corpus.jsonl:2: not UTF-8 \(byte 0xe9 at column 11\)"):
+        read_jsonl(p)
+
+
+def test_missing_file_names_the_path(tmp_path):
+    with pytest.raises(ValueError, match=r"nope.jsonl: cannot read"):
+        read_jsonl(tmp_path / "nope.jsonl")

@@ -1,6 +1,8 @@
 """jaxrag.main: stages run in order with DONE markers; bad configs fail before any compute."""
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,7 +58,10 @@ def test_runs_stages_writes_done_and_skips_on_rerun(tmp_path):
     p = cli(*args)
     assert p.returncode == 0, p.stderr[-3000:]
     for stage in ("data", "sft"):
-        assert (tmp_path / stage / "DONE").exists()
+        assert json.loads((tmp_path / stage / "DONE").read_text())["seconds"] >= 0
+    summary = re.search(r"wall time per stage \([\d.]+ min in all\): (.*)", p.stdout)
+    assert summary and sorted(summary.group(1).split(", ")) == sorted(
+        f"{s} {json.loads((tmp_path / s / 'DONE').read_text())['seconds']:.0f} s" for s in ("data", "sft"))
     assert (tmp_path / "sft" / "model" / "config.json").exists()
     assert len((tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()) == 2
     p = cli(*args)

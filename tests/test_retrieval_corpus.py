@@ -41,6 +41,15 @@ def test_malformed_line_names_file_and_line(tmp_path):
         load_corpus(p)
 
 
+def test_empty_and_non_utf8_corpus_name_the_file(tmp_path):
+    p = _write(tmp_path, [""])
+    with pytest.raises(CorpusError, match=rf"{p}: empty corpus"):
+        load_corpus(p)
+    p.write_bytes(b'{"id": "a", "contents": "caf\xe9"}\n')
+    with pytest.raises(CorpusError, match=rf"{p}:1: not UTF-8 \(byte 0xe9 at column 29\)"):
+        load_corpus(p)
+
+
 def test_duplicate_id_names_both_lines(tmp_path):
     p = _write(
         tmp_path,

@@ -121,5 +121,9 @@ def load_qa(path: str | Path, select_spec: str | None = None, *, dataset: str = 
             raise QADataError(f"{where}: duplicate id {ex.id!r} (first at line {seen[ex.id]})")
         seen[ex.id] = where.rsplit(":", 1)[1]
         out.append(ex)
+    if not out:
+        raise QADataError(f"{path}: empty (no QA records)")
     out = select(out, select_spec)
+    if not out or limit == 0:
+        raise QADataError(f"{path}: the selection {select_spec!r} (limit {limit}) leaves no questions")
     return out[:limit] if limit is not None else out

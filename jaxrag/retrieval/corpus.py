@@ -69,6 +69,8 @@ def iter_corpus(path: str | Path) -> Iterator[Passage]:
             raise CorpusError(f"{where}: duplicate id {passage.doc_id!r} (first seen on line {seen[passage.doc_id]})")
         seen[passage.doc_id] = where.rsplit(":", 1)[1]
         yield passage
+    if not seen:
+        raise CorpusError(f"{path}: empty corpus (no passages)")
 
 
 def load_corpus(path: str | Path, max_passages: int | None = None) -> list[Passage]:

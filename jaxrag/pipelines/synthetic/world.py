@@ -16,7 +16,11 @@ from jaxrag.pipelines.common import log, stage_dir, write_json
 
 # ------------------------------------------------------------------------------------------------ loaders
 def load_questions(workdir, split: str) -> list[dict]:
-    return read_jsonl(export.question_paths(Path(workdir) / "world")[split])
+    path = export.question_paths(Path(workdir) / "world")[split]
+    rows = read_jsonl(path)
+    if not rows:
+        raise ValueError(f"{path}: empty (no {split} questions; is the world too small for its split fractions?)")
+    return rows
 
 
 def corpus_path(workdir) -> Path:
