@@ -2,8 +2,9 @@
                         [--force | --rerun_changed]
 
 Runs `config.stages` in order (ARCHITECTURE.md "Stages"): for each name, `config[name].fn = "module:function"` is
-called as fn(config, workdir, name) and `workdir/<name>/DONE` (with the stage's settings fingerprint and its wall
-time) is written when it returns; the run ends with the wall time per stage. Finished stages are skipped on reruns; one whose settings changed is refused with the keys named
+called as fn(config, workdir, name) and `workdir/<name>/DONE` (with the stage's settings fingerprint, its wall
+time and the part of it spent tracing and compiling) is written when it returns; the run ends with the wall time
+per stage. Finished stages are skipped on reruns; one whose settings changed is refused with the keys named
 (--rerun_changed reruns it and everything after it; --force reruns the planned stages). --stages picks a subset.
 A config file's preset is its get_config argument, applied before any --config.* override, so overrides win.
 Every stage's fn is imported and the config is checked before any stage runs, so a typo fails before compute
@@ -31,6 +32,25 @@ _RERUN_CHANGED = flags.DEFINE_bool("rerun_changed", False,
 
 class StageError(ValueError):
     pass
+
+
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
+_compile_seconds = [0.0]  # tracing + lowering + XLA compilation in this process so far
+
+
+def _count_compile_time() -> None:
+    import jax.monitoring
+
+    if getattr(_count_compile_time, "registered", False):
+        return
+
+    def listener(event: str, secs: float, **_):
+        if event in _COMPILE_EVENTS:
+            _compile_seconds[0] += secs
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    _count_compile_time.registered = True
 
 
 def resolve_fn(spec: str, where: str):
@@ -66,7 +86,10 @@ def plan(config, only: list[str] | None = None) -> list[tuple[str, object]]:
         fn = resolve_fn(config[name].fn, f"config.{name}.fn")
         check = getattr(fn, "check_config", None)  # optional static check of the stage's own section
         if check is not None:
-            check(config, name)
+            try:
+                check(config, name)
+            except (ValueError, KeyError, TypeError) as e:  # a KeyError's str() is its repr: take the message
+                raise StageError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from None
         out.append((name, fn))
     return out
 
@@ -88,6 +111,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
     from jaxrag.train.distributed import maybe_initialize
 
     maybe_initialize()
+    _count_compile_time()
     workdir = Path(workdir)
     stages = dict(plan(config, only))
     ran: list[str] = []
@@ -121,7 +145,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
             print(f"[main] {name}: running {config[name].fn}")
             prev = wd.set_aside(sdir) if lead else None
             sdir.mkdir(parents=True, exist_ok=True)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _compile_seconds[0]
             try:
                 stages[name](config, str(workdir), name)
             except BaseException:
@@ -129,10 +153,11 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
                     shutil.rmtree(sdir, ignore_errors=True)
                     prev.rename(sdir)
                 raise
-            seconds = round(time.perf_counter() - t0, 1)
-            print(f"[main] {name}: finished in {seconds:.0f} s")
+            seconds, compiling = round(time.perf_counter() - t0, 1), round(_compile_seconds[0] - c0, 1)
+            print(f"[main] {name}: finished in {seconds:.0f} s ({compiling:.0f} s of it tracing and compiling)")
             if lead:
-                wd.write_done(sdir / "DONE", {"fingerprint": fp, "settings": settings, "seconds": seconds})
+                wd.write_done(sdir / "DONE", {"fingerprint": fp, "settings": settings, "seconds": seconds,
+                                              "compile_seconds": compiling})
                 if prev is not None:
                     shutil.rmtree(prev, ignore_errors=True)
             invalidated = True

@@ -13,6 +13,7 @@ import dataclasses
 from pathlib import Path
 
 from jaxrag.pipelines.common import log, stage_dir, write_json
+from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
 
 
@@ -79,3 +80,8 @@ def plot_bestofn(rows: list[dict], path, split: str) -> None:
     ax.set(xscale="log", xlabel="candidates per step (N)", ylabel="EM", title=f"best-of-N ({split})")
     ax.set_xticks(sorted({r["n"] for r in rows}), [str(n) for n in sorted({r["n"] for r in rows})])
     save_figure(fig, (ax,), path)
+
+
+# jaxrag.main checks the config before any stage runs
+agreement_stage.check_config = checks.check_stage
+bestofn_stage.check_config = checks.check_stage

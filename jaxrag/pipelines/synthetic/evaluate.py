@@ -13,6 +13,7 @@ import dataclasses
 import time
 
 from jaxrag.pipelines.common import log, stage_dir, write_json
+from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
 
 FORCED_ANSWER_AGENTS = ("direct", "rag")
@@ -105,3 +106,7 @@ def eval_stage(config, workdir, name) -> None:
                       f"{scored['by_type'].get('2hop', {}).get('em', 0):.3f}) searches {a['searches_mean']:.2f} "
                       f"invalid {a['invalid_rate']:.3f} in {scored['seconds']}s")
     write_json(out / "results.json", results)
+
+
+# jaxrag.main checks the config before any stage runs
+eval_stage.check_config = checks.check_eval

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from jaxrag.pipelines.common import log, read_json, stage_dir
+from jaxrag.pipelines.synthetic import checks
 
 
 def _systems(workdir, *stages) -> dict:
@@ -138,3 +139,7 @@ def smartsearch_section(config, workdir, ss, systems: dict, eval_stages) -> list
         md.append(f"| {name} | {_em_f1(systems, name, 'test')} | {_em_f1(systems, name, 'heldout')} | "
                   + " | ".join(cells) + " |")
     return md
+
+
+# jaxrag.main checks the config before any stage runs
+findings_stage.check_config = checks.check_stage

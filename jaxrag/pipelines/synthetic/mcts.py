@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from jaxrag.pipelines.common import log, read_json, write_json
+from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.supervise import sampling_setup
 
 SUMMED = ("iterations", "expand_calls", "rollout_calls", "expanded", "rollouts", "revisits", "nodes", "expand_s",
@@ -67,3 +68,7 @@ def mcts_stage(config, workdir, name) -> None:
     write_json(out / "stats.json", stats)
     log(name, f"{len(trees)} trees, {len(records)} expanded states, {len(pairs)} pairs, {env.sampled_actions} sampled "
               f"actions (budget {budget or 'none'}), {solved} trees reached a right answer, {totals['total_s']:.0f} s")
+
+
+# jaxrag.main checks the config before any stage runs
+mcts_stage.check_config = checks.check_stage

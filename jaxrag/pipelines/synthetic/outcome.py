@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from jaxrag.pipelines.common import read_json
+from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.sft import sft_on_episodes
 from jaxrag.pipelines.synthetic.supervise import sampling_setup
 
@@ -42,3 +43,7 @@ def outcome_stage(config, workdir, name) -> None:
     sft_on_episodes(workdir, name, correct, agent, s.policy, s.max_len, s.train,
                     {"budget_actions": budget, "sampled_actions": sampled, "trajectories": len(episodes),
                      "correct": len(correct), "rounds": rounds})
+
+
+# jaxrag.main checks the config before any stage runs
+outcome_stage.check_config = checks.check_stage

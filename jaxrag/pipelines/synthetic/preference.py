@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from jaxrag.pipelines.common import load_checkpoint, log, model_dir, stage_dir, write_json
+from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.world import load_tokenizer, tokenizer_path
 
 
@@ -70,3 +71,7 @@ def critic_select(workdir, stage: str, tok, agent):
     from jaxrag.supervision.critic import critic_select as select
 
     return select(critic_scorer(workdir, stage, agent))
+
+
+# jaxrag.main checks the config before any stage runs
+preference_stage.check_config = checks.check_stage

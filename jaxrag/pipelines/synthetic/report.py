@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from jaxrag.pipelines.synthetic import checks
 
 COLUMNS = (
     "system",
@@ -209,3 +210,7 @@ def report_stage(config, workdir, name) -> None:
         with open(files[0], "a") as f:
             f.write("\n" + "\n".join(extra))
     log(name, ", ".join(files))
+
+
+# jaxrag.main checks the config before any stage runs
+report_stage.check_config = checks.check_stage

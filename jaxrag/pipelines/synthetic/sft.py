@@ -12,6 +12,7 @@ import numpy as np
 
 from jaxrag.data.synthetic import sft_data
 from jaxrag.pipelines.common import load_checkpoint, log, model_dir, save_checkpoint, stage_dir, write_json
+from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.world import load_teacher_episodes, load_tokenizer, tokenizer_path
 
 
@@ -132,3 +133,7 @@ def sft_on_episodes(workdir, name: str, episodes, agent, init: str, max_len: int
     summary.update({"steps": result.step, "final_loss": result.metrics.get("loss")})
     write_json(stage_dir(workdir, name) / "summary.json", summary)
     return summary
+
+
+# jaxrag.main checks the config before any stage runs
+sft_stage.check_config = checks.check_stage

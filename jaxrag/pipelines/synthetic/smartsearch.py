@@ -18,6 +18,7 @@ import dataclasses
 from pathlib import Path
 
 from jaxrag.pipelines.common import load_checkpoint, log, model_dir, save_checkpoint, stage_dir, write_json
+from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.sft import sft_on_episodes
 from jaxrag.pipelines.synthetic.supervise import sampling_setup
 from jaxrag.pipelines.synthetic.world import tokenizer_path
@@ -76,3 +77,8 @@ def episodes_sft_stage(config, workdir, name) -> None:
         write_json(stage_dir(workdir, name) / "summary.json", {"episodes": 0, "steps": 0, "skipped": True})
         return
     sft_on_episodes(workdir, name, episodes, get_agent(s.agent, mode="plain"), s.init, s.max_len, s.train)
+
+
+# jaxrag.main checks the config before any stage runs
+curriculum_data_stage.check_config = checks.check_stage
+episodes_sft_stage.check_config = checks.check_stage

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from jaxrag.pipelines.common import log, stage_dir, write_json
+from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
 
 
@@ -96,3 +97,7 @@ def supervision_stage(config, workdir, name) -> None:
     log(name, f"{stats['states']} states ({stats['records_kept']} kept), {len(pairs)} pairs, "
               f"{stats['trajectories_kept']}/{stats['questions']} trajectories kept (F1 > {s.outcome_threshold}), "
               f"{stats['states_per_s']:.1f} states/s")
+
+
+# jaxrag.main checks the config before any stage runs
+supervision_stage.check_config = checks.check_stage

@@ -12,6 +12,7 @@ from jaxrag.data.synthetic import export, questions as Q, sft_data, teacher as T
 from jaxrag.data.synthetic.world import generate_world
 from jaxrag.jsonl import read_jsonl
 from jaxrag.pipelines.common import log, stage_dir, write_json
+from jaxrag.pipelines.synthetic import checks
 
 
 # ------------------------------------------------------------------------------------------------ loaders
@@ -135,3 +136,10 @@ def tokenizer_stage(config, workdir, name) -> None:
             texts.append(pairs[-1][0] + pairs[-1][1])
     path = train_sentencepiece(texts, str(tokenizer_path(workdir)), s.vocab_size)
     log(name, f"{path} from {len(texts)} texts")
+
+
+# jaxrag.main checks the config before any stage runs
+world_stage.check_config = checks.check_stage
+index_stage.check_config = checks.check_stage
+teacher_stage.check_config = checks.check_stage
+tokenizer_stage.check_config = checks.check_stage

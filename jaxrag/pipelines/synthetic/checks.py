@@ -1,0 +1,65 @@
+"""Static checks of the synthetic pipeline's config, run by jaxrag.main before any stage starts (a stage function's
+`check_config`): a typo in a stage reference, agent or split name fails at once, naming the key, not after the
+stages before it have trained for a quarter of an hour."""
+
+from __future__ import annotations
+
+# keys of a stage's section whose (non-empty) value names an earlier stage of the same config
+STAGE_REFS = ("policy", "init", "init_from", "critic", "records", "pairs", "budget_from", "data", "eval",
+              "eval_findings")
+SPLITS = ("train", "dev", "test", "heldout")
+
+
+class ConfigCheckError(ValueError):
+    pass
+
+
+def _stage_ref(config, name: str, key: str, value) -> None:
+    stages = list(config.stages)
+    if value not in stages:
+        raise ConfigCheckError(f"config.{key}: {value!r} is not a stage of this config (stages: {', '.join(stages)})")
+    if name in stages and stages.index(value) >= stages.index(name):
+        raise ConfigCheckError(f"config.{key}: stage {value!r} runs after {name!r}, so its outputs are not there yet")
+
+
+def _agent(key: str, value) -> None:
+    from jaxrag.env.agents import available
+
+    if value not in available():
+        raise ConfigCheckError(f"config.{key}: unknown agent {value!r} (known: {', '.join(available())})")
+
+
+def check_stage(config, name: str) -> None:
+    """Every stage reference names an earlier stage; the agent, if any, is a known one."""
+    s = config[name]
+    for key in STAGE_REFS:
+        value = s.get(key)
+        if isinstance(value, str) and value:
+            _stage_ref(config, name, f"{name}.{key}", value)
+    if isinstance(s.get("agent"), str):
+        _agent(f"{name}.agent", s.agent)
+
+
+def check_eval(config, name: str) -> None:
+    """The eval stage's systems: unique names, known agents, models and critics that are earlier stages, n >= 1;
+    splits among the world's."""
+    check_stage(config, name)
+    s = config[name]
+    for i, split in enumerate(s.splits):
+        if split not in SPLITS:
+            raise ConfigCheckError(f"config.{name}.splits[{i}]: unknown split {split!r} (known: {', '.join(SPLITS)})")
+    seen = set()
+    for i, system in enumerate(s.systems):
+        where = f"{name}.systems[{i}]"
+        for key in ("name", "agent", "model"):
+            if not system.get(key):
+                raise ConfigCheckError(f"config.{where}: missing {key!r}")
+        if system["name"] in seen:
+            raise ConfigCheckError(f"config.{where}: duplicate system name {system['name']!r}")
+        seen.add(system["name"])
+        _agent(f"{where}.agent", system["agent"])
+        _stage_ref(config, name, f"{where}.model", system["model"])
+        if system.get("critic"):
+            _stage_ref(config, name, f"{where}.critic", system["critic"])
+            if int(system.get("n", 0)) < 1:
+                raise ConfigCheckError(f"config.{where}.n: a critic system needs n >= 1 candidates")
