@@ -16,6 +16,7 @@ import pytest
 
 from jaxrag.models import ModelConfig, init_params
 from jaxrag.train import BatchStream, CheckpointCorrupt, NonFiniteLoss, SFTExample, fit, sft_batch
+from jaxrag.train.checkpoint import Checkpointer
 from jaxrag.train.metrics_log import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +92,7 @@ def _digest(d: Path):
 @pytest.mark.parametrize("damage", ["corrupt", "partial"])
 def test_bad_checkpoint_is_a_clear_error_and_older_one_survives(tmp_path, damage):
     params = init_params(CFG, jax.random.PRNGKey(0))
-    fit(CFG, params, stream(), "sft", tc(), tmp_path)
+    first = fit(CFG, params, stream(), "sft", tc(), tmp_path)
     ckpts = tmp_path / "checkpoints"
     assert sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) == [2, 4]
     good = _digest(ckpts / "2")
@@ -104,7 +105,15 @@ def test_bad_checkpoint_is_a_clear_error_and_older_one_survives(tmp_path, damage
             p.unlink()
     with pytest.raises(CheckpointCorrupt, match=r"checkpoints/4 is corrupt or partial") as e:
         fit(CFG, params, stream(), "sft", tc(steps=6), tmp_path)
-    assert "[2]" in str(e.value)  # names the other checkpoint
+    assert "[2]" in str(e.value) and "restore_step=2" in str(e.value)  # names the other checkpoint and the option
+    assert _digest(ckpts / "2") == good
+    # resuming from the older step moves the damaged one aside and retrains steps 3-4 to the run's own result
+    again = tc(checkpoint={"every_steps": 2, "keep": 3, "async_save": False, "restore_step": 2})
+    resumed = fit(CFG, params, stream(), "sft", again, tmp_path)
+    assert resumed.step == 4
+    for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(first.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert (ckpts / "4.set_aside").is_dir() and Checkpointer(ckpts).all_steps() == [2, 4]
     assert _digest(ckpts / "2") == good
 
 

@@ -1,7 +1,8 @@
 """orbax checkpoints of the train state + a JSON meta record (step, data position), keep-N, async saves.
 
-A checkpoint that cannot be read back (corrupt or partial files) raises CheckpointCorrupt naming its directory;
-nothing is deleted, so older good checkpoints stay where they are (restore one with `step=`).
+A checkpoint that cannot be read back (corrupt or partial files) raises CheckpointCorrupt naming its directory and
+how to resume from an older one (train.checkpoint.restore_step); nothing is deleted: resuming from an older step
+moves the later step directories aside (`<step>.set_aside`) so training can save those steps again.
 """
 
 from __future__ import annotations
@@ -41,13 +42,31 @@ class Checkpointer:
                 state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
             state, meta = out["state"], out["meta"]
         except Exception as e:  # orbax raises many types (ValueError, FileNotFoundError, tensorstore errors)
+            others = [s for s in self.all_steps() if s != step]
+            hint = (f"; to resume from step {max(others)} set train.checkpoint.restore_step={max(others)}"
+                    if others else "")
             raise CheckpointCorrupt(
-                f"checkpoint {where} is corrupt or partial and was left untouched "
-                f"(other steps: {[s for s in self.all_steps() if s != step]}): {type(e).__name__}: {str(e)[:300]}"
-            ) from e
+                f"checkpoint {where} is corrupt or partial and was left untouched (other steps: {others}{hint}): "
+                f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
         if not isinstance(meta, dict) or "data_position" not in meta:
             raise CheckpointCorrupt(f"checkpoint {where}: meta record lacks 'data_position': {meta!r}")
         return state, meta
+
+    def set_aside_after(self, step: int) -> list[Path]:
+        """Rename every saved step after `step` to `<n>.set_aside` (orbax no longer sees it), so a run resumed from
+        `step` can save those steps again; returns the new paths."""
+        moved = []
+        for s in sorted(self.all_steps()):
+            if s > step:
+                dst = self.directory / f"{s}.set_aside"
+                n = 1
+                while dst.exists():
+                    dst, n = self.directory / f"{s}.set_aside.{n}", n + 1
+                (self.directory / str(s)).rename(dst)
+                moved.append(dst)
+        if moved:
+            self.manager.reload()
+        return moved
 
     def wait(self) -> None:
         self.manager.wait_until_finished()

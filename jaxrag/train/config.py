@@ -58,7 +58,10 @@ def default_train_config() -> ml_collections.ConfigDict:
         "clip_eps": 0.2, "value_clip_eps": 0.2, "vf_coef": 0.5, "gamma": 1.0, "lam": 0.95, "whiten": True,
     })
 
-    c.checkpoint = ml_collections.ConfigDict({"enabled": True, "every_steps": 50, "keep": 3, "async_save": True})
+    # restore_step: resume from this saved step instead of the latest (0 = latest); the later steps (e.g. a corrupt
+    # latest one) are moved aside to checkpoints/<step>.set_aside, never deleted
+    c.checkpoint = ml_collections.ConfigDict({"enabled": True, "every_steps": 50, "keep": 3, "async_save": True,
+                                              "restore_step": 0})
     c.log_every = 1
     c.progress = True  # tqdm bar
     c.lock()
@@ -112,6 +115,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
         _fail("batch_size", f"{c.batch_size} rows do not split into groups of grpo.group_size={c.grpo.group_size}")
     if c.checkpoint.every_steps < 1 or c.checkpoint.keep < 1:
         _fail("checkpoint", "every_steps and keep must be >= 1")
+    if c.checkpoint.restore_step < 0:
+        _fail("checkpoint.restore_step", f"must be >= 0 (0 = the latest), got {c.checkpoint.restore_step}")
 
 
 def resolve(overrides: dict | ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:

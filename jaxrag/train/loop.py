@@ -6,7 +6,8 @@
   A `BatchStream` (or anything with `seek(position)`) resumes exactly; a plain re-iterable is replayed from the
   start and the consumed batches are skipped. One batch = one optimizer step (accumulation splits it).
 - `workdir`: checkpoints/ (orbax, keep-N, async), metrics.jsonl, tb/ (TensorBoard); None = no files.
-- Resume: if workdir/checkpoints has a checkpoint, params, optimizer, step, data position and PRNG are restored.
+- Resume: if workdir/checkpoints has a checkpoint, params, optimizer, step, data position and PRNG are restored
+  (from the latest step, or from train.checkpoint.restore_step, which moves the later steps aside).
 - A non-finite loss stops the run with NonFiniteLoss naming the step; the last good checkpoint is kept.
 - `evaluate(params, step) -> {split: {metric: value}}` runs before the first step, every `eval_every` steps and after
   the last one (steps, never seconds: results do not depend on the machine); its rows go to metrics.jsonl as
@@ -46,7 +47,8 @@ class ConfigChanged(ValueError):
 
 
 # Keys that may differ between a checkpoint's run and its resumption.
-RESUMABLE = ("steps", "progress", "log_every", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.async_save")
+RESUMABLE = ("steps", "progress", "log_every", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.async_save",
+             "checkpoint.restore_step")
 
 
 def _flat_config(d: dict, prefix: str = "") -> dict:
@@ -150,7 +152,18 @@ def fit(
                     raise ConfigChanged(f"{workdir}/checkpoints was trained with other settings ({', '.join(diff)} "
                                         f"differ; see {saved}); remove the checkpoints to start over")
             target = abstract_state(tr.tx, shd.abstract(tr.trainable), tr.state_sh, tc.seed)
-            state, meta = ckpt.restore(target)
+            restore_step = int(tc.checkpoint.restore_step) or None
+            if restore_step is not None:
+                if restore_step not in ckpt.all_steps():
+                    ckpt.close()
+                    raise FileNotFoundError(f"train.checkpoint.restore_step={restore_step}: no such checkpoint under "
+                                            f"{ckpt.directory} (saved steps: {ckpt.all_steps()})")
+                if jax.process_index() == 0:
+                    moved = ckpt.set_aside_after(restore_step)
+                    if moved:
+                        print(f"[fit] resuming from step {restore_step}; later steps moved aside: "
+                              f"{', '.join(p.name for p in moved)}")
+            state, meta = ckpt.restore(target, restore_step)
             start = int(meta["data_position"])
         if jax.process_index() == 0:
             tmp = workdir / "train_config.json.tmp"
