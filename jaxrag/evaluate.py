@@ -53,11 +53,41 @@ def episode_metrics(episodes: Sequence[Episode], judge=None) -> dict:
             rel.append(M.arena_relevance_score(pred, ep.metadata.get("gold_ref_ids", [])))
         out["arena_format"], out["arena_relevance"] = float(np.mean(fmt)), float(np.mean(rel))
     if judge is not None:
-        verdicts = [judge.judge_answer(ep.gold, ep.answer) for ep in episodes]
-        ok = [v for v in verdicts if v is not None]
-        out["lj"] = float(np.mean(ok)) if ok else float("nan")
-        out["lj_errors"] = sum(v is None for v in verdicts)
+        out.update(judge_episodes(episodes, judge))
     return out
+
+
+def failure_kind(failure: str) -> str:
+    """'HTTP 429 (Retry-After 2s)' -> 'HTTP 429'; 'unparseable reply: ...' -> 'unparseable reply'."""
+    head = failure.split(":", 1)[0].split(" (", 1)[0].strip()
+    return " ".join(head.split()[:2]) if head.startswith(("HTTP", "timeout")) else head
+
+
+def judge_episodes(episodes: Sequence[Episode], judge) -> dict:
+    """LJ over the episodes the judge could judge, with the counts that say how far to trust it: lj_judged,
+    lj_failed and lj_failures ({kind: count}). Each episode keeps its own record in metadata["lj"] (verdict, or
+    the failure with attempts and seconds), so the episodes file says which items were not judged and why."""
+    verdicts, kinds = [], {}
+    for ep in episodes:
+        if hasattr(judge, "judge_answer_result"):
+            verdict, r = judge.judge_answer_result(ep.gold, ep.answer)
+        else:  # a judge with only the bool | None protocol (e.g. a test double)
+            verdict, r = judge.judge_answer(ep.gold, ep.answer), None
+        rec: dict[str, Any] = {"verdict": verdict}
+        if r is not None:
+            rec.update(attempts=r.attempts, seconds=round(r.seconds, 3))
+        if verdict is None:
+            rec["failure"] = r.failure if r is not None else "no verdict"
+            kind = failure_kind(rec["failure"])
+            kinds[kind] = kinds.get(kind, 0) + 1
+        ep.metadata["lj"] = rec
+        verdicts.append(verdict)
+    ok = [v for v in verdicts if v is not None]
+    if kinds:
+        log.warning("LJ judge failed on %d of %d answers (%s)", len(verdicts) - len(ok), len(verdicts),
+                    ", ".join(f"{k}: {n}" for k, n in sorted(kinds.items())))
+    return {"lj": float(np.mean(ok)) if ok else float("nan"), "lj_judged": len(ok),
+            "lj_failed": len(verdicts) - len(ok), "lj_failures": kinds}
 
 
 def evaluate(policy, retriever, agent, examples: Sequence, *, cfg: RolloutConfig | None = None, judge=None,
@@ -86,12 +116,15 @@ def _is_mc(metrics: dict) -> bool:
 def results_table(results: dict[str, dict[str, dict]], datasets: Sequence[str] | None = None) -> tuple[str, str]:
     """results[method][dataset] = metrics -> (markdown, csv), laid out like RAG-Gym Table 2:
     EM / F1 per open-domain dataset, Acc for multiple choice, then Avg EM / Avg F1 over open-domain ones
-    (and Avg over all datasets, counting Acc for MC and F1 otherwise). Values in percent."""
+    (and Avg over all datasets, counting Acc for MC and F1 otherwise). Values in percent. Where a judge ran, each
+    dataset also gets LJ and "judged/n" (LJ averages only the answers the judge could judge)."""
     datasets = list(datasets or dict.fromkeys(d for r in results.values() for d in r))
     mc = {d: any(_is_mc(r.get(d, {})) for r in results.values()) for d in datasets}
+    lj = {d: any("lj" in r.get(d, {}) for r in results.values()) for d in datasets}
     header = ["Method"]
     for d in datasets:
         header += [f"{d} Acc"] if mc[d] else [f"{d} EM", f"{d} F1"]
+        header += [f"{d} LJ", f"{d} LJ judged/n"] if lj[d] else []
     header += ["Avg EM", "Avg F1"] + (["Avg"] if any(mc.values()) else [])
     rows = []
     for method, per in results.items():
@@ -100,7 +133,7 @@ def results_table(results: dict[str, dict[str, dict]], datasets: Sequence[str] |
         for d in datasets:
             m = per.get(d)
             if m is None or not m.get("n"):
-                row += [None] if mc[d] else [None, None]
+                row += ([None] if mc[d] else [None, None]) + ([None, None] if lj[d] else [])
                 continue
             if mc[d]:
                 row.append(100 * m["acc"])
@@ -110,6 +143,9 @@ def results_table(results: dict[str, dict[str, dict]], datasets: Sequence[str] |
                 ems.append(100 * m["em"])
                 f1s.append(100 * m["f1"])
                 alls.append(100 * m["f1"])
+            if lj[d]:  # LJ is over the answers the judge could judge: say how many
+                judged = m.get("lj_judged")
+                row += [100 * m["lj"] if judged else None, f"{judged}/{m['n']}" if "lj" in m else None]
         row += [np.mean(ems) if ems else None, np.mean(f1s) if f1s else None]
         if any(mc.values()):
             row.append(np.mean(alls) if alls else None)

@@ -174,14 +174,18 @@ class OpenAIJudge:
 
     def judge_answer(self, golds: Sequence[str], response: str | None) -> bool | None:
         """LJ: True/False, or None when the judge could not be reached or its reply says neither yes nor no."""
+        return self.judge_answer_result(golds, response)[0]
+
+    def judge_answer_result(self, golds: Sequence[str], response: str | None) -> tuple[bool | None, ChatResult | None]:
+        """(verdict, the exchange): verdict None when every attempt failed (the ChatResult says why: HTTP status,
+        timeout, refused connection, or a reply that says neither yes nor no, which is retried); no exchange when
+        there is no answer to judge (verdict False)."""
         if response is None:
-            return False
+            return False, None
         prompt = LJ_PROMPT.format(correct_answer=json.dumps(list(golds), ensure_ascii=False), model_response=response)
-        try:
-            reply = self.chat([{"role": "user", "content": prompt}])
-        except JudgeError:
-            return None
-        return parse_yes_no(reply)
+        check = lambda reply: "" if parse_yes_no(reply) is not None else f"neither yes nor no: {reply[:80]!r}"
+        r = self.chat_result([{"role": "user", "content": prompt}], check=check)
+        return (parse_yes_no(r.text) if r.ok else None), r
 
 
 def parse_yes_no(reply: str) -> bool | None:

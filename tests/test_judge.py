@@ -81,3 +81,26 @@ def test_parse_yes_no_and_config():
     assert parse_yes_no("maybe") is None and parse_yes_no("") is None
     assert judge_from_config({"base_url": ""}) is None
     assert judge_from_config({"base_url": "http://x/v1", "model": "m", "retries": 5}).retries == 5
+
+
+def test_lj_counts_and_records_every_failure_by_kind(server):
+    """LJ over episodes: 'Maybe' is retried then recorded as unparseable, HTTP errors keep their status, each
+    episode carries its own record, and the table says how many answers were judged."""
+    from jaxrag.env.mdp import Episode
+    from jaxrag.evaluate import episode_metrics, results_table
+
+    j = OpenAIJudge(server, "m", retries=2, backoff_s=0.0)
+    eps = [Episode(qid=str(i), question="q", gold=["a"], answer=a) for i, a in enumerate(["a", "a", "b", "a", None])]
+    _Handler.replies = [(200, "yes"),                      # 0: judged yes
+                        (200, "Maybe"), (200, "Maybe?"),   # 1: neither yes nor no, twice: a recorded failure
+                        (200, "no"),                       # 2: judged no
+                        (500, b"x"), (503, b"y")]          # 3: HTTP errors after 2 attempts
+    m = episode_metrics(eps, judge=j)                      # 4: no answer: False, without a call
+    assert (m["lj"], m["lj_judged"], m["lj_failed"]) == (1 / 3, 3, 2)
+    assert m["lj_failures"] == {"unparseable reply": 1, "HTTP 503": 1}
+    assert eps[1].metadata["lj"]["failure"].startswith("unparseable reply: neither yes nor no: 'Maybe?'")
+    assert eps[1].metadata["lj"]["attempts"] == 2 and eps[3].metadata["lj"]["verdict"] is None
+    assert eps[0].metadata["lj"]["verdict"] is True and eps[4].metadata["lj"] == {"verdict": False}
+    md, csv_text = results_table({"ReAct": {"hotpotqa": m}})
+    assert "| hotpotqa LJ | hotpotqa LJ judged/n |" in md and "| 33.33 | 3/5 |" in md
+    assert "3/5" in csv_text
