@@ -41,9 +41,14 @@ def write_jsonl(path: str | Path, rows: Iterable[dict], append: bool = False) ->
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     target = path if append else path.with_name(path.name + ".tmp")
-    with target.open("a" if append else "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    try:
+        with target.open("a" if append else "w", encoding="utf-8") as f:
+            for r in rows:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    except OSError as e:  # e.g. a full disk: say which file (Python's message does not), leave the old one
+        if not append:
+            target.unlink(missing_ok=True)
+        raise OSError(e.errno, f"{path}: {e.strerror or e} (the file was not written)") from None
     if not append:
         target.replace(path)
     return path

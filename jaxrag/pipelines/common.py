@@ -34,7 +34,11 @@ def write_json(path, obj) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
+    try:
+        tmp.write_text(json.dumps(obj, indent=1))
+    except OSError as e:  # e.g. a full disk: name the file, keep the old one
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, f"{path}: {e.strerror or e} (the file was not written)") from None
     tmp.replace(path)
     return path
 
