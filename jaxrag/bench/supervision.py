@@ -18,7 +18,8 @@ compiles), then `--repeats` timed runs alternate between the modes (fastest kept
 ret = the engine's retrieval. prefill_pad_ratio = the sampler's padded prefill (bucketed rows x bucketed longest
 prompt) / real prompt tokens: batching many states pads every prompt to the batch's longest, which a compute-bound
 CPU pays for in full; the fake row models a device whose fixed per-call cost dominates instead.
-MCTS rollouts/s rows: `mcts_rows` below (supervision/mcts.py's line).
+MCTS rows: ReasonRAG's search (supervision/mcts.py) over the same setup, rollouts/s one tree at a time vs all
+trees at once (`mcts_rows`; states = expanded nodes, n = children per expansion).
 Writes results/bench/supervision.json. Numbers are for this machine (see "machine" in the JSON).
 """
 
@@ -182,19 +183,56 @@ def ranking_rows(s: Setup, repeats: int = 2) -> list[dict]:
     return rows
 
 
-def mcts_rows(s: Setup) -> list[dict]:
-    """MCTS rollouts/s, batch 1 vs batched, on the same Setup: the place for supervision/mcts.py's line.
-    Return rows with "line": "mcts", "mode", "rollouts_per_s", "speedup" (empty until mcts.py provides it)."""
-    import importlib
+def _mcts(s: Setup, policy, batched: bool, cfg) -> dict:
+    """One MCTS run over all questions: batch 1 = one tree after another, batched = every tree advancing together
+    (one expansion call and one rollout call per iteration for all trees)."""
+    from jaxrag.supervision.mcts import run_mcts
+    from jaxrag.supervision.mcts_env import PolicyTreeEnv
 
-    try:
-        mcts = importlib.import_module("jaxrag.supervision.mcts")
-    except ModuleNotFoundError as e:
-        if e.name != "jaxrag.supervision.mcts":
-            raise
-        return []
-    line = getattr(mcts, "bench_rows", None)
-    return list(line(s)) if line is not None else []
+    env = PolicyTreeEnv(policy, s.retriever, s.agent, k=s.cfg.k, max_new_tokens=s.cfg.max_new_tokens,
+                        batch_size=len(s.questions))
+    groups = [s.questions] if batched else [[q] for q in s.questions]
+    agg: dict = {}
+    t0 = time.perf_counter()
+    for g in groups:
+        st: dict = {}
+        run_mcts(env, g, cfg, stats=st)
+        for k, v in st.items():
+            if isinstance(v, (int, float)):
+                agg[k] = agg.get(k, 0) + v
+    agg["total_s"] = time.perf_counter() - t0
+    agg["sampled_actions"] = env.sampled_actions
+    agg["policy_calls"] = sum(env.calls.values())
+    return agg
+
+
+def mcts_rows(s: Setup, repeats: int = 2) -> list[dict]:
+    """ReasonRAG MCTS (supervision/mcts.py, 2 children per expansion, SPRE rollouts) on the same Setup: rollouts/s,
+    one tree at a time vs all trees at once; warm-up, then alternating timed runs, the fastest kept."""
+    from jaxrag.supervision.mcts import MCTSConfig
+
+    cfg = MCTSConfig(max_children=2, max_rollouts=8, max_iterations=8, max_depth=s.cfg.max_steps)
+    rows = []
+    for name, pol in s.policies.items():
+        best: dict[bool, dict] = {}
+        for batched in (False, True):
+            _mcts(s, pol, batched, cfg)
+        for _ in range(repeats):
+            for batched in (False, True):
+                st = _mcts(s, pol, batched, cfg)
+                if batched not in best or st["total_s"] < best[batched]["total_s"]:
+                    best[batched] = st
+        for batched in (False, True):
+            st, tot = best[batched], best[batched]["total_s"]
+            rows.append({
+                "line": "mcts", "policy": name, "mode": "batched" if batched else "batch 1",
+                "questions": len(s.questions), "n": cfg.max_children, "rollouts_per_s": st["rollouts"] / tot,
+                "states": st["expanded"], "states_per_s": st["expanded"] / tot, "policy_calls": st["policy_calls"],
+                "generate%": 100 * (st["expand_s"] + st["rollout_s"]) / tot, "total_s": tot,
+                "speedup": st["rollouts"] / tot / (best[False]["rollouts"] / best[False]["total_s"]),
+            })
+            print(f"  mcts {name} {rows[-1]['mode']}: {rows[-1]['rollouts_per_s']:.2f} rollouts/s", flush=True)
+    return rows
 
 
 def main(argv=None):
@@ -214,7 +252,7 @@ def main(argv=None):
     s = make_setup(args)
     print(f"setup (world, BM25, model): {time.perf_counter() - t0:.1f}s; {len(s.questions)} questions", flush=True)
     rows = ranking_rows(s, args.repeats)
-    rows += mcts_rows(s)
+    rows += mcts_rows(s, args.repeats)
     cols = ["line", "policy", "mode", "questions", "n", "states", "states_per_s", "rollouts_per_s", "speedup",
             "policy_calls", "judge_calls", "generate%", "judge%", "retrieve%", "kept", "new_tokens_per_s",
             "prefill_pad_ratio", "total_s"]
