@@ -98,3 +98,37 @@ def test_eval_stage_summarizer_and_document_cut(tmp_path):
     [ep] = read_episodes(tmp_path / "eval" / "react__HotpotQA.episodes.jsonl")
     docs = [ln for ln in ep.steps[1].prompt.splitlines() if ln.startswith("doc: ")]
     assert any(len(ln.split(": ", 2)[2]) > 16 for ln in docs)                    # the agent's own opts win
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.eval.agents[2].update({"name": "reactt"}), r"config.eval.agents\[2\].name: unknown agent 'reactt'"),
+    (lambda c: c.eval.datasets[1].update({"path": "/nope/2wiki.jsonl"}),
+     r"config.eval.datasets\[1\].path: /nope/2wiki.jsonl: no such file"),
+    (lambda c: c.eval.datasets[0].update({"select": "lats:250"}), r"config.eval.datasets\[0\].select: bad select"),
+    (lambda c: c.eval.rollout.update({"max_stepz": 3}), r"config.eval.rollout: .*max_stepz"),
+    (lambda c: None, r"config.eval.policy.path: empty"),
+])
+def test_paper_eval_config_checked_before_compute(tmp_path, edit, message):
+    import configs.eval_rag_gym as mod
+    from jaxrag.main import StageError, run
+
+    c = mod.get_config()
+    with c.unlocked():
+        edit(c)
+        if "policy.path" not in message:
+            c.eval.policy.path = str(tmp_path)  # set, so the check reaches the edited key
+    with pytest.raises(StageError, match=message):
+        run(c, tmp_path / "run")
+    assert not (tmp_path / "run" / "eval").exists()
+
+
+def test_empty_dataset_file_is_refused_before_compute(tmp_path):
+    import configs.eval_rag_gym as mod
+    from jaxrag.pipelines.eval import check_config
+
+    (tmp_path / "empty.jsonl").write_text("")
+    c = mod.get_config()
+    c.eval.policy.path = str(tmp_path)
+    c.eval.datasets[3]["path"] = str(tmp_path / "empty.jsonl")
+    with pytest.raises(ValueError, match=r"config.eval.datasets\[3\].path: .*empty.jsonl: empty file"):
+        check_config(c, "eval")

@@ -26,6 +26,62 @@ def _plain(v):
     return v.to_dict() if hasattr(v, "to_dict") else v
 
 
+def _fail(key: str, msg: str):
+    raise ValueError(f"config.{key}: {msg}")
+
+
+def _check_file(key: str, path: str) -> None:
+    from jaxrag.paths import BENCHMARKS
+
+    p = Path(path)
+    if not p.is_file():
+        if str(p).startswith(str(BENCHMARKS)) and not BENCHMARKS.is_dir():
+            _fail(key, f"{p}: no such file (JAXRAG_BENCHMARKS={BENCHMARKS}: no such directory)")
+        _fail(key, f"{p}: no such file")
+    if p.stat().st_size == 0:
+        _fail(key, f"{p}: empty file")
+
+
+def check_config(config, name: str) -> None:
+    """Static checks run by jaxrag.main before any stage starts: agent names, unique methods, dataset files that
+    exist and are not empty, their select specs, the rollout fields, the default loaders' paths."""
+    from jaxrag.data.qa import QADataError, parse_select
+    from jaxrag.env.agents import available
+
+    ec = config[name]
+    for key in ("agents", "datasets", "policy", "retriever"):
+        if key not in ec:
+            _fail(f"{name}.{key}", "missing")
+    methods = set()
+    for i, a in enumerate(_plain(ec.agents)):
+        a = {"name": a} if isinstance(a, str) else dict(a)
+        if a.get("name") not in available():
+            _fail(f"{name}.agents[{i}].name", f"unknown agent {a.get('name')!r} (known: {', '.join(available())})")
+        method = a.get("method", a["name"])
+        if method in methods:
+            _fail(f"{name}.agents[{i}]", f"duplicate method name {method!r} (give one a 'method')")
+        methods.add(method)
+    for j, d in enumerate(_plain(ec.datasets)):
+        if not d.get("path"):
+            _fail(f"{name}.datasets[{j}].path", "missing")
+        _check_file(f"{name}.datasets[{j}].path", d["path"])
+        try:
+            parse_select(d.get("select"), 1)
+        except QADataError as e:
+            _fail(f"{name}.datasets[{j}].select", str(e))
+    try:
+        RolloutConfig(**_plain(ec.get("rollout", {})))
+    except TypeError as e:
+        _fail(f"{name}.rollout", str(e))
+    pcfg, rcfg = _plain(ec.policy), _plain(ec.retriever)
+    if pcfg.get("fn", "jaxrag.pipelines.common:load_policy") == "jaxrag.pipelines.common:load_policy" \
+            and not pcfg.get("path"):
+        _fail(f"{name}.policy.path", "empty: set --config.{name}.policy.path=<a Hugging Face checkpoint dir>")
+    if rcfg.get("fn", "jaxrag.pipelines.common:load_retriever") == "jaxrag.pipelines.common:load_retriever" \
+            and not rcfg.get("index_dir") and rcfg.get("corpus"):
+        _check_file(f"{name}.retriever.corpus", rcfg["corpus"])
+
+
 def eval_stage(config, workdir: str | Path, name: str) -> dict:
     """For every (agent, dataset) in config[name]: episodes JSONL + metrics + tables under workdir/<name>/."""
     from jaxrag.data.qa import load_qa
@@ -67,3 +123,6 @@ def eval_stage(config, workdir: str | Path, name: str) -> dict:
     (out_dir / "table.md").write_text(md)
     (out_dir / "table.csv").write_text(csv_text)
     return results
+
+
+eval_stage.check_config = check_config
