@@ -24,6 +24,13 @@ def test_shipped_configs_pass(preset):
     assert [n for n, _ in plan(c)] == list(c.stages)
 
 
+def test_agent_aliases_that_get_agent_takes_pass():
+    c = load("tiny")
+    c.eval.systems[8]["agent"] = "Re²Search"  # get_agent's alias of re2search
+    c.sft_re2search.agent = "re2-search"
+    assert [n for n, _ in plan(c)] == list(c.stages)
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda c: c.eval.systems[2].update(dict(agent="reactt")),
      r"config.eval.systems\[2\].agent: unknown agent 'reactt' \(known: .*react"),

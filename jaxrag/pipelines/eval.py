@@ -46,7 +46,7 @@ def check_config(config, name: str) -> None:
     """Static checks run by jaxrag.main before any stage starts: agent names, unique methods, dataset files that
     exist and are not empty, their select specs, the rollout fields, the default loaders' paths."""
     from jaxrag.data.qa import QADataError, parse_select
-    from jaxrag.env.agents import available
+    from jaxrag.env.agents import agent_module
 
     ec = config[name]
     for key in ("agents", "datasets", "policy", "retriever"):
@@ -55,8 +55,10 @@ def check_config(config, name: str) -> None:
     methods = set()
     for i, a in enumerate(_plain(ec.agents)):
         a = {"name": a} if isinstance(a, str) else dict(a)
-        if a.get("name") not in available():
-            _fail(f"{name}.agents[{i}].name", f"unknown agent {a.get('name')!r} (known: {', '.join(available())})")
+        try:
+            agent_module(a.get("name") or "")
+        except KeyError as e:
+            _fail(f"{name}.agents[{i}].name", e.args[0])
         method = a.get("method", a["name"])
         if method in methods:
             _fail(f"{name}.agents[{i}]", f"duplicate method name {method!r} (give one a 'method')")

@@ -22,14 +22,20 @@ def available() -> list[str]:
                   if m.name != "base" and not m.name.startswith("_"))
 
 
+def agent_module(name: str) -> str:
+    """The module of agent design `name` (case and the aliases above accepted); KeyError naming the known ones.
+    Config checks call it to vet a name without building the agent."""
+    mod_name = _module_name(name)
+    if mod_name not in available():
+        raise KeyError(f"unknown agent {name!r} (known: {', '.join(available())})")
+    return mod_name
+
+
 def get_agent(name: str, **opts) -> Agent:
     """Build the agent design `name` (e.g. "react", "re2search", "search-o1") with options `opts`
     (mode="chat"|"plain", tokenizer=..., max_docs=..., max_doc_chars=..., summarizes=...)."""
-    mod_name = _module_name(name)
-    if mod_name not in available():
-        raise KeyError(f"unknown agent {name!r}; available: {', '.join(available())}")
-    cls = importlib.import_module(f"jaxrag.env.agents.{mod_name}").AGENT
+    cls = importlib.import_module(f"jaxrag.env.agents.{agent_module(name)}").AGENT
     return cls(**opts)
 
 
-__all__ = ["Agent", "available", "get_agent"]
+__all__ = ["Agent", "agent_module", "available", "get_agent"]

@@ -23,10 +23,12 @@ def _stage_ref(config, name: str, key: str, value) -> None:
 
 
 def _agent(key: str, value) -> None:
-    from jaxrag.env.agents import available
+    from jaxrag.env.agents import agent_module
 
-    if value not in available():
-        raise ConfigCheckError(f"config.{key}: unknown agent {value!r} (known: {', '.join(available())})")
+    try:
+        agent_module(value)
+    except KeyError as e:
+        raise ConfigCheckError(f"config.{key}: {e.args[0]}") from None
 
 
 def check_stage(config, name: str) -> None:
