@@ -1,10 +1,11 @@
-"""JSONL reading shared by every loader: one record per non-blank line, errors that name file:line."""
+"""JSONL reading shared by every loader: one record per non-blank line, errors that name file:line; the atomic
+writer under every JSONL and JSON output."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, TextIO
 
 
 def iter_jsonl(path: str | Path, error: type[Exception] = ValueError) -> Iterator[tuple[str, dict]]:
@@ -35,20 +36,25 @@ def read_jsonl(path: str | Path, error: type[Exception] = ValueError) -> list[di
     return [record for _, record in iter_jsonl(path, error)]
 
 
-def write_jsonl(path: str | Path, rows: Iterable[dict], append: bool = False) -> Path:
-    """One JSON object per line. A fresh file is written to a temp file and renamed into place, so a killed write
-    never leaves a half file under the final name; append=True adds lines to the file as it is (a run's log)."""
+def write_atomic(path: str | Path, fill: Callable[[TextIO], None], append: bool = False) -> Path:
+    """`fill(f)` writes the file's text. A fresh file is written to a temp file and renamed into place, so a killed
+    write never leaves a half file under the final name; append=True adds to the file as it is (a run's log). An
+    OSError (e.g. a full disk) names the file, removes the temp file and leaves the old complete file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     target = path if append else path.with_name(path.name + ".tmp")
     try:
         with target.open("a" if append else "w", encoding="utf-8") as f:
-            for r in rows:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    except OSError as e:  # e.g. a full disk: say which file (Python's message does not), leave the old one
+            fill(f)
+    except OSError as e:  # Python's message does not say which file
         if not append:
             target.unlink(missing_ok=True)
         raise OSError(e.errno, f"{path}: {e.strerror or e} (the file was not written)") from None
     if not append:
         target.replace(path)
     return path
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict], append: bool = False) -> Path:
+    """One JSON object per line, written as `write_atomic` writes (atomic unless append=True)."""
+    return write_atomic(path, lambda f: f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), append)

@@ -114,8 +114,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
     _count_compile_time()
     workdir = Path(workdir)
     stages = dict(plan(config, only))
-    ran: list[str] = []
-    timings: dict[str, float] = {}
+    timings: dict[str, float] = {}  # the stages that ran -> their wall seconds
     lead = jax.process_index() == 0
     with wd.Lock(workdir) if lead else _Null():
         if lead:
@@ -161,13 +160,12 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
                 if prev is not None:
                     shutil.rmtree(prev, ignore_errors=True)
             invalidated = True
-            ran.append(name)
             timings[name] = seconds
     if len(timings) > 1:
         total = sum(timings.values())
         print(f"[main] wall time per stage ({total / 60:.1f} min in all): "
               + ", ".join(f"{n} {t:.0f} s" for n, t in sorted(timings.items(), key=lambda kv: -kv[1])))
-    return ran
+    return list(timings)
 
 
 class _Null:

@@ -201,7 +201,6 @@ def _mcts(s: Setup, policy, batched: bool, cfg) -> dict:
             if isinstance(v, (int, float)):
                 agg[k] = agg.get(k, 0) + v
     agg["total_s"] = time.perf_counter() - t0
-    agg["sampled_actions"] = env.sampled_actions
     agg["policy_calls"] = sum(env.calls.values())
     return agg
 

@@ -14,6 +14,13 @@ import os
 import shutil
 from pathlib import Path
 
+from jaxrag.jsonl import write_atomic
+
+
+def config_fail(key: str, msg: str):
+    """Raise the error of a stage's config check: `config.<key>: <msg>` (jaxrag.main shows it as one line)."""
+    raise ValueError(f"config.{key}: {msg}")
+
 
 def stage_dir(workdir, name: str) -> Path:
     p = Path(workdir) / name
@@ -30,17 +37,9 @@ def resolve(path: str, workdir) -> Path:
 
 
 def write_json(path, obj) -> Path:
-    """JSON written to a temp file and renamed into place: a killed write never leaves a half file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(json.dumps(obj, indent=1))
-    except OSError as e:  # e.g. a full disk: name the file, keep the old one
-        tmp.unlink(missing_ok=True)
-        raise OSError(e.errno, f"{path}: {e.strerror or e} (the file was not written)") from None
-    tmp.replace(path)
-    return path
+    """JSON written to a temp file and renamed into place (jsonl.write_atomic): a killed write never leaves a half
+    file, a failed one names the file and keeps the old one."""
+    return write_atomic(path, lambda f: f.write(json.dumps(obj, indent=1)))
 
 
 def read_json(path) -> dict:

@@ -17,6 +17,7 @@ from pathlib import Path
 from jaxrag.env.agents import get_agent
 from jaxrag.env.rollout import RolloutConfig
 from jaxrag.evaluate import evaluate, results_table
+from jaxrag.pipelines.common import config_fail
 
 
 log = logging.getLogger(__name__)
@@ -26,20 +27,16 @@ def _plain(v):
     return v.to_dict() if hasattr(v, "to_dict") else v
 
 
-def _fail(key: str, msg: str):
-    raise ValueError(f"config.{key}: {msg}")
-
-
 def _check_file(key: str, path: str) -> None:
     from jaxrag.paths import BENCHMARKS
 
     p = Path(path)
     if not p.is_file():
         if str(p).startswith(str(BENCHMARKS)) and not BENCHMARKS.is_dir():
-            _fail(key, f"{p}: no such file (JAXRAG_BENCHMARKS={BENCHMARKS}: no such directory)")
-        _fail(key, f"{p}: no such file")
+            config_fail(key, f"{p}: no such file (JAXRAG_BENCHMARKS={BENCHMARKS}: no such directory)")
+        config_fail(key, f"{p}: no such file")
     if p.stat().st_size == 0:
-        _fail(key, f"{p}: empty file")
+        config_fail(key, f"{p}: empty file")
 
 
 def check_config(config, name: str) -> None:
@@ -51,34 +48,34 @@ def check_config(config, name: str) -> None:
     ec = config[name]
     for key in ("agents", "datasets", "policy", "retriever"):
         if key not in ec:
-            _fail(f"{name}.{key}", "missing")
+            config_fail(f"{name}.{key}", "missing")
     methods = set()
     for i, a in enumerate(_plain(ec.agents)):
         a = {"name": a} if isinstance(a, str) else dict(a)
         try:
             agent_module(a.get("name") or "")
         except KeyError as e:
-            _fail(f"{name}.agents[{i}].name", e.args[0])
+            config_fail(f"{name}.agents[{i}].name", e.args[0])
         method = a.get("method", a["name"])
         if method in methods:
-            _fail(f"{name}.agents[{i}]", f"duplicate method name {method!r} (give one a 'method')")
+            config_fail(f"{name}.agents[{i}]", f"duplicate method name {method!r} (give one a 'method')")
         methods.add(method)
     for j, d in enumerate(_plain(ec.datasets)):
         if not d.get("path"):
-            _fail(f"{name}.datasets[{j}].path", "missing")
+            config_fail(f"{name}.datasets[{j}].path", "missing")
         _check_file(f"{name}.datasets[{j}].path", d["path"])
         try:
             parse_select(d.get("select"), 1)
         except QADataError as e:
-            _fail(f"{name}.datasets[{j}].select", str(e))
+            config_fail(f"{name}.datasets[{j}].select", str(e))
     try:
         RolloutConfig(**_plain(ec.get("rollout", {})))
     except TypeError as e:
-        _fail(f"{name}.rollout", str(e))
+        config_fail(f"{name}.rollout", str(e))
     pcfg, rcfg = _plain(ec.policy), _plain(ec.retriever)
     if pcfg.get("fn", "jaxrag.pipelines.common:load_policy") == "jaxrag.pipelines.common:load_policy" \
             and not pcfg.get("path"):
-        _fail(f"{name}.policy.path", "empty: set --config.{name}.policy.path=<a Hugging Face checkpoint dir>")
+        config_fail(f"{name}.policy.path", "empty: set --config.{name}.policy.path=<a Hugging Face checkpoint dir>")
     if rcfg.get("fn", "jaxrag.pipelines.common:load_retriever") == "jaxrag.pipelines.common:load_retriever" \
             and not rcfg.get("index_dir") and rcfg.get("corpus"):
         _check_file(f"{name}.retriever.corpus", rcfg["corpus"])

@@ -79,7 +79,7 @@ def tiny_checkpoint_config(corpus: str) -> "ml_collections.ConfigDict":
 
 
 def _fail(name: str, key: str, msg: str):
-    raise ValueError(f"config.{name}.{key}: {msg}")
+    common.config_fail(f"{name}.{key}", msg)
 
 
 def check_config(config, name: str) -> None:

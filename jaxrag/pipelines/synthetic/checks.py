@@ -4,22 +4,20 @@ stages before it have trained for a quarter of an hour."""
 
 from __future__ import annotations
 
+from jaxrag.pipelines.common import config_fail
+
 # keys of a stage's section whose (non-empty) value names an earlier stage of the same config
 STAGE_REFS = ("policy", "init", "init_from", "critic", "records", "pairs", "budget_from", "data", "eval",
               "eval_findings")
 SPLITS = ("train", "dev", "test", "heldout")
 
 
-class ConfigCheckError(ValueError):
-    pass
-
-
 def _stage_ref(config, name: str, key: str, value) -> None:
     stages = list(config.stages)
     if value not in stages:
-        raise ConfigCheckError(f"config.{key}: {value!r} is not a stage of this config (stages: {', '.join(stages)})")
+        config_fail(key, f"{value!r} is not a stage of this config (stages: {', '.join(stages)})")
     if name in stages and stages.index(value) >= stages.index(name):
-        raise ConfigCheckError(f"config.{key}: stage {value!r} runs after {name!r}, so its outputs are not there yet")
+        config_fail(key, f"stage {value!r} runs after {name!r}, so its outputs are not there yet")
 
 
 def _agent(key: str, value) -> None:
@@ -28,7 +26,7 @@ def _agent(key: str, value) -> None:
     try:
         agent_module(value)
     except KeyError as e:
-        raise ConfigCheckError(f"config.{key}: {e.args[0]}") from None
+        config_fail(key, e.args[0])
 
 
 def check_stage(config, name: str) -> None:
@@ -49,19 +47,19 @@ def check_eval(config, name: str) -> None:
     s = config[name]
     for i, split in enumerate(s.splits):
         if split not in SPLITS:
-            raise ConfigCheckError(f"config.{name}.splits[{i}]: unknown split {split!r} (known: {', '.join(SPLITS)})")
+            config_fail(f"{name}.splits[{i}]", f"unknown split {split!r} (known: {', '.join(SPLITS)})")
     seen = set()
     for i, system in enumerate(s.systems):
         where = f"{name}.systems[{i}]"
         for key in ("name", "agent", "model"):
             if not system.get(key):
-                raise ConfigCheckError(f"config.{where}: missing {key!r}")
+                config_fail(where, f"missing {key!r}")
         if system["name"] in seen:
-            raise ConfigCheckError(f"config.{where}: duplicate system name {system['name']!r}")
+            config_fail(where, f"duplicate system name {system['name']!r}")
         seen.add(system["name"])
         _agent(f"{where}.agent", system["agent"])
         _stage_ref(config, name, f"{where}.model", system["model"])
         if system.get("critic"):
             _stage_ref(config, name, f"{where}.critic", system["critic"])
             if int(system.get("n", 0)) < 1:
-                raise ConfigCheckError(f"config.{where}.n: a critic system needs n >= 1 candidates")
+                config_fail(f"{where}.n", "a critic system needs n >= 1 candidates")

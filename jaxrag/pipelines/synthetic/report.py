@@ -12,9 +12,10 @@ import os
 
 import matplotlib
 
+from jaxrag.pipelines.synthetic import checks
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from jaxrag.pipelines.synthetic import checks
 
 COLUMNS = (
     "system",
