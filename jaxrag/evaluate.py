@@ -64,20 +64,17 @@ def failure_kind(failure: str) -> str:
 
 
 def judge_episodes(episodes: Sequence[Episode], judge) -> dict:
-    """LJ over the episodes the judge could judge, with the counts that say how far to trust it: lj_judged,
+    """LJ (judge: jaxrag.judge.OpenAIJudge) over the episodes the judge could judge, with the counts that say how far to trust it: lj_judged,
     lj_failed and lj_failures ({kind: count}). Each episode keeps its own record in metadata["lj"] (verdict, or
     the failure with attempts and seconds), so the episodes file says which items were not judged and why."""
     verdicts, kinds = [], {}
     for ep in episodes:
-        if hasattr(judge, "judge_answer_result"):
-            verdict, r = judge.judge_answer_result(ep.gold, ep.answer)
-        else:  # a judge with only the bool | None protocol (e.g. a test double)
-            verdict, r = judge.judge_answer(ep.gold, ep.answer), None
+        verdict, r = judge.judge_answer_result(ep.gold, ep.answer)  # r None: no answer to judge (verdict False)
         rec: dict[str, Any] = {"verdict": verdict}
         if r is not None:
             rec.update(attempts=r.attempts, seconds=round(r.seconds, 3))
         if verdict is None:
-            rec["failure"] = r.failure if r is not None else "no verdict"
+            rec["failure"] = r.failure
             kind = failure_kind(rec["failure"])
             kinds[kind] = kinds.get(kind, 0) + 1
         ep.metadata["lj"] = rec
