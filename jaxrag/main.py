@@ -147,10 +147,11 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
             t0, c0 = time.perf_counter(), _compile_seconds[0]
             try:
                 stages[name](config, str(workdir), name)
-            except BaseException:
+            except BaseException as e:
                 if prev is not None:  # the old, complete outputs go back; the partial new ones go
                     shutil.rmtree(sdir, ignore_errors=True)
                     prev.rename(sdir)
+                e.stage = name  # main() names it in its one-line report
                 raise
             seconds, compiling = round(time.perf_counter() - t0, 1), round(_compile_seconds[0] - c0, 1)
             print(f"[main] {name}: finished in {seconds:.0f} s ({compiling:.0f} s of it tracing and compiling)")
@@ -166,6 +167,16 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
         print(f"[main] wall time per stage ({total / 60:.1f} min in all): "
               + ", ".join(f"{n} {t:.0f} s" for n, t in sorted(timings.items(), key=lambda kv: -kv[1])))
     return list(timings)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 class _Null:
@@ -184,10 +195,21 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required")
+    from jaxrag.train.checkpoint import CheckpointCorrupt
+    from jaxrag.train.loop import ConfigChanged, NonFiniteLoss
+
+    config = _CONFIG.value
+    overrides = config_flags.get_override_values(flags.FLAGS["config"])
+    print(f"[main] config {config_flags.get_config_filename(flags.FLAGS['config'])}"
+          + "".join(f" --config.{k}={v!r}" for k, v in sorted(_flatten(overrides).items()))
+          + f" (in effect after the preset; all {len(_flatten(config.to_dict()))} settings in "
+          + f"{Path(_WORKDIR.value) / 'config.json'})", flush=True)
     try:
-        run(_CONFIG.value, _WORKDIR.value, _STAGES.value, _FORCE.value, _RERUN_CHANGED.value)
-    except (StageError, WorkdirError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        run(config, _WORKDIR.value, _STAGES.value, _FORCE.value, _RERUN_CHANGED.value)
+    except (StageError, WorkdirError, CheckpointCorrupt, ConfigChanged, NonFiniteLoss) as e:
+        # errors the user acts on: one line, last in the output, no traceback (options named relative to the stage)
+        stage = getattr(e, "stage", None)
+        print(f"error: {f'stage {stage!r} (config.{stage}): ' if stage else ''}{e}", file=sys.stderr)
         sys.exit(2)
 
 

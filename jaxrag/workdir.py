@@ -7,7 +7,8 @@
   config's global keys (seed, model, index, ...) and the fingerprint of the stage before it (so a change upstream
   reaches every stage downstream). A rerun whose settings changed for a finished stage is refused with the changed
   keys named, unless asked to rerun (`--force`, or `--rerun_changed` for exactly the stages whose settings changed
-  and everything after them).
+  and everything after them). Settings that cannot change a stage's outputs (NEUTRAL: progress bars, log and
+  checkpoint cadence, which checkpoint to resume from) are left out, so e.g. `restore_step` never blocks a rerun.
 - Atomic reruns: before a finished stage is rerun its old outputs are moved to `<stage>.prev`; they are deleted when
   the new run completes and put back if it fails (or, after a kill, at the next start), so a failed rerun never
   leaves old markers over new files nor loses the old good outputs.
@@ -98,11 +99,27 @@ def flatten(d, prefix: str = "") -> dict:
     return out
 
 
+# keys (by their last dotted parts) that cannot change what a stage writes: runs are deterministic under resume
+NEUTRAL = ("progress", "log_every", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.async_save",
+           "checkpoint.restore_step")
+
+
+def _drop_neutral(d, path: str = ""):
+    if not isinstance(d, dict):
+        return d
+    out = {}
+    for k, v in d.items():
+        key = f"{path}.{k}" if path else k
+        if not any(key == n or key.endswith("." + n) for n in NEUTRAL):
+            out[k] = _drop_neutral(v, key)
+    return out
+
+
 def stage_settings(config, name: str) -> dict:
-    """What a stage depends on in the config: its own section and the global (non-stage) keys."""
+    """What a stage depends on in the config: its own section and the global (non-stage) keys, NEUTRAL ones left out."""
     stages = set(config.stages)
     glob = {k: _plain(v) for k, v in config.items() if k not in stages and k != "stages"}
-    return {name: _plain(config[name]), **glob}
+    return _drop_neutral({name: _plain(config[name]), **glob})
 
 
 def fingerprint(settings: dict, upstream: str) -> str:

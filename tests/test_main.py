@@ -68,3 +68,36 @@ def test_runs_stages_writes_done_and_skips_on_rerun(tmp_path):
     assert len((tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()) == 2
     p = cli(*args)
     assert p.returncode == 0 and p.stdout.count("skipping") == 2
+
+
+def test_preset_applies_before_overrides_and_the_effective_config_is_shown(tmp_path):
+    import configs.synthetic.pipeline as mod
+
+    assert mod.get_config("tiny").sft.train.steps != 7
+    p = cli("--config=configs/synthetic/pipeline.py:tiny", f"--workdir={tmp_path}", "--config.sft.train.steps=7",
+            "--stages=world")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads((tmp_path / "config.json").read_text())["config"]["sft"]["train"]["steps"] == 7
+    assert p.stdout.count("--config.sft.train.steps=7") == 1 and str(tmp_path / "config.json") in p.stdout
+
+
+def test_run_time_errors_are_one_line_naming_the_stage_and_the_way_out(tmp_path):
+    args = ("--config=configs/train_sft.py", f"--workdir={tmp_path}", "--config.sft.train.steps=4",
+            "--config.sft.train.checkpoint.every_steps=2", "--config.sft.train.checkpoint.async_save=False")
+    assert cli(*args).returncode == 0
+    (tmp_path / "sft" / "DONE").unlink()  # as if killed after its last checkpoint
+    for f in (tmp_path / "sft" / "checkpoints" / "4").rglob("*"):
+        if f.is_file() and "state" in f.parts:
+            f.write_bytes(b"garbage")
+    p = cli(*args)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: stage 'sft' (config.sft): checkpoint") and "restore_step=2" in last
+    # a changed setting under a half-trained stage: ConfigChanged, one line, the key named
+    p = cli(*args, "--config.sft.train.optimizer.lr=0.05")
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "optimizer.lr differ" in p.stderr.splitlines()[-1]
+    # the way out the message names; the option then does not block a plain rerun
+    assert cli(*args, "--config.sft.train.checkpoint.restore_step=2").returncode == 0
+    assert (tmp_path / "sft" / "checkpoints" / "4.set_aside").is_dir()
+    p = cli(*args)
+    assert p.returncode == 0 and "sft: done already" in p.stdout

@@ -110,3 +110,12 @@ def test_lock_names_the_holder_and_stale_lock_is_taken_over(tmp_path):
     assert not (tmp_path / ".lock").exists()
     with Lock(tmp_path), pytest.raises(WorkdirError, match="in use"):
         run(_config(), tmp_path)
+
+
+def test_result_neutral_settings_do_not_block_a_rerun(tmp_path):
+    c = _config()
+    c.b.train = ml_collections.ConfigDict({"progress": True, "checkpoint": {"restore_step": 4, "every_steps": 2}})
+    run(c, tmp_path)
+    c.b.train.progress, c.b.train.checkpoint.restore_step, c.b.train.checkpoint.every_steps = False, None, 5
+    assert run(c, tmp_path) == []  # progress bars, checkpoint cadence and the step resumed from change no output
+    assert "progress" not in json.loads((tmp_path / "b" / "DONE").read_text())["settings"]["b"]["train"]
