@@ -119,7 +119,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
     with wd.Lock(workdir) if lead else _Null():
         if lead:
             wd.save_effective_config(workdir, config)
-        upstream, invalidated = "", False
+        upstream, invalidated, stale = "", False, None
         for name in config.stages:
             settings = wd.stage_settings(config, name)
             fp = wd.fingerprint(settings, upstream)
@@ -131,7 +131,13 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
             if name not in stages:
                 if invalidated and done is not None and lead:  # its inputs were just rebuilt
                     (sdir / "DONE").unlink()
+                elif done is not None and done.get("fingerprint", fp) != fp and stale is None:
+                    stale = (name, wd.changed_keys(done.get("settings", {}), settings))
                 continue
+            if stale is not None:  # its inputs were made under other settings than the ones it would record
+                raise StageError(f"{name}: the earlier stage {stale[0]!r} was finished under other settings (changed: "
+                                 f"{', '.join(stale[1]) or 'an earlier stage'}); rerun from there (add it to --stages, "
+                                 "or --rerun_changed without --stages)")
             if done is not None and not (force or invalidated):
                 if done.get("fingerprint", fp) == fp:
                     print(f"[main] {name}: done already ({sdir / 'DONE'}), skipping")

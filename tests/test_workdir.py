@@ -119,3 +119,15 @@ def test_result_neutral_settings_do_not_block_a_rerun(tmp_path):
     c.b.train.progress, c.b.train.checkpoint.restore_step, c.b.train.checkpoint.every_steps = False, None, 5
     assert run(c, tmp_path) == []  # progress bars, checkpoint cadence and the step resumed from change no output
     assert "progress" not in json.loads((tmp_path / "b" / "DONE").read_text())["settings"]["b"]["train"]
+
+
+def test_a_subset_run_refuses_inputs_made_under_other_settings(tmp_path):
+    run(_config(), tmp_path)
+    c = _config()
+    c.seed = 7  # e.g. --force --stages=report --config.seed=7 would title seed-0 results "seed 7"
+    with pytest.raises(StageError, match=r"c: the earlier stage 'a' was finished under other settings \(changed: seed\)"):
+        run(c, tmp_path, only=["c"], force=True)
+    with pytest.raises(StageError, match=r"'b' .*changed: b.value"):
+        run(_config(b=3), tmp_path, only=["c"], force=True)
+    assert _out(tmp_path, "c") == "111" and (tmp_path / "c" / "DONE").exists()
+    assert run(c, tmp_path, only=["a", "b", "c"], force=True) == ["a", "b", "c"]  # rerun from there: accepted
