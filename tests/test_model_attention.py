@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from jaxrag.models import ConfigError, ModelConfig, forward, init_params
-from jaxrag.models.transformer import attention, attention_mask, fused_attention, resolve_attention_impl
+from jaxrag.models.transformer import (attention, attention_mask, block_causal_attention, causal_blocks,
+                                      fused_attention, resolve_attention_impl)
 
 CFG = ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=64)
 T = 12
@@ -39,6 +40,28 @@ def test_fused_attention_equals_xla_attention_on_every_mask(heads):
     # no segment ids: plain causal over the whole row
     causal = jax.jit(lambda q, k, v: fused_attention(q, k, v, None, "xla", "highest"))(q, k, v)
     np.testing.assert_allclose(causal, ours(q, k, v, jnp.ones((3, T), jnp.int32)), atol=1e-5)
+
+
+@pytest.mark.parametrize("n_blocks", [2, 3, 4, 6])
+def test_block_causal_attention_equals_full_attention_values_and_gradients(n_blocks):
+    kq, kk, kv = jax.random.split(jax.random.PRNGKey(1), 3)
+    q, k, v = jax.random.normal(kq, (3, T, 4, 8)), jax.random.normal(kk, (3, T, 2, 8)), jax.random.normal(kv, (3, T, 2, 8))
+    mask = attention_mask(jnp.asarray(SEG))
+    w = jnp.asarray(REAL, jnp.float32)[..., None, None]  # padding rows' outputs are never read
+
+    def run(fn):
+        return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v)) * w), argnums=(0, 1, 2)))(q, k, v)
+
+    full = run(lambda q, k, v: attention(q, k, v, mask, "highest"))
+    blocked = run(lambda q, k, v: block_causal_attention(q, k, v, mask, "highest", n_blocks))
+    np.testing.assert_allclose(blocked[0], full[0], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), blocked[1], full[1])
+    out = block_causal_attention(q, k, v, mask, "highest", n_blocks)
+    np.testing.assert_allclose(np.asarray(out)[REAL], np.asarray(attention(q, k, v, mask, "highest"))[REAL], atol=1e-5)
+
+
+def test_causal_blocks_at_most_4_of_32_tokens_or_more():
+    assert [causal_blocks(t) for t in (12, 32, 64, 100, 128, 192, 256, 320, 4096)] == [1, 1, 2, 2, 4, 4, 4, 4, 4]
 
 
 def test_model_through_the_fused_path_equals_the_xla_path_values_and_gradients():

@@ -244,13 +244,36 @@ def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.A
         return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, implementation=implementation)
 
 
+def causal_blocks(T: int, max_blocks: int = 4, min_block: int = 32) -> int:
+    """How many query blocks `block_causal_attention` splits T into: the most (up to max_blocks) that divide T into
+    blocks of at least min_block; 1 = no split."""
+    return max([n for n in range(1, max_blocks + 1) if T % n == 0 and T // n >= min_block] or [1])
+
+
+def block_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision: str | None = None,
+                           n_blocks: int | None = None) -> jax.Array:
+    """`attention` for a causal mask with the upper triangle's key blocks never computed: query block i (of n)
+    attends to keys [0, (i+1)T/n) only. The same values (the skipped scores are all masked); in n blocks
+    (n+1)/2n of the score matrix is computed. On XLA:CPU the demo's SFT step (16 x 256 tokens, 4 layers) took
+    490 ms with 4 blocks, 520 with 8, 500 with 2 and 578 unsplit: more, smaller GEMMs stop paying."""
+    T = q.shape[1]
+    n = causal_blocks(T) if n_blocks is None else n_blocks
+    if n <= 1:
+        return attention(q, k, v, mask, precision)
+    b = T // n
+    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    return jnp.concatenate([attend(q[:, i * b:(i + 1) * b], kh[:, :, :(i + 1) * b], vh[:, :, :(i + 1) * b],
+                                   mask[:, i * b:(i + 1) * b, :(i + 1) * b], precision) for i in range(n)], axis=1)
+
+
 def self_attention(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
-    """Full-sequence causal attention by `resolve_attention_impl(cfg)`; segment_ids None = one unpadded segment."""
+    """Full-sequence causal attention by `resolve_attention_impl(cfg)`; segment_ids None = one unpadded segment.
+    The "xla" implementation skips the upper triangle's key blocks (`block_causal_attention`)."""
     impl = resolve_attention_impl(cfg)
     if impl == "xla":
         if segment_ids is None:
             segment_ids = jnp.ones(q.shape[:2], jnp.int32)
-        return attention(q, k, v, attention_mask(segment_ids), cfg.matmul_precision)
+        return block_causal_attention(q, k, v, attention_mask(segment_ids), cfg.matmul_precision)
     return fused_attention(q, k, v, segment_ids, "cudnn" if impl == "cudnn" else "xla", cfg.matmul_precision)
 
 
