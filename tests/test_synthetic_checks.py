@@ -26,7 +26,7 @@ def test_shipped_configs_pass(preset):
 
 def test_agent_aliases_that_get_agent_takes_pass():
     c = load("tiny")
-    c.eval.systems[8]["agent"] = "Re²Search"  # get_agent's alias of re2search
+    c.eval_findings.systems[0]["agent"] = "Re²Search"  # get_agent's alias of re2search
     c.sft_re2search.agent = "re2-search"
     assert [n for n, _ in plan(c)] == list(c.stages)
 

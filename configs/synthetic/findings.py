@@ -4,6 +4,7 @@ python -m jaxrag.main --config=configs/synthetic/findings.py --workdir=runs/demo
 
 Same workdir as `make demo`: the demo's stages have the same settings here, so they are reused (run it first, or
 this runs them too), and the studies' stages follow:
+  sft_re2search     SFT of the SFT policy on the teacher's episodes in the Re²Search format (a second policy)
   mcts              ReasonRAG MCTS-SPRE pairs from the SFT policy, as many sampled actions as the ranking collection
   dpo_mcts          DPO on them (the same trainer settings as `dpo` on the ranking pairs): supervision sources at
                     equal compute
@@ -31,13 +32,17 @@ def _load_pipeline():
 pipeline = _load_pipeline()
 
 P = "jaxrag.pipelines.synthetic"
-STUDIES = ["mcts", "dpo_mcts", "grpo_k3", "bestofn_transfer", "ss_data", "ss_sft", "ss_dpo", "ss_grpo",
+STUDIES = ["sft_re2search", "mcts", "dpo_mcts", "grpo_k3", "bestofn_transfer", "ss_data", "ss_sft", "ss_dpo", "ss_grpo",
            "eval_findings", "findings"]
 
 
 def get_config(preset: str = "demo"):
     c = pipeline.get_config(preset)
     c.stages = list(c.stages) + STUDIES
+    c.sft_re2search = ml_collections.ConfigDict(c.sft.to_dict())
+    c.sft_re2search.update(dict(agent="re2search", init_from="sft", eval_every=50))
+    c.sft_re2search.train.update(dict(steps=200 if preset == "demo" else 20))
+    c.sft_re2search.train.optimizer.update(dict(lr=1e-3, warmup_steps=10 if preset == "demo" else 2))
     # ReasonRAG's search (its released code: 2 children per expansion, UCT "code", α = 0.9 in the preference
     # script), sized to the synthetic world: fewer rollouts per tree and depth = the demo's max_steps.
     c.mcts = dict(fn=f"{P}.mcts:mcts_stage", policy="sft", agent="react", budget_from="supervision",
@@ -72,7 +77,8 @@ def get_config(preset: str = "demo"):
     c.ss_grpo.rl.update({k: v for k, v in c.grpo.rl.to_dict().items() if k not in ("k", "seed")})
     c.ss_grpo.train.progress = c.grpo.train.progress
     c.eval_findings = ml_collections.ConfigDict(c.eval.to_dict())
-    c.eval_findings.systems = [dict(name="dpo_mcts", agent="react", model="dpo_mcts"),
+    c.eval_findings.systems = [dict(name="sft_re2search", agent="re2search", model="sft_re2search"),
+                               dict(name="dpo_mcts", agent="react", model="dpo_mcts"),
                                dict(name="grpo_k3", agent="react", model="grpo_k3"),
                                dict(name="ss_sft", agent="react", model="ss_sft"),
                                dict(name="ss_dpo", agent="react", model="ss_dpo"),

@@ -32,7 +32,7 @@ def get_config(preset: str = "demo"):
         raise ValueError(f"configs/synthetic/pipeline.py: unknown preset {preset!r} (demo | tiny)")
     c = ml_collections.ConfigDict()
     c.seed = 0
-    c.stages = ["world", "index", "teacher", "tokenizer", "sft", "sft_re2search", "supervision", "dpo", "critic",
+    c.stages = ["world", "index", "teacher", "tokenizer", "sft", "supervision", "dpo", "critic",
                 "outcome", "grpo", "agreement", "bestofn", "eval", "report"]
 
     # Many entities, so the policy cannot memorize the world and has to learn to read and copy (held-out names).
@@ -49,10 +49,6 @@ def get_config(preset: str = "demo"):
                  eval_every=150, eval_max_sequences=256,
                  train=trainer(loss="sft", steps=900, batch_size=16, seq_buckets=(64, 128, 192, 256),
                                optimizer=dict(lr=2e-3, warmup_steps=50, min_lr_ratio=0.1, weight_decay=0.01)))
-    c.sft_re2search = dict(c.sft, agent="re2search", init_from="sft", eval_every=50,
-                           train=trainer(loss="sft", steps=200, batch_size=16, seq_buckets=(64, 128, 192, 256),
-                                         optimizer=dict(lr=1e-3, warmup_steps=10, min_lr_ratio=0.1,
-                                                        weight_decay=0.01)))
     # Process supervision: N candidates per state from the SFT policy, scored by the world's oracle (RAG-Gym
     # collection: execute the best, keep correct trajectories); pairs (score > 0.75, < 0.5) at the same state.
     rollout_common = dict(max_steps=8, batch_size=64, max_new_tokens=40)
@@ -87,7 +83,6 @@ def get_config(preset: str = "demo"):
             dict(name="sft_critic_bo4", agent="react", model="sft", critic="critic", n=4, temperature=1.0),
             dict(name="dpo_critic_bo4", agent="react", model="dpo", critic="critic", n=4, temperature=1.0),
             dict(name="grpo", agent="react", model="grpo"),
-            dict(name="sft_re2search", agent="re2search", model="sft_re2search"),
         ],
     )
     c.report = dict(fn=f"{P}.report:report_stage")
@@ -122,12 +117,10 @@ def apply_tiny(c) -> None:
     """The whole pipeline in well under 2 minutes on a slow 2-core machine (CI)."""
     c.world.update(dict(n_countries=4, n_cities=12, n_persons=60, n_films=30, n_companies=12))
     c.model.update(dict(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=16, d_ff=64))
-    for s in ("sft", "sft_re2search"):
-        c[s].eval_every = 50
-        c[s].eval_max_sequences = 32
-        c[s].train.steps = 20
-        c[s].train.optimizer.warmup_steps = 2
-        c[s].train.progress = False
+    c.sft.eval_every = 50
+    c.sft.eval_max_sequences = 32
+    c.sft.train.optimizer.warmup_steps = 2
+    c.sft.train.progress = False
     c.sft.train.steps = 150  # enough for some good queries, so the supervision stage finds preference pairs
     c.sft.train.optimizer.lr = 5e-3
     for s in ("dpo", "critic", "outcome"):
