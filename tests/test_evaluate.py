@@ -107,6 +107,7 @@ def test_eval_stage_summarizer_and_document_cut(tmp_path):
     (lambda c: c.eval.datasets[0].update({"select": "lats:250"}), r"config.eval.datasets\[0\].select: bad select"),
     (lambda c: c.eval.rollout.update({"max_stepz": 3}), r"config.eval.rollout: .*max_stepz"),
     (lambda c: None, r"config.eval.policy.path: empty"),
+    (lambda c: c.eval.judge.update({"retires": 3}), r"config.eval.judge: unknown keys \['retires'\]"),
 ])
 def test_paper_eval_config_checked_before_compute(tmp_path, edit, message):
     import configs.eval_rag_gym as mod

@@ -79,6 +79,12 @@ def check_config(config, name: str) -> None:
     if rcfg.get("fn", "jaxrag.pipelines.common:load_retriever") == "jaxrag.pipelines.common:load_retriever" \
             and not rcfg.get("index_dir") and rcfg.get("corpus"):
         _check_file(f"{name}.retriever.corpus", rcfg["corpus"])
+    unknown = sorted(set(_plain(ec.get("judge", None)) or {}) - JUDGE_KEYS)
+    if unknown:
+        config_fail(f"{name}.judge", f"unknown keys {unknown} (known: {sorted(JUDGE_KEYS)})")
+
+
+JUDGE_KEYS = {"base_url", "model", "api_key_env", "timeout_s", "retries", "backoff_s"}  # judge.judge_from_config
 
 
 def eval_stage(config, workdir: str | Path, name: str) -> dict:
