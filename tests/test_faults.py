@@ -13,8 +13,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "--config=configs/synthetic/pipeline.py:tiny"
-# a kill inside each of these stages (the delay after the stage starts is random, seeded): 10 points in all
-KILL_IN = ["teacher", "sft", "sft_re2search", "supervision", "dpo", "critic", "outcome", "grpo", "bestofn", "eval"]
+# a kill inside each of these stages (the delay after the stage starts is random, seeded): 10 points in all; sft
+# twice in a row, so the second kill lands in a run that resumed sft from the first one's checkpoint
+KILL_IN = ["teacher", "sft", "sft", "supervision", "dpo", "critic", "outcome", "grpo", "bestofn", "eval"]
 
 
 def _env():
@@ -50,6 +51,9 @@ def _digests(workdir: Path) -> dict[str, str]:
 
 
 def test_sigkill_anywhere_then_rerun_gives_the_uninterrupted_results(tmp_path):
+    import configs.synthetic.pipeline as pipeline
+
+    assert set(KILL_IN) <= set(pipeline.get_config("tiny").stages)  # a kill point in no stage would never land
     ref = subprocess.run(_cmd(tmp_path / "ref"), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
     assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
     want = _digests(tmp_path / "ref")
