@@ -119,6 +119,44 @@ def test_best_of_n_executes_the_argmax_with_the_critics_own_tokenizer(critic):
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("batch_size", [16, 3])  # one call; chunks of states (one state over the cap alone)
+def test_shared_prefix_scores_equal_whole_sequence_scores(critic, batch_size):
+    cfg, params, head = critic
+    tok = ShiftTokenizer()
+    prompts = ["q: a\n", "question: who made the film Zed?\nsearch: Zed\n", "q: c\nsearch: x\ndoc: y\n"]
+    actions = [["search: y", "answer", "answer: long ans"], ["a"], ["search: film Zed director", "answer: Bob", "s", "t"]]
+    p_ids = [tok.encode(p, add_bos=True) for p in prompts]
+    a_ids = [[tok.encode(a) for a in acts] for acts in actions]
+    scorer = CriticScorer(cfg, params, head, tok, batch_size=batch_size)
+    want = scorer.score_ids([p + a for p, acts in zip(p_ids, a_ids) for a in acts])
+    got = scorer.score_shared(p_ids, a_ids)
+    assert [len(g) for g in got] == [3, 1, 4]
+    np.testing.assert_allclose(np.concatenate(got), want, rtol=1e-5, atol=1e-5)
+    shared_calls = [s for s in scorer.shapes if s[0] == "shared"]
+    assert len(shared_calls) == (1 if batch_size == 16 else 3)  # 3: states of 1, 3 and 4 candidates in chunks of 3
+
+
+def test_score_states_shares_the_prompt_and_falls_back_for_inputs_that_do_not_fit(critic):
+    cfg, params, head = critic
+    agent = get_agent("react", mode="plain")
+    tok = ShiftTokenizer()
+    states = [State("Who founded Acme?", qid="a"), State("Where is Zed?", qid="b")]
+    texts = [["answer: Bob", "search: Acme founder"], ["answer: Paris"]]
+    scorer = CriticScorer(cfg, params, head, tok, agent, batch_size=8)
+    got = scorer.score_states(states, texts)
+    assert any(s[0] == "shared" for s in scorer.shapes)
+    prompts = [agent.render(s) for s in states]
+    want = scorer.score_texts([prompts[0]] * 2 + [prompts[1]], [t for ts in texts for t in ts])
+    np.testing.assert_allclose(np.concatenate(got), want, rtol=1e-5, atol=1e-5)
+    short = CriticScorer(dataclasses.replace(cfg, max_seq_len=64), params, head, tok, agent, batch_size=8)
+    long_action = ["answer: " + "x" * 80]  # cannot fit whole: the per-input path cuts it, as before
+    assert short.score_states(states[:1], [long_action])[0].shape == (1,)
+    assert not any(s[0] == "shared" for s in short.shapes)
+    whole = CriticScorer(cfg, params, head, tok, agent, batch_size=8, share_prefix=False)
+    np.testing.assert_allclose(np.concatenate(whole.score_states(states, texts)), want, rtol=1e-5, atol=1e-5)
+    assert whole.shapes and not any(s[0] == "shared" for s in whole.shapes)
+
+
 class _FixedScorer:
     def score_states(self, states, texts):
         return [np.asarray([5.0, 1.0, 2.0, 2.0])]

@@ -376,6 +376,12 @@ def forward_cached(cfg: ModelConfig, params: Params, tokens, positions, token_va
     cache buffer is updated in place (dynamic_update_slice under donation) and read where it lies.
     Returns (logits [B,T,V] float32, new cache).
     """
+    hidden, cache = forward_cached_hidden(cfg, params, tokens, positions, token_valid, cache)
+    return logits_from_hidden(cfg, params, hidden), cache
+
+
+def forward_cached_hidden(cfg: ModelConfig, params: Params, tokens, positions, token_valid, cache):
+    """`forward_cached` up to the final-normed hidden states [B,T,D] (a critic head reads these)."""
     B, T = tokens.shape
     S = cache["valid"].shape[1]
     start = cache["index"]
@@ -394,8 +400,7 @@ def forward_cached(cfg: ModelConfig, params: Params, tokens, positions, token_va
         vs[i] = jax.lax.dynamic_update_slice(vs[i], v.transpose(0, 2, 1, 3).astype(vs[i].dtype), (0, 0, start, 0))
         x = _attn_out_and_mlp(cfg, lp, x, attend(q, ks[i], vs[i], mask, cfg.matmul_precision))
     hidden = rms_norm(x, params["final_norm"], cfg.rms_eps)
-    new_cache = {"k": tuple(ks), "v": tuple(vs), "valid": valid, "index": start + T}
-    return logits_from_hidden(cfg, params, hidden), new_cache
+    return hidden, {"k": tuple(ks), "v": tuple(vs), "valid": valid, "index": start + T}
 
 
 def prefill(cfg: ModelConfig, params: Params, tokens, positions, token_valid, cache):

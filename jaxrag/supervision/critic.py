@@ -6,9 +6,13 @@ train.batching.pair_batch): the state's prompt text tokenized with add_bos, then
 on its own, right-padded, the scalar head read at the last action token (`read_index`). Texts are tokenized with
 the critic's OWN tokenizer, so the critic may be another model family than the policy. Device side: one jitted
 `critic_scores` over bucketed shapes (rows: powers of two up to batch_size; columns: seq_buckets), so a handful
-of shapes compile once. Prompts are rendered within the critic's own budget (`agent.render(state, fits)`: the
-agent's shorter views of the state); an input still too long keeps the action whole (its end, if the action alone
-is too long) and drops the prompt's middle (its first and last halves kept, as JaxPolicy), with a warning.
+of shapes compile once. Best-of-N (`score_states`) computes each state's prompt once: prefilled into a KV cache
+that is forked into its N candidates' rows (generate.fork), over which only the candidates' tokens run (the same
+scores, about 1/N of the prompt compute; `share_prefix=False` scores every sequence whole, which the
+1M-parameter synthetic demo keeps: there the extra compiles of the cached pass cost more than the compute saved).
+Prompts are rendered within the critic's own budget (`agent.render(state, fits)`: the agent's shorter views of the
+state); an input still too long keeps the action whole (its end, if the action alone is too long) and drops the
+prompt's middle (its first and last halves kept, as JaxPolicy), with a warning.
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ import logging
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrag.env.mdp import INVALID, State
 from jaxrag.env.rollout import Candidate
+from jaxrag.generate import fork
 from jaxrag.models import critic_scores
 from jaxrag.models.config import ModelConfig
+from jaxrag.models.transformer import forward_cached_hidden, init_cache, prefill
 from jaxrag.supervision.judges import ranks_from_scores
 from jaxrag.supervision.records import ProcessRecord
 from jaxrag.train.batching import pick_bucket
@@ -40,14 +47,41 @@ def _score_fn(cfg: ModelConfig):
     return jax.jit(functools.partial(critic_scores, cfg))
 
 
+@functools.lru_cache(maxsize=8)
+def _shared_prefix_fn(cfg: ModelConfig):
+    """Scores of candidates that share their state's prompt: each prompt is prefilled once (left-padded, [P,Tp]),
+    its KV cache forked into its candidates' rows (`rows` [R]), and only the candidates' own tokens ([R,Ta],
+    right-padded) run through the model over that cache; the head reads each one's last token (`read` [R])."""
+
+    def fn(params, head, prefix, prefix_pos, prefix_valid, rows, cand, cand_valid, read):
+        cache = init_cache(cfg, prefix.shape[0], prefix.shape[1] + cand.shape[1], dtype=cfg.dtype)
+        _, cache = prefill(cfg, params, prefix, prefix_pos, prefix_valid, cache)
+        cache = fork(cache, rows)
+        start = jnp.sum(prefix_valid, axis=1).astype(jnp.int32)[rows]
+        pos = start[:, None] + jnp.arange(cand.shape[1], dtype=jnp.int32)[None]
+        hidden, _ = forward_cached_hidden(cfg, params, cand, pos, cand_valid, cache)
+        h = jnp.take_along_axis(hidden.astype(jnp.float32), read[:, None, None], axis=1)[:, 0]
+        return h @ head["w"] + head["b"]
+
+    return jax.jit(fn)
+
+
+def _pow2(n: int, cap: int) -> int:
+    r = 1
+    while r < n:
+        r *= 2
+    return min(r, cap) if n <= cap else cap
+
+
 class CriticScorer:
     """r_φ(prompt, action) for many (prompt, action) texts at once."""
 
     def __init__(self, model_cfg: ModelConfig, params, head, tokenizer, agent=None, *, batch_size: int = 32,
-                 seq_buckets: Sequence[int] = SEQ_BUCKETS, add_bos: bool = True):
+                 seq_buckets: Sequence[int] = SEQ_BUCKETS, add_bos: bool = True, share_prefix: bool = True):
         if batch_size < 1:
             raise ValueError(f"CriticScorer: batch_size={batch_size} must be >= 1")
         self.cfg, self.params, self.head, self.tokenizer, self.agent = model_cfg, params, head, tokenizer, agent
+        self.share_prefix = share_prefix  # score_states: each state's prompt once for its candidates (score_shared)
         self.batch_size, self.add_bos = batch_size, add_bos
         self.seq_buckets = tuple(sorted({min(b, model_cfg.max_seq_len) for b in seq_buckets} | {model_cfg.max_seq_len}))
         self.max_len = self.seq_buckets[-1]
@@ -76,10 +110,7 @@ class CriticScorer:
         return lambda prompt: len(self.tokenizer.encode(prompt, add_bos=self.add_bos)) + reserve <= self.max_len
 
     def _rows(self, n: int) -> int:
-        r = 1
-        while r < n:
-            r *= 2
-        return min(r, self.batch_size) if n <= self.batch_size else self.batch_size
+        return _pow2(n, self.batch_size)
 
     def score_ids(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
         """Scores of token sequences (read at each one's last token), [len(seqs)] float32."""
@@ -108,12 +139,59 @@ class CriticScorer:
             raise ValueError(f"score_texts: {len(prompts)} prompts for {len(actions)} actions")
         return self.score_ids([self.encode(p, a) for p, a in zip(prompts, actions)])
 
+    def score_shared(self, prompts: Sequence[Sequence[int]], actions: Sequence[Sequence[Sequence[int]]]) -> list[np.ndarray]:
+        """Scores of each prompt's candidate actions (token ids: the prompt with BOS, each action without), with
+        the prompt computed once per state and shared by its candidates (`_shared_prefix_fn`): the same values as
+        `score_ids` on the concatenations (tests/test_supervision_critic.py), at about 1/N of the prompt compute.
+        Every action must be non-empty and fit after its prompt (`score_states` checks, else uses score_ids)."""
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        out = [np.zeros(len(a), np.float32) for a in actions]
+        i = 0
+        while i < len(order):  # a chunk: as many states as fit batch_size candidate rows (at least one state)
+            chunk, rows_n = [], 0
+            while i < len(order) and (not chunk or rows_n + len(actions[order[i]]) <= self.batch_size):
+                chunk.append(order[i])
+                rows_n += len(actions[order[i]])
+                i += 1
+            P = _pow2(len(chunk), self.batch_size)
+            R = max(_pow2(rows_n, max(self.batch_size, rows_n)), P)
+            Tp = pick_bucket(max(len(prompts[j]) for j in chunk), self.seq_buckets, "critic prompt")
+            Ta = max(_pow2(max(len(a) for j in chunk for a in actions[j]), self.max_len), 32)  # few shapes
+            prefix = np.full((P, Tp), self.pad_id, np.int32)
+            pvalid = np.zeros((P, Tp), bool)
+            cand = np.full((R, Ta), self.pad_id, np.int32)
+            cvalid = np.zeros((R, Ta), bool)
+            rows, read = np.zeros(R, np.int32), np.zeros(R, np.int32)
+            r = 0
+            for k, j in enumerate(chunk):
+                prefix[k, Tp - len(prompts[j]):] = prompts[j]
+                pvalid[k, Tp - len(prompts[j]):] = True
+                for a in actions[j]:
+                    cand[r, :len(a)], cvalid[r, :len(a)], rows[r], read[r] = a, True, k, len(a) - 1
+                    r += 1
+            ppos = np.maximum(np.cumsum(pvalid, axis=1) - 1, 0).astype(np.int32)
+            self.shapes.add(("shared", P, Tp, R, Ta))
+            scores = np.asarray(_shared_prefix_fn(self.cfg)(self.params, self.head, prefix, ppos, pvalid, rows, cand,
+                                                            cvalid, read), np.float32)
+            r = 0
+            for j in chunk:
+                out[j] = scores[r:r + len(actions[j])]
+                r += len(actions[j])
+        return out
+
     def score_states(self, states: Sequence[State], texts: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        """Scores of each state's candidate texts (prompts rendered by the scorer's agent), one batched pass."""
+        """Scores of each state's candidate texts (prompts rendered by the scorer's agent), one batched pass:
+        each state's prompt computed once for all its candidates (`score_shared`) when every input fits whole,
+        else every (prompt, action) on its own (`score_texts`, which cuts over-long inputs)."""
         if self.agent is None:
             raise ValueError("CriticScorer.score_states needs an agent to render the states' prompts")
         prompts = [self.agent.render(s, self.fits(max((len(self.tokenizer.encode(t)) for t in ts), default=1)))
                    for s, ts in zip(states, texts)]
+        p_ids = [self.tokenizer.encode(p, add_bos=self.add_bos) for p in prompts]
+        a_ids = [[self.tokenizer.encode(t) for t in ts] for ts in texts]
+        if self.share_prefix and all(p and all(a and len(p) + len(a) <= self.max_len for a in acts)
+                                     for p, acts in zip(p_ids, a_ids)):
+            return self.score_shared(p_ids, a_ids)
         flat_p = [p for p, ts in zip(prompts, texts) for _ in ts]
         flat_a = [t for ts in texts for t in ts]
         flat = self.score_texts(flat_p, flat_a)
