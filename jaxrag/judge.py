@@ -198,10 +198,17 @@ def parse_yes_no(reply: str) -> bool | None:
     return None
 
 
+CONFIG_KEYS = ("base_url", "model", "api_key_env", "timeout_s", "retries", "backoff_s")
+
+
 def judge_from_config(cfg) -> OpenAIJudge | None:
-    """cfg: a dict/ConfigDict with base_url, model (+ optional api_key_env, timeout_s, retries); None if no base_url."""
+    """cfg: a dict/ConfigDict with base_url, model (+ optional api_key_env, timeout_s, retries, backoff_s); None if
+    no base_url. Any other key is a ValueError (a misspelled option is never silently ignored)."""
     if cfg is None:
         return None
+    unknown = sorted(set(cfg.keys() if hasattr(cfg, "keys") else vars(cfg)) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"unknown keys {unknown} (known: {sorted(CONFIG_KEYS)})")
     get = cfg.get if hasattr(cfg, "get") else (lambda k, d=None: getattr(cfg, k, d))
     if not get("base_url"):
         return None

@@ -81,6 +81,8 @@ def test_parse_yes_no_and_config():
     assert parse_yes_no("maybe") is None and parse_yes_no("") is None
     assert judge_from_config({"base_url": ""}) is None
     assert judge_from_config({"base_url": "http://x/v1", "model": "m", "retries": 5}).retries == 5
+    with pytest.raises(ValueError, match=r"unknown keys \['retires'\]"):  # even with no endpoint set
+        judge_from_config({"base_url": "", "retires": 5})
 
 
 def test_lj_counts_and_records_every_failure_by_kind(server):

@@ -17,6 +17,7 @@ from pathlib import Path
 from jaxrag.env.agents import get_agent
 from jaxrag.env.rollout import RolloutConfig
 from jaxrag.evaluate import evaluate, results_table
+from jaxrag.judge import judge_from_config
 from jaxrag.pipelines.common import config_fail
 
 
@@ -79,18 +80,15 @@ def check_config(config, name: str) -> None:
     if rcfg.get("fn", "jaxrag.pipelines.common:load_retriever") == "jaxrag.pipelines.common:load_retriever" \
             and not rcfg.get("index_dir") and rcfg.get("corpus"):
         _check_file(f"{name}.retriever.corpus", rcfg["corpus"])
-    unknown = sorted(set(_plain(ec.get("judge", None)) or {}) - JUDGE_KEYS)
-    if unknown:
-        config_fail(f"{name}.judge", f"unknown keys {unknown} (known: {sorted(JUDGE_KEYS)})")
-
-
-JUDGE_KEYS = {"base_url", "model", "api_key_env", "timeout_s", "retries", "backoff_s"}  # judge.judge_from_config
+    try:
+        judge_from_config(_plain(ec.get("judge", None)))
+    except ValueError as e:
+        config_fail(f"{name}.judge", str(e))
 
 
 def eval_stage(config, workdir: str | Path, name: str) -> dict:
     """For every (agent, dataset) in config[name]: episodes JSONL + metrics + tables under workdir/<name>/."""
     from jaxrag.data.qa import load_qa
-    from jaxrag.judge import judge_from_config
     from jaxrag.main import resolve_fn
     ec = config[name]
     out_dir = Path(workdir) / name
