@@ -132,7 +132,9 @@ def _decode_chunk(cfg: ModelConfig, sp: SamplingParams, chunk: int, params, cach
     return cache, out
 
 
-def _left_pad(prompts: Sequence[Sequence[int]], batch: int, length: int):
+def left_pad(prompts: Sequence[Sequence[int]], batch: int, length: int):
+    """Prompts right-aligned in [batch, length] (token 0 in the padding): tokens, positions (each prompt's own,
+    from 0), valid. The layout `prefill` takes (the sampler's, and the critic's shared-prompt pass)."""
     tokens = np.zeros((batch, length), np.int32)
     valid = np.zeros((batch, length), bool)
     for i, p in enumerate(prompts):
@@ -199,7 +201,7 @@ def sample(
         prefill_prompts = [p for p in prompts for _ in range(n)]
         rows = None
     U_pad = bucket(len(prefill_prompts), 1)
-    tokens, positions, valid = _left_pad(prefill_prompts, U_pad, P)
+    tokens, positions, valid = left_pad(prefill_prompts, U_pad, P)
     cache = init_cache(cfg, U_pad, P + N)
     logits, cache = _prefill(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
     position = jnp.asarray(valid.sum(1), jnp.int32)

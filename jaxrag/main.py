@@ -20,7 +20,7 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
-from jaxrag.workdir import WorkdirError
+from jaxrag.workdir import WorkdirError, flatten
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file (get_config()).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for every stage's inputs and outputs.")
@@ -175,16 +175,6 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
     return list(timings)
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 class _Null:
     def __enter__(self):
         return self
@@ -207,8 +197,8 @@ def main(argv):
     config = _CONFIG.value
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
     print(f"[main] config {config_flags.get_config_filename(flags.FLAGS['config'])}"
-          + "".join(f" --config.{k}={v!r}" for k, v in sorted(_flatten(overrides).items()))
-          + f" (in effect after the preset; all {len(_flatten(config.to_dict()))} settings in "
+          + "".join(f" --config.{k}={v!r}" for k, v in sorted(flatten(overrides).items()))
+          + f" (in effect after the preset; all {len(flatten(config.to_dict()))} settings in "
           + f"{Path(_WORKDIR.value) / 'config.json'})", flush=True)
     try:
         run(config, _WORKDIR.value, _STAGES.value, _FORCE.value, _RERUN_CHANGED.value)

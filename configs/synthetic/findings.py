@@ -41,8 +41,8 @@ def get_config(preset: str = "demo"):
     c.stages = list(c.stages) + STUDIES
     c.sft_re2search = ml_collections.ConfigDict(c.sft.to_dict())
     c.sft_re2search.update(dict(agent="re2search", init_from="sft", eval_every=50))
-    c.sft_re2search.train.update(dict(steps=200 if preset == "demo" else 20))
-    c.sft_re2search.train.optimizer.update(dict(lr=1e-3, warmup_steps=10 if preset == "demo" else 2))
+    c.sft_re2search.train.steps = 200
+    c.sft_re2search.train.optimizer.update(dict(lr=1e-3, warmup_steps=10))
     # ReasonRAG's search (its released code: 2 children per expansion, UCT "code", α = 0.9 in the preference
     # script), sized to the synthetic world: fewer rollouts per tree and depth = the demo's max_steps.
     c.mcts = dict(fn=f"{P}.mcts:mcts_stage", policy="sft", agent="react", budget_from="supervision",
@@ -91,6 +91,8 @@ def get_config(preset: str = "demo"):
                                dict(label="Re²Search (transfer)", stage="bestofn_transfer")],
                       smartsearch=dict(data="ss_data", systems=["sft_react", "ss_sft", "ss_dpo", "ss_grpo"]))
     if preset == "tiny":
+        c.sft_re2search.train.steps = 20
+        c.sft_re2search.train.optimizer.warmup_steps = 2
         c.mcts.update(dict(trees_per_round=4, max_new_tokens=c.supervision.max_new_tokens))
         c.mcts.mcts.update(dict(max_rollouts=6, max_iterations=6, max_depth=c.supervision.max_steps))
         c.ss_data.update(dict(max_questions=12))

@@ -28,7 +28,7 @@ import numpy as np
 
 from jaxrag.env.mdp import INVALID, State
 from jaxrag.env.rollout import Candidate
-from jaxrag.generate import fork
+from jaxrag.generate import fork, left_pad
 from jaxrag.models import critic_scores
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import forward_cached_hidden, init_cache, prefill
@@ -157,19 +157,15 @@ class CriticScorer:
             R = max(_pow2(rows_n, max(self.batch_size, rows_n)), P)
             Tp = pick_bucket(max(len(prompts[j]) for j in chunk), self.seq_buckets, "critic prompt")
             Ta = max(_pow2(max(len(a) for j in chunk for a in actions[j]), self.max_len), 32)  # few shapes
-            prefix = np.full((P, Tp), self.pad_id, np.int32)
-            pvalid = np.zeros((P, Tp), bool)
+            prefix, ppos, pvalid = left_pad([prompts[j] for j in chunk], P, Tp)
             cand = np.full((R, Ta), self.pad_id, np.int32)
             cvalid = np.zeros((R, Ta), bool)
             rows, read = np.zeros(R, np.int32), np.zeros(R, np.int32)
             r = 0
             for k, j in enumerate(chunk):
-                prefix[k, Tp - len(prompts[j]):] = prompts[j]
-                pvalid[k, Tp - len(prompts[j]):] = True
                 for a in actions[j]:
                     cand[r, :len(a)], cvalid[r, :len(a)], rows[r], read[r] = a, True, k, len(a) - 1
                     r += 1
-            ppos = np.maximum(np.cumsum(pvalid, axis=1) - 1, 0).astype(np.int32)
             self.shapes.add(("shared", P, Tp, R, Ta))
             scores = np.asarray(_shared_prefix_fn(self.cfg)(self.params, self.head, prefix, ppos, pvalid, rows, cand,
                                                             cvalid, read), np.float32)
