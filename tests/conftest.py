@@ -4,6 +4,8 @@ import os
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# On a GPU, JAX would take 75% of its memory per process; the subprocess tests (resume-after-kill) start several.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import pytest
 

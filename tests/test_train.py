@@ -63,7 +63,8 @@ RESUME_SCRIPT = textwrap.dedent('''
 def test_sigkill_and_resume_continues_with_the_same_losses(tmp_path):
     script = tmp_path / "run.py"
     script.write_text(RESUME_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "JAX_PLATFORMS": "cpu"}
     run = lambda wd, delay: [sys.executable, str(script), str(wd), str(delay)]
     subprocess.run(run(tmp_path / "full", 0), env=env, check=True, capture_output=True, timeout=300)
     full = losses_of(tmp_path / "full")
@@ -143,8 +144,10 @@ def test_gradient_accumulation_matches_full_batch():
     a = fit(CFG, params, stream(), "sft", cfg, None)
     b = fit(CFG, params, stream(), "sft", {**cfg, "grad_accum": 2}, None)
     assert b.metrics["loss"] == pytest.approx(a.metrics["loss"], rel=1e-5)
+    # atol 1e-5 (lr 1e-2): the two sums' order differs, and Adam's m/sqrt(v) turns a rounding difference in a
+    # near-zero gradient entry into a visible one (on a GPU: 1 of 4,096 entries off by 2e-6 after 3 steps)
     for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
-        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
 
 
 def test_bad_train_config_fails_before_compute():

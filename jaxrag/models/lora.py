@@ -85,7 +85,8 @@ def delta(adapter: dict) -> jax.Array:
 def _matmul(a: jax.Array, b: jax.Array) -> jax.Array:
     L, r = a.shape[0], a.shape[-1]
     ins, outs = a.shape[1:-1], b.shape[2:]
-    prod = jnp.einsum("lir,lro->lio", a.reshape(L, -1, r), b.reshape(L, r, -1), preferred_element_type=jnp.float32)
+    prod = jnp.einsum("lir,lro->lio", a.reshape(L, -1, r), b.reshape(L, r, -1), preferred_element_type=jnp.float32,
+                      precision="highest")  # once per step on the weights: true fp32 (not TF32 on a GPU)
     return prod.reshape(L, *ins, *outs)
 
 
