@@ -219,3 +219,30 @@ def test_gae_and_ppo_match_numpy():
 def test_losses_jit():
     f = jax.jit(lambda a, b, c, d: losses.dpo_loss(a, b, c, d, beta=0.1)[0])
     assert np.isfinite(float(f(*(jnp.ones(2) for _ in range(4)))))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_head_logprobs_equal_the_full_logits_values_and_gradients(temperature):
+    # a large vocabulary's log-probs run over checkpointed row chunks (rows not a multiple of the chunk here)
+    from jaxrag.models import ModelConfig, init_params
+    from jaxrag.models.transformer import logits_from_hidden
+    from jaxrag.train.objectives import head_logprobs, sampled_logprobs
+
+    cfg = ModelConfig(vocab_size=96, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 11), 0, cfg.vocab_size)
+    hidden = jax.random.normal(jax.random.PRNGKey(2), (3, 11, cfg.d_model))
+
+    def full(p, h):
+        return sampled_logprobs(logits_from_hidden(cfg, p, h), tokens, temperature)
+
+    def chunked(p, h):  # 7 rows of 96 logits per chunk: 30 rows -> 5 chunks, the last one padded
+        return head_logprobs(cfg, p, h, tokens, temperature, max_logits=7 * cfg.vocab_size)
+
+    want, got = full(params, hidden), chunked(params, hidden)
+    assert got.shape == (3, 11) and np.all(np.asarray(got[:, 0]) == 0)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    weights = jax.random.normal(jax.random.PRNGKey(3), (3, 11))
+    g_want = jax.grad(lambda p, h: jnp.sum(full(p, h) * weights), argnums=(0, 1))(params, hidden)
+    g_got = jax.grad(lambda p, h: jnp.sum(chunked(p, h) * weights), argnums=(0, 1))(params, hidden)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), g_got, g_want)

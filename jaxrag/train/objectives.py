@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxrag import losses
-from jaxrag.models import critic_scores, forward
+from jaxrag.models import critic_scores, forward_hidden
+from jaxrag.models.transformer import logits_from_hidden
 from jaxrag.models.lora import apply_lora
 
 
@@ -52,6 +53,37 @@ def token_values(hidden, head):
     return jnp.pad(v[:, :-1], ((0, 0), (1, 0)))
 
 
+# [rows, V] float32 logits larger than this (entries; 512 MB) are computed chunk by chunk (`head_logprobs`)
+MAX_LOGITS = 1 << 27
+
+
+def head_logprobs(mcfg, params, hidden, tokens, temperature: float = 1.0, max_logits: int = MAX_LOGITS):
+    """Token log-probs [B,T] (entry 0 = 0) from the final hidden states [B,T,D]: `sampled_logprobs` of the LM
+    head's logits. When the [B,T,V] float32 logits would exceed `max_logits` entries (8 x 2,048 tokens x a 128k
+    vocabulary: 8.4 GB), the head and logsumexp run over chunks of rows under jax.checkpoint: neither pass holds
+    all the logits, and the backward pass recomputes one chunk's at a time. The same values either way."""
+    B, T, D = hidden.shape
+    if B * T * mcfg.vocab_size <= max_logits:
+        return sampled_logprobs(logits_from_hidden(mcfg, params, hidden), tokens, temperature)
+    rows = max(1, max_logits // mcfg.vocab_size)
+    h, tgt = hidden[:, :-1].reshape(-1, D), tokens[:, 1:].reshape(-1)
+    n = -(-h.shape[0] // rows)
+    pad = n * rows - h.shape[0]
+    h = jnp.pad(h, ((0, pad), (0, 0))).reshape(n, rows, D)
+    tgt = jnp.pad(tgt, (0, pad)).reshape(n, rows)
+
+    @jax.checkpoint
+    def chunk(xs):
+        hc, tc = xs
+        logits = logits_from_hidden(mcfg, params, hc)
+        if temperature != 1.0:
+            logits = logits / temperature
+        return jnp.take_along_axis(logits, tc[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(logits, axis=-1)
+
+    logp = jax.lax.map(chunk, (h, tgt)).reshape(-1)[: B * (T - 1)].reshape(B, T - 1)
+    return jnp.pad(logp, ((0, 0), (1, 0)))
+
+
 def make_score_fn(mcfg, tc) -> Callable:
     """(trainable, frozen, batch) -> (logp[B,T] at train.sampling_temperature, values[B,T] or None): the policy's
     own log-probs and (ppo) value estimates of a batch, computed exactly as the grpo/ppo losses compute them."""
@@ -59,15 +91,17 @@ def make_score_fn(mcfg, tc) -> Callable:
     def score(trainable, frozen, batch):
         tok, pos, seg = (batch[k] for k in ("tokens", "positions", "segment_ids"))
         p = policy_params(trainable, frozen, tc, None)
-        logits, hidden = forward(mcfg, p, tok, pos, seg, return_hidden=True)
+        hidden = forward_hidden(mcfg, p, tok, pos, seg)
         values = token_values(hidden, trainable["head"]) if "head" in trainable else None
-        return sampled_logprobs(logits, tok, tc.sampling_temperature), values
+        return head_logprobs(mcfg, p, hidden, tok, tc.sampling_temperature), values
 
     return score
 
 
-def _fwd(mcfg, tc):
-    return lambda p, tok, pos, seg: forward(mcfg, p, tok, pos, seg, remat=bool(tc.remat))
+def _logp(mcfg, tc, temperature: float = 1.0):
+    """(params, tokens, positions, segment_ids) -> token log-probs [B,T] at `temperature` (see head_logprobs)."""
+    return lambda p, tok, pos, seg: head_logprobs(mcfg, p, forward_hidden(mcfg, p, tok, pos, seg, remat=bool(tc.remat)),
+                                                  tok, temperature)
 
 
 def _ratio_max_dev(logp, old, mask):  # max |π/π_old - 1| over action tokens: 0 on the first inner step
@@ -81,27 +115,27 @@ def _flat(batch, keys=("tokens", "positions", "segment_ids", "loss_mask")):
 
 # ------------------------------------------------------------------------------------------------ the losses
 def sft_objective(mcfg, tc):
-    fwd = _fwd(mcfg, tc)
+    logp_of = _logp(mcfg, tc)
 
     def sft(trainable, frozen, batch, rng):
         p = policy_params(trainable, frozen, tc, rng)
-        logp = losses.token_logprobs(fwd(p, batch["tokens"], batch["positions"], batch["segment_ids"]), batch["tokens"])
+        logp = logp_of(p, batch["tokens"], batch["positions"], batch["segment_ids"])
         return losses.sft_loss(logp, batch["loss_mask"], tc.sft.reduction)
 
     return sft
 
 
 def dpo_objective(mcfg, tc):
-    fwd = _fwd(mcfg, tc)
+    logp_of = _logp(mcfg, tc)
 
     def dpo(trainable, frozen, batch, rng):
         tok, pos, seg, mask = _flat(batch)
         p = policy_params(trainable, frozen, tc, rng)
-        seq = losses.sequence_logprobs(fwd(p, tok, pos, seg), tok, mask).reshape(-1, 2)
+        seq = jnp.sum(logp_of(p, tok, pos, seg) * mask, axis=-1).reshape(-1, 2)
         if "ref_logps" in batch:
             ref = batch["ref_logps"]
         else:
-            ref = losses.sequence_logprobs(fwd(reference_params(trainable, frozen), tok, pos, seg), tok, mask).reshape(-1, 2)
+            ref = jnp.sum(logp_of(reference_params(trainable, frozen), tok, pos, seg) * mask, axis=-1).reshape(-1, 2)
         return losses.dpo_loss(seq[:, 0], seq[:, 1], ref[:, 0], ref[:, 1], tc.dpo.beta, tc.dpo.label_smoothing,
                                tc.dpo.loss_type)
 
@@ -121,19 +155,19 @@ def bt_objective(mcfg, tc):
 
 
 def grpo_objective(mcfg, tc):
-    fwd, temp = _fwd(mcfg, tc), float(tc.sampling_temperature)
+    logp_of = _logp(mcfg, tc, float(tc.sampling_temperature))
 
     def grpo(trainable, frozen, batch, rng):
         tok, pos, seg, mask = (batch[k] for k in ("tokens", "positions", "segment_ids", "loss_mask"))
         p = policy_params(trainable, frozen, tc, rng)
-        logp = sampled_logprobs(fwd(p, tok, pos, seg), tok, temp)
+        logp = logp_of(p, tok, pos, seg)
         old = batch["old_logp"] if "old_logp" in batch else jax.lax.stop_gradient(logp)
         if "ref_logp" in batch:
             ref = batch["ref_logp"]
         elif tc.grpo.beta == 0:
             ref = jax.lax.stop_gradient(logp)
         else:
-            ref = sampled_logprobs(fwd(reference_params(trainable, frozen), tok, pos, seg), tok, temp)
+            ref = logp_of(reference_params(trainable, frozen), tok, pos, seg)
         clamp = tc.grpo.kl_clamp if tc.grpo.kl_clamp > 0 else None
         loss, m = losses.grpo_loss(logp, old, ref, mask, batch["advantages"], tc.grpo.clip_eps, tc.grpo.beta,
                                    tc.grpo.kl_estimator, tc.grpo.aggregation, clamp, batch.get("token_weight"))
@@ -149,9 +183,9 @@ def ppo_objective(mcfg, tc):
     def ppo(trainable, frozen, batch, rng):
         tok, pos, seg, mask = (batch[k] for k in ("tokens", "positions", "segment_ids", "loss_mask"))
         p = policy_params(trainable, frozen, tc, rng)
-        logits, hidden = forward(mcfg, p, tok, pos, seg, return_hidden=True, remat=bool(tc.remat))
+        hidden = forward_hidden(mcfg, p, tok, pos, seg, remat=bool(tc.remat))
         values = token_values(hidden, trainable["head"])
-        logp = sampled_logprobs(logits, tok, temp)
+        logp = head_logprobs(mcfg, p, hidden, tok, temp)
         # batches with token_weight come from jaxrag.rl, which whitens advantages over the whole batch itself
         whiten = tc.ppo.whiten and "token_weight" not in batch
         loss, m = losses.ppo_loss(logp, batch["old_logp"], mask, batch["advantages"], values, batch["old_values"],
