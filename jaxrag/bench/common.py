@@ -35,7 +35,9 @@ def time_first_and_median(fn: Callable[[], object], repeats: int = 3) -> tuple[f
 
 def table(rows: list[dict], columns: list[str]) -> str:
     def fmt(v):
-        return f"{v:,.3g}" if isinstance(v, float) else str(v)
+        if isinstance(v, float):
+            return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+        return str(v)
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]

@@ -1,33 +1,81 @@
-"""Model speed: JAX forward, training step and batched decode against transformers/PyTorch, same config, same run.
+"""Model speed on whatever backend JAX finds: forward, the trainer's own training step, batched generation and
+one decode step, against transformers/PyTorch on the same device, in the same run.
 
-    python -m jaxrag.bench.model [--quick]
+    python -m jaxrag.bench.model [--preset cpu|quick|1b|8b] [--remat] [--no-torch]
 
-Also reports each step's achieved FLOP/s as a fraction of this machine's fp32 matmul peak (a large jnp.dot
-timed in the same run), so the ceiling is the roofline, not PyTorch.
+Presets: `cpu` (default; 8 layers, d 512, fp32: the CPU table of the README), `quick` (a smoke run), `1b`
+(Llama-3.2-1B shapes, bf16 compute, fp32 master weights: 8 x 2,048 tokens, decode B 64, prompt 512 + 256 new) and
+`8b` (Llama-3.1-8B shapes; decode only, B 32, prompt 1,024 + 256 new: its fp32 AdamW state does not fit one GPU).
+
+What it reports:
+- tokens/s of each step, and model FLOP/s as a share of the matmul peak measured in the run (a large jitted
+  matmul in the compute dtype) and, on a known accelerator, of its dense datasheet peak (MFU). Model FLOPs: the
+  matmuls of the forward pass with attention over the full T x T square (the convention of the figures in issue
+  12), x3 for a training step; remat's recomputation is not counted.
+- the training step is `jaxrag.train.loop.build`'s jitted `make_train_step` (loss sft, AdamW without clipping,
+  params in param_dtype, compute in the preset's dtype); the PyTorch peer is LlamaForCausalLM with sdpa
+  attention, autocast to the same dtype and (on GPU) fused AdamW.
+- batched generation: `generate.sample` (greedy, bf16 weights and KV cache on an accelerator, layers unstacked
+  as the RL policy holds them) vs `model.generate` with a static and a dynamic cache.
+- one decode step at several cache sizes: time, the HBM roofline (weights + the whole KV cache read once at the
+  bandwidth measured in the run), its share, and XLA's cost-analysis bytes accessed / those needed bytes.
+Writes results/bench/model[_<preset>].json, naming the device.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import gc
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
+from jaxrag import sharding as shd
 from jaxrag.bench.common import table, time_it, write_result
 from jaxrag.generate import SamplingParams, sample
-from jaxrag.losses import token_logprobs
 from jaxrag.models import ModelConfig, forward, init_params
+from jaxrag.models.transformer import decode_step, init_cache, unstack_layers
+from jaxrag.train import config as tconfig
+from jaxrag.train.batching import SFTExample, sft_batch
+from jaxrag.train.loop import build
+from jaxrag.train.state import init_state, put
 
 CONFIG = ModelConfig(vocab_size=32000, d_model=512, n_layers=8, n_heads=8, n_kv_heads=2, head_dim=64, d_ff=1536, max_seq_len=1024)
-QUICK = CONFIG.replace(n_layers=2, vocab_size=8000)
+LLAMA_32_1B = ModelConfig(vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64, d_ff=8192,
+                          tie_embeddings=True, rope_theta=500000.0, max_seq_len=8192)
+LLAMA_31_8B = ModelConfig(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128, d_ff=14336,
+                          rope_theta=500000.0, max_seq_len=8192)
+# dense (no sparsity) datasheet peaks: bf16 FLOP/s and HBM bytes/s, by jax's device_kind
+DATASHEET = {"NVIDIA H100 80GB HBM3": (989e12, 3.35e12), "NVIDIA H200": (989e12, 4.8e12), "TPU v5 lite": (197e12, 819e9),
+             "TPU v5p": (459e12, 2.76e12), "TPU v4": (275e12, 1.2e12)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    cfg: ModelConfig
+    dtype: str  # compute dtype (training, forward, decode)
+    batch: int = 8
+    seq: int = 512
+    train: bool = True
+    decode: tuple[int, int, int] = (8, 64, 128)  # (batch, prompt, new tokens) of batched generation
+    slots: tuple[int, ...] = (192, 1024)  # cache sizes of the single decode-step rows
+    repeats: int = 3
+
+
+PRESETS = {
+    "cpu": Preset(CONFIG, "float32"),
+    "quick": Preset(CONFIG.replace(n_layers=2, vocab_size=8000), "float32", seq=128, decode=(4, 16, 16), slots=(64,), repeats=1),
+    "1b": Preset(LLAMA_32_1B, "bfloat16", seq=2048, decode=(64, 512, 256), slots=(768, 2048, 4096), repeats=5),
+    "8b": Preset(LLAMA_31_8B, "bfloat16", train=False, decode=(32, 1024, 256), slots=(1280,), repeats=3),
+}
 
 
 def forward_flops(cfg: ModelConfig, batch: int, seq: int) -> float:
-    """Matmul FLOPs of one forward pass (projections, attention scores/values, LM head)."""
+    """Matmul FLOPs of one forward pass (projections, attention scores/values over the full row, LM head)."""
     D, L = cfg.d_model, cfg.n_layers
     proj = 2 * D * cfg.head_dim * (2 * cfg.n_heads + 2 * cfg.n_kv_heads) + 2 * 3 * D * cfg.d_ff
     attn = 2 * 2 * seq * cfg.n_heads * cfg.head_dim  # per token: QK^T and PV over the full row
@@ -35,127 +83,255 @@ def forward_flops(cfg: ModelConfig, batch: int, seq: int) -> float:
     return batch * seq * (L * (proj + attn) + head)
 
 
-def matmul_peak(n: int = 2048) -> float:
-    a = jnp.ones((n, n), jnp.float32)
+def decode_bytes(cfg: ModelConfig, batch: int, slots: int) -> float:
+    """Bytes one decode step must read at least: every weight but the embedding table (a gather) once, plus the
+    whole KV cache (k and v of every layer, `slots` positions), in the compute dtype."""
+    itemsize = jnp.dtype(cfg.dtype).itemsize
+    weights = cfg.num_params() - (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.d_model)  # tied: the head is it
+    kv = 2 * cfg.n_layers * batch * slots * cfg.n_kv_heads * cfg.head_dim
+    return itemsize * (weights + kv)
+
+
+def device_name() -> str:
+    d = jax.devices()[0]
+    return f"{d.platform}:{d.device_kind}"
+
+
+def matmul_peak(dtype: str) -> float:
+    """FLOP/s of a large jitted matmul in `dtype` (8192^2 on an accelerator, 2048^2 on CPU)."""
+    n = 2048 if jax.default_backend() == "cpu" else 8192
+    a = jnp.ones((n, n), dtype)
     f = jax.jit(lambda x: x @ x)
     f(a).block_until_ready()
     return 2 * n**3 / time_it(lambda: f(a).block_until_ready(), repeats=5)
 
 
-def read_bandwidth(n_bytes: int = 1 << 29) -> float:
+def read_bandwidth(n_bytes: int | None = None) -> float:
     """Bytes/s of a jitted sum over a large array: the memory roofline that bounds small-batch decode."""
+    n_bytes = n_bytes or (1 << 29 if jax.default_backend() == "cpu" else 1 << 32)
     x = jnp.ones((n_bytes // 4,), jnp.float32)
     f = jax.jit(jnp.sum)
     f(x).block_until_ready()
     return n_bytes / time_it(lambda: f(x).block_until_ready(), repeats=5)
 
 
-def jax_steps(cfg, batch, seq):
-    params = init_params(cfg, jax.random.PRNGKey(0))
+# ------------------------------------------------------------------------------------------------ JAX side
+def jax_forward(cfg, params, batch, seq):
     tokens = jax.random.randint(jax.random.PRNGKey(1), (batch, seq), 0, cfg.vocab_size)
     fwd = jax.jit(lambda p, t: forward(cfg, p, t))
-    opt = optax.adamw(1e-4)
-    opt_state = opt.init(params)
-
-    def loss_fn(p, t):  # next-token cross-entropy through the trainer's own log-prob function
-        return -jnp.mean(token_logprobs(forward(cfg, p, t), t)[:, 1:])
-
-    @functools.partial(jax.jit, donate_argnums=(0, 1))
-    def train_step(p, s, t):
-        loss, g = jax.value_and_grad(loss_fn)(p, t)
-        upd, s = opt.update(g, s, p)
-        return optax.apply_updates(p, upd), s, loss
-
-    state = {"p": jax.tree.map(jnp.copy, params), "s": opt_state}  # the step donates its inputs
-
-    def step():
-        state["p"], state["s"], loss = train_step(state["p"], state["s"], tokens)
-        loss.block_until_ready()
-
-    return params, (lambda: fwd(params, tokens).block_until_ready()), step
+    return lambda: fwd(params, tokens).block_until_ready()
 
 
-def torch_steps(cfg, batch, seq):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def jax_train_step(cfg, params, batch, seq, remat):
+    """The trainer's own step (loss sft over every token) on a one-device mesh; returns a blocking step()."""
+    rng = np.random.default_rng(0)
+    tc = tconfig.resolve({"loss": "sft", "batch_size": batch, "steps": 1000, "mesh": (1, 1, 1), "seq_buckets": (seq,),
+                          "compute_dtype": cfg.dtype, "remat": remat, "optimizer": {"clip_norm": 0.0}})
+    tr = build(cfg, params, tc, mesh=shd.make_mesh((1, 1, 1), jax.devices()[:1]))
+    ids = [int(x) for x in rng.integers(1, cfg.vocab_size, batch * seq)]
+    examples = [SFTExample(ids[i * seq:i * seq + 1], ids[i * seq + 1:(i + 1) * seq]) for i in range(batch)]
+    dev_batch = shd.shard_batch(tr.mesh, sft_batch(examples, (seq,)))
+    frozen = put(tr.frozen, tr.frozen_sh)
+    carry = {"state": init_state(put(tr.trainable, tr.state_sh["trainable"]), tr.tx, 0, tr.state_sh)}
 
-    torch.manual_seed(0)
+    def step():  # the step donates its state: keep the newest one
+        carry["state"], m = tr.step_fn(carry["state"], frozen, dev_batch)
+        jax.block_until_ready(m)
+
+    return step
+
+
+def jax_generate(cfg, params, batch, prompt, new, repeats):
+    prompts = np.asarray(jax.random.randint(jax.random.PRNGKey(2), (batch, prompt), 1, cfg.vocab_size)).tolist()
+    sp = SamplingParams(max_new_tokens=new)
+    return time_it(lambda: sample(cfg, params, prompts, sp, jax.random.PRNGKey(0)), repeats)
+
+
+def jax_decode_step(cfg, params, batch, slots, steps=16):
+    """Seconds of one decode step over a `slots`-slot cache (median over steps) and XLA's bytes accessed for it."""
+    step = jax.jit(functools.partial(decode_step, cfg), donate_argnums=(3,))
+    cache = init_cache(cfg, batch, slots)
+    token, position = jnp.ones((batch,), jnp.int32), jnp.zeros((batch,), jnp.int32)
+    compiled = step.lower(params, token, position, cache).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    accessed = float(cost.get("bytes accessed", float("nan"))) if cost else float("nan")
+    box = {"cache": cache}
+
+    def one():
+        logits, box["cache"] = compiled(params, token, position, box["cache"])
+        logits.block_until_ready()
+
+    return time_it(one, steps), accessed
+
+
+# -------------------------------------------------------------------------------------------- PyTorch side
+def torch_times(pre: Preset, remat: bool) -> dict:
+    """Seconds per call of the PyTorch peer: LlamaForCausalLM of the same shapes (sdpa attention) on this machine's
+    GPU when there is one. Run before JAX touches the device: each framework's allocator keeps what it took, and
+    torch gives its back (empty_cache) while JAX's pool does not."""
+    try:
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError as e:
+        print(f"[bench] PyTorch peer unavailable: {e}")
+        return {}
+    cfg = pre.cfg
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        torch.set_num_threads(os.cpu_count())
     hf = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.n_layers,
                      num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
-                     max_position_embeddings=cfg.max_seq_len, pad_token_id=0, eos_token_id=None, bos_token_id=None)
-    model = LlamaForCausalLM(hf)
-    tokens = torch.randint(0, cfg.vocab_size, (batch, seq))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+                     max_position_embeddings=cfg.max_seq_len, tie_word_embeddings=cfg.tie_embeddings, rope_theta=cfg.rope_theta,
+                     pad_token_id=0, eos_token_id=None, bos_token_id=None, attn_implementation="sdpa")
+    cdt = getattr(torch, pre.dtype)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out = {"version": f"torch {torch.__version__} on {device}"}
+
+    def model_in(dtype):
+        torch.manual_seed(0)
+        with torch.device(device):
+            return LlamaForCausalLM._from_config(hf, dtype=dtype)
+
+    if pre.train:
+        out["forward"], out["step"] = _torch_train(torch, model_in(torch.float32), cdt, device, sync, pre, remat)
+    if pre.decode is not None:
+        model = model_in(cdt).eval()
+        for cache in ("static", "dynamic"):
+            try:
+                out[cache] = _torch_generate(torch, model, device, sync, pre, cache)
+            except Exception as e:  # a peer's failure is reported, not fatal
+                print(f"[bench] torch generate ({cache} cache) failed: {type(e).__name__}: {e}")
+        del model
+    gc.collect()  # the training step's autograd graph and optimizer hold the model in reference cycles
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def _torch_train(torch, model, cdt, device, sync, pre: Preset, remat: bool) -> tuple[float, float]:
+    """(forward s, training step s): fp32 master weights, autocast to the compute dtype, AdamW (fused on GPU)."""
+    tokens = torch.randint(1, pre.cfg.vocab_size, (pre.batch, pre.seq), device=device)
+    autocast = torch.autocast(device_type=device, dtype=cdt, enabled=cdt != torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device == "cuda")
+    if remat:
+        model.gradient_checkpointing_enable()
 
     def fwd():
-        with torch.no_grad():
+        with torch.no_grad(), autocast:
             model.eval()(tokens)
+        sync()
 
     def step():
         model.train()
-        out = model(tokens, labels=tokens)
-        out.loss.backward()
+        with autocast:
+            loss = model(tokens, labels=tokens).loss
+        loss.backward()
         opt.step()
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=True)
+        sync()
 
-    def generate(prompt_len, new):
-        prompts = tokens[:, :prompt_len]
+    return time_it(fwd, pre.repeats), time_it(step, pre.repeats)
+
+
+def _torch_generate(torch, model, device, sync, pre: Preset, cache: str) -> float:
+    db, prompt, new = pre.decode
+    prompts = torch.randint(1, pre.cfg.vocab_size, (db, prompt), device=device)
+    kw = {"cache_implementation": "static"} if cache == "static" else {}
+
+    def gen():
         with torch.no_grad():
-            model.eval().generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+            model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new, min_new_tokens=new,
+                           do_sample=False, pad_token_id=0, **kw)
+        sync()
 
-    return fwd, step, generate
+    return time_it(gen, pre.repeats)
 
 
+# ------------------------------------------------------------------------------------------------- driver
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="2 layers, 8k vocab, short runs (a smoke run)")
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--prompt", type=int, default=64)
-    ap.add_argument("--new", type=int, default=128)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    ap.add_argument("--quick", action="store_true", help="same as --preset quick")
+    ap.add_argument("--remat", action="store_true", help="rematerialize layers in both training steps")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer")
+    ap.add_argument("--rows", choices=("all", "train", "inference"), default="all",
+                    help="train: forward and training step only; inference: generation and decode steps only")
     args = ap.parse_args(argv)
-    cfg = QUICK if args.quick else CONFIG
-    B, T = args.batch, args.seq
-    reps = 1 if args.quick else 3
-    import torch
-
-    torch.set_num_threads(os.cpu_count())
-    peak = matmul_peak()
+    name = "quick" if args.quick else args.preset
+    pre = PRESETS[name]
+    pre = dataclasses.replace(pre, train=pre.train and args.rows != "inference",
+                              decode=None if args.rows == "train" else pre.decode, slots=() if args.rows == "train" else pre.slots)
+    cfg = pre.cfg.replace(dtype=pre.dtype)
+    # JAX may take 92% of a GPU's memory (default 75%): torch, measured first, has given its memory back
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")
+    B, T, reps = pre.batch, pre.seq, pre.repeats
+    pt = {} if args.no_torch else torch_times(pre, args.remat)
+    device = device_name()
+    peak = matmul_peak(pre.dtype)
     bandwidth = read_bandwidth()
-    params, j_fwd, j_step = jax_steps(cfg, B, T)
-    t_fwd, t_fwd_pt = time_it(j_fwd, reps), None
-    t_step = time_it(j_step, reps)
-    p_fwd, p_step, p_gen = torch_steps(cfg, B, T)
-    t_fwd_pt = time_it(p_fwd, reps)
-    t_step_pt = time_it(p_step, reps)
+    sheet_flops, sheet_bw = DATASHEET.get(jax.devices()[0].device_kind, (None, None))
+    print(f"[bench] {device}; preset {name}: {cfg.n_layers} layers, d_model {cfg.d_model}, heads {cfg.n_heads}/{cfg.n_kv_heads}, "
+          f"vocab {cfg.vocab_size}, {cfg.num_params() / 1e9:.2f}B params, compute {pre.dtype}; matmul peak "
+          f"{peak / 1e12:.1f} TFLOP/s, read bandwidth {bandwidth / 1e9:.0f} GB/s; peer: {pt.get('version', 'none')}", flush=True)
+    rows = []
 
-    prompts = np.asarray(jax.random.randint(jax.random.PRNGKey(2), (B, args.prompt), 0, cfg.vocab_size)).tolist()
-    gen_cfg = cfg.replace(eos_ids=())
-    sp = SamplingParams(max_new_tokens=args.new)
-    t_dec = time_it(lambda: sample(gen_cfg, params, prompts, sp, jax.random.PRNGKey(0)), reps)
-    t_dec_pt = time_it(lambda: p_gen(args.prompt, args.new), reps)
+    def show(r):
+        rows.append(r)
+        print(table([r], list(r)), flush=True)
 
-    f_fwd = forward_flops(cfg, B, T)
-    f_step = 3 * forward_flops(cfg, B, T)
-    dec_tokens = B * args.new
-    weight_bytes = 4 * (cfg.num_params() - cfg.vocab_size * cfg.d_model)  # fp32; the embedding is only gathered
-    rows = [
-        {"step": "forward", "jax tok/s": B * T / t_fwd, "torch tok/s": B * T / t_fwd_pt, "jax/torch": t_fwd_pt / t_fwd,
-         "jax % peak": 100 * f_fwd / t_fwd / peak, "torch % peak": 100 * f_fwd / t_fwd_pt / peak},
-        {"step": "train step (fwd+bwd+AdamW)", "jax tok/s": B * T / t_step, "torch tok/s": B * T / t_step_pt,
-         "jax/torch": t_step_pt / t_step, "jax % peak": 100 * f_step / t_step / peak, "torch % peak": 100 * f_step / t_step_pt / peak},
-        {"step": f"batched decode (B={B}, {args.prompt}+{args.new})", "jax tok/s": dec_tokens / t_dec, "torch tok/s": dec_tokens / t_dec_pt,
-         "jax/torch": t_dec_pt / t_dec,
-         # every decode step reads all weights once: bytes/s achieved against the measured read bandwidth
-         "jax % bw": 100 * weight_bytes * args.new / t_dec / bandwidth, "torch % bw": 100 * weight_bytes * args.new / t_dec_pt / bandwidth},
-    ]
-    cols = ["step", "jax tok/s", "torch tok/s", "jax/torch", "jax % peak", "torch % peak", "jax % bw", "torch % bw"]
-    print(f"model: {cfg.n_layers} layers, d_model {cfg.d_model}, heads {cfg.n_heads}/{cfg.n_kv_heads}, vocab {cfg.vocab_size}, "
-          f"batch {B}, seq {T}; fp32; matmul peak {peak / 1e9:.1f} GFLOP/s; read bandwidth {bandwidth / 1e9:.1f} GB/s; "
-          f"{cfg.num_params() / 1e6:.1f}M params")
-    print(table(rows, cols))
-    path = write_result("model", {"config": cfg.__dict__ | {"rope_scaling": None}, "batch": B, "seq": T,
-                                  "matmul_peak_flops": peak, "read_bandwidth_bytes_per_s": bandwidth, "rows": rows, "quick": args.quick})
+    def flops_row(step, flops, t_jax, t_torch):
+        r = {"step": step, "jax tok/s": B * T / t_jax, "jax TFLOP/s": flops / t_jax / 1e12, "jax % peak": 100 * flops / t_jax / peak}
+        if sheet_flops:
+            r["jax % datasheet"] = 100 * flops / t_jax / sheet_flops
+        if t_torch:
+            r |= {"torch tok/s": B * T / t_torch, "jax/torch": t_torch / t_jax, "torch % peak": 100 * flops / t_torch / peak}
+        show(r)
+
+    if pre.train:
+        params = init_params(cfg, jax.random.PRNGKey(0))  # fp32 master weights
+        flops_row(f"forward ({B} x {T})", forward_flops(cfg, B, T), time_it(jax_forward(cfg, params, B, T), reps), pt.get("forward"))
+        step = jax_train_step(cfg, params, B, T, args.remat)
+        del params
+        try:
+            flops_row(f"train step ({B} x {T}, remat {args.remat})", 3 * forward_flops(cfg, B, T), time_it(step, reps), pt.get("step"))
+        except jax.errors.JaxRuntimeError as e:  # out of device memory: recorded, and the inference rows still run
+            show({"step": f"train step ({B} x {T}, remat {args.remat})", "error": str(e).splitlines()[0][:200]})
+        del step
+
+    if pre.decode is not None:
+        # inference: weights (and so the KV cache) in the compute dtype, layers unstacked as the policy holds them
+        icfg = cfg.replace(param_dtype=pre.dtype, eos_ids=())
+        iparams = unstack_layers(init_params(icfg, jax.random.PRNGKey(0)))
+        db, prompt, new = pre.decode
+        t_gen = jax_generate(icfg, iparams, db, prompt, new, reps)
+        gen = {"step": f"generate (B {db}, {prompt} + {new}, greedy)", "jax tok/s": db * new / t_gen}
+        for cache in ("static", "dynamic"):
+            if cache in pt:
+                gen |= {f"torch {cache} tok/s": db * new / pt[cache], f"jax/torch {cache}": pt[cache] / t_gen}
+        show(gen)
+        for slots in pre.slots:
+            t, accessed = jax_decode_step(icfg, iparams, db, slots)
+            need = decode_bytes(icfg, db, slots)
+            r = {"step": f"decode step (B {db}, {slots} slots)", "ms": 1e3 * t, "roofline ms": 1e3 * need / bandwidth,
+                 "% roofline": 100 * need / bandwidth / t, "needed GB": need / 1e9, "XLA accessed GB": accessed / 1e9,
+                 "accessed / needed": accessed / need}
+            if sheet_bw:
+                r["% datasheet bw"] = 100 * need / sheet_bw / t
+            show(r)
+
+    cols = ["step", "jax tok/s", "torch tok/s", "jax/torch", "jax TFLOP/s", "jax % peak", "jax % datasheet", "torch % peak",
+            "torch static tok/s", "jax/torch static", "torch dynamic tok/s", "jax/torch dynamic", "ms", "roofline ms",
+            "% roofline", "% datasheet bw", "accessed / needed", "error"]
+    print(f"\n{device}, preset {name}")
+    print(table(rows, [c for c in cols if any(c in r for r in rows)]))
+    stem = ("model" if name == "cpu" else f"model_{name}") + ("_remat" if args.remat else "") + \
+        ("" if args.rows == "all" else f"_{args.rows}")
+    path = write_result(stem, {
+        "device": device, "preset": name, "config": cfg.__dict__ | {"rope_scaling": None}, "batch": B, "seq": T,
+        "remat": args.remat, "rows_measured": args.rows, "matmul_peak_flops": peak, "read_bandwidth_bytes_per_s": bandwidth,
+        "datasheet": {"flops": sheet_flops, "bytes_per_s": sheet_bw}, "rows": rows,
+        "torch": pt.get("version")})
     print(f"wrote {path}")
 
 
