@@ -6,6 +6,10 @@ Cases: a full-parameter DPO step with FSDP over 8 (fake CPU) devices, and a LoRA
 The step is the trainer's own (jaxrag.train.steps.make_train_step) lowered with ShapeDtypeStructs and compiled;
 bytes come from XLA's `compiled.memory_analysis()` (CPU backend: buffer assignment differs from GPU's, so read
 these as a plan, not a promise). Writes results/memory_plan.md and results/bench/memory_plan.json.
+
+On an accelerator (`JAX_PLATFORMS=cuda python -m jaxrag.bench.memory_plan`) it plans the cases that fit the devices
+present with that backend's own compiler and buffer assignment (one GPU: the LoRA case) and writes
+results/memory_plan_<device>.md and results/bench/memory_plan_<device>.json instead.
 """
 
 import os
@@ -80,35 +84,42 @@ def main():
     ap.add_argument("--pairs", type=int, default=8)
     a = ap.parse_args()
     devices = jax.devices()
-    if len(devices) < 8:
+    on_cpu = jax.default_backend() == "cpu"
+    if on_cpu and len(devices) < 8:
         raise SystemExit(f"needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8), found {len(devices)}")
     base = {"loss": "dpo", "batch_size": a.pairs, "remat": True, "compute_dtype": "bfloat16"}
     bf16 = LLAMA_31_8B.replace(param_dtype="bfloat16")
-    rows = [
-        plan("full DPO, fp32 master weights + fp32 reference, FSDP 8", LLAMA_31_8B, tconfig.resolve(base),
-             shd.make_mesh((1, 8, 1), devices[:8]), a.pairs, a.seq),
-        plan("full DPO, bf16 weights/reference, FSDP 8", bf16, tconfig.resolve(base),
-             shd.make_mesh((1, 8, 1), devices[:8]), a.pairs, a.seq),
-        plan("LoRA r=256 a=512 q,k,v DPO, bf16 base, 1 device", bf16,
-             tconfig.resolve({**base, "batch_size": 1, "lora": {"enabled": True, "rank": 256, "alpha": 512.0,
-                                                                 "targets": ("q", "k", "v"), "dropout": 0.05}}),
-             shd.make_mesh((1, 1, 1), devices[:1]), 1, a.seq),
-    ]
+    rows = []
+    if len(devices) >= 8:  # on an accelerator: only with 8 of them
+        rows += [
+            plan("full DPO, fp32 master weights + fp32 reference, FSDP 8", LLAMA_31_8B, tconfig.resolve(base),
+                 shd.make_mesh((1, 8, 1), devices[:8]), a.pairs, a.seq),
+            plan("full DPO, bf16 weights/reference, FSDP 8", bf16, tconfig.resolve(base),
+                 shd.make_mesh((1, 8, 1), devices[:8]), a.pairs, a.seq),
+        ]
+    rows.append(plan("LoRA r=256 a=512 q,k,v DPO, bf16 base, 1 device", bf16,
+                     tconfig.resolve({**base, "batch_size": 1, "lora": {"enabled": True, "rank": 256, "alpha": 512.0,
+                                                                         "targets": ("q", "k", "v"), "dropout": 0.05}}),
+                     shd.make_mesh((1, 1, 1), devices[:1]), 1, a.seq))
     cols = ["case", "devices", "mesh", "pairs x seq", "trainable params", "state GB/dev (ideal)", "frozen GB/dev (ideal)",
             "argument GB", "temp GB", "peak GB/dev", "fits 80GB"]
     md = table(rows, cols)
     print(md)
+    device = f"{devices[0].platform}:{devices[0].device_kind}"
+    where = ("fake CPU devices; bytes from XLA's `compiled.memory_analysis()`). bf16 compute, per-layer remat, AdamW.\n"
+             if on_cpu else f"{device}, that backend's own compiler and buffer assignment; bytes from XLA's\n"
+             "`compiled.memory_analysis()`). bf16 compute, per-layer remat, AdamW.\n")
     text = (
         "# Memory plan: Llama-3.1-8B DPO steps (AOT, no allocation)\n\n"
         "Produced by `python -m jaxrag.bench.memory_plan` (the trainer's own step, lowered with ShapeDtypeStructs on\n"
-        "fake CPU devices; bytes from XLA's `compiled.memory_analysis()`). bf16 compute, per-layer remat, AdamW.\n"
-        "peak = arguments + outputs - aliased (donated state) + temporaries, per device, against an 80 GB GPU.\n"
-        "The CPU backend's buffer assignment is not the GPU's: treat this as a plan, check on the real device.\n\n"
-        + md + "\n"
+        + where + "peak = arguments + outputs - aliased (donated state) + temporaries, per device, against an 80 GB GPU.\n"
+        + ("The CPU backend's buffer assignment is not the GPU's: treat this as a plan, check on the real device.\n"
+           if on_cpu else "") + "\n" + md + "\n"
     )
+    stem = "memory_plan" if on_cpu else "memory_plan_" + devices[0].device_kind.replace(" ", "_")
     Path("results").mkdir(exist_ok=True)
-    Path("results/memory_plan.md").write_text(text)
-    write_result("memory_plan", {"rows": rows, "seq": a.seq, "pairs": a.pairs})
+    Path(f"results/{stem}.md").write_text(text)
+    write_result(stem, {"device": device, "rows": rows, "seq": a.seq, "pairs": a.pairs})
 
 
 if __name__ == "__main__":
