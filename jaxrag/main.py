@@ -20,7 +20,8 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
-from jaxrag.workdir import WorkdirError, flatten
+from jaxrag.settings import changed_keys, flatten
+from jaxrag.workdir import WorkdirError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file (get_config()).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for every stage's inputs and outputs.")
@@ -132,7 +133,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
                 if invalidated and done is not None and lead:  # its inputs were just rebuilt
                     (sdir / "DONE").unlink()
                 elif done is not None and done.get("fingerprint", fp) != fp and stale is None:
-                    stale = (name, wd.changed_keys(done.get("settings", {}), settings))
+                    stale = (name, changed_keys(done.get("settings", {}), settings))
                 continue
             if stale is not None:  # its inputs were made under other settings than the ones it would record
                 raise StageError(f"{name}: the earlier stage {stale[0]!r} was finished under other settings (changed: "
@@ -142,7 +143,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
                 if done.get("fingerprint", fp) == fp:
                     print(f"[main] {name}: done already ({sdir / 'DONE'}), skipping")
                     continue
-                keys = wd.changed_keys(done.get("settings", {}), settings)
+                keys = changed_keys(done.get("settings", {}), settings)
                 if not rerun_changed:
                     raise StageError(f"{name}: finished under other settings (changed: {', '.join(keys) or 'an earlier stage'}); "
                                      "rerun with --rerun_changed (this stage and every later one) or --force")

@@ -7,7 +7,7 @@
   config's global keys (seed, model, index, ...) and the fingerprint of the stage before it (so a change upstream
   reaches every stage downstream). A rerun whose settings changed for a finished stage is refused with the changed
   keys named, unless asked to rerun (`--force`, or `--rerun_changed` for exactly the stages whose settings changed
-  and everything after them). Settings that cannot change a stage's outputs (NEUTRAL: progress bars, log and
+  and everything after them). Settings that cannot change a stage's outputs (settings.NEUTRAL: progress bars, log and
   checkpoint cadence, which checkpoint to resume from) are left out, so e.g. `restore_step` never blocks a rerun.
 - Atomic reruns: before a finished stage is rerun its old outputs are moved to `<stage>.prev`; they are deleted when
   the new run completes and put back if it fails (or, after a kill, at the next start), so a failed rerun never
@@ -23,6 +23,8 @@ import shutil
 import socket
 import subprocess
 from pathlib import Path
+
+from jaxrag.settings import is_neutral
 
 
 class WorkdirError(RuntimeError):
@@ -89,28 +91,13 @@ def _plain(v):
     return v
 
 
-def flatten(d, prefix: str = "") -> dict:
-    out = {}
-    if isinstance(d, dict):
-        for k, v in d.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-    else:
-        out[prefix[:-1]] = d
-    return out
-
-
-# keys (by their last dotted parts) that cannot change what a stage writes: runs are deterministic under resume
-NEUTRAL = ("progress", "log_every", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.async_save",
-           "checkpoint.restore_step")
-
-
 def _drop_neutral(d, path: str = ""):
     if not isinstance(d, dict):
         return d
     out = {}
     for k, v in d.items():
         key = f"{path}.{k}" if path else k
-        if not any(key == n or key.endswith("." + n) for n in NEUTRAL):
+        if not is_neutral(key):
             out[k] = _drop_neutral(v, key)
     return out
 
@@ -125,11 +112,6 @@ def stage_settings(config, name: str) -> dict:
 def fingerprint(settings: dict, upstream: str) -> str:
     blob = json.dumps({"settings": settings, "upstream": upstream}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def changed_keys(old: dict, new: dict) -> list[str]:
-    a, b = flatten(old), flatten(new)
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
 def read_done(path: Path) -> dict | None:

@@ -27,7 +27,7 @@ import json
 import re
 from typing import Sequence
 
-from jaxrag.env.mdp import ANSWER, QUERY, Action, Doc, Step
+from jaxrag.env.mdp import QUERY, Action, Doc, Step
 from jaxrag.env.parsing import canon, find_tag, loads_lenient
 
 VARIANTS = ("paper", "code")

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable
 import jax
 import ml_collections
 
+from jaxrag import settings
 from jaxrag import sharding as shd
 from jaxrag.models.lora import merge
 from jaxrag.train import config as tconfig
@@ -35,6 +36,7 @@ from jaxrag.train.batching import batch_tokens
 from jaxrag.train.checkpoint import Checkpointer
 from jaxrag.train.metrics_log import MetricsWriter, flatten_metrics
 from jaxrag.train.state import abstract_state, init_state, put, split_params, state_shardings
+from jaxrag.settings import NEUTRAL
 from jaxrag.train.steps import make_optimizer, make_train_step
 
 
@@ -46,25 +48,13 @@ class ConfigChanged(ValueError):
     pass
 
 
-# Keys that may differ between a checkpoint's run and its resumption.
-RESUMABLE = ("steps", "progress", "log_every", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.async_save",
-             "checkpoint.restore_step")
-
-
-def _flat_config(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat_config(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
-    return out
+# Keys that may differ between a checkpoint's run and its resumption: more steps, and the result-neutral ones.
+RESUMABLE = ("steps",) + NEUTRAL
 
 
 def changed_keys(old: dict, new: dict, ignore=RESUMABLE) -> list[str]:
     """Dotted keys whose values differ between two train configs (as dicts), `ignore`d keys left out."""
-    a, b = _flat_config(old), _flat_config(new)
-    return sorted(k for k in set(a) | set(b) if k not in ignore and a.get(k) != b.get(k))
+    return settings.changed_keys(old, new, ignore)
 
 
 @dataclasses.dataclass
