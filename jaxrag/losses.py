@@ -26,11 +26,17 @@ def _check(name: str, value: str, allowed: tuple[str, ...]) -> None:
 # ------------------------------------------------------------------------------------------------ log-probs
 def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     """logits[B,T,V] (position t predicts token t+1), tokens[B,T] -> logp[B,T] float32, logp[:,0] = 0."""
-    logits = logits[:, :-1].astype(jnp.float32)  # [B,T-1,V]
-    # picked logit - logsumexp: the same value as gathering from log_softmax, without materializing (and
-    # differentiating through) a second [B,T,V] array: ~1.3x faster fwd+bwd for a 32k vocab on CPU.
-    picked = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]  # [B,T-1]
-    return jnp.pad(picked - jax.nn.logsumexp(logits, axis=-1), ((0, 0), (1, 0)))
+    return jnp.pad(picked_logprobs(logits[:, :-1], tokens[:, 1:]), ((0, 0), (1, 0)))
+
+
+def picked_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """log softmax(logits)[target] per row: logits [..., V], targets [...] -> float32 [...].
+
+    Picked logit - logsumexp: the same value as gathering from log_softmax, without materializing (and
+    differentiating through) a second [..., V] array: ~1.3x faster fwd+bwd for a 32k vocab on CPU."""
+    logits = logits.astype(jnp.float32)
+    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return picked - jax.nn.logsumexp(logits, axis=-1)
 
 
 def sequence_logprobs(logits: jax.Array, tokens: jax.Array, mask: jax.Array) -> jax.Array:

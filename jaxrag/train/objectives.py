@@ -78,7 +78,7 @@ def head_logprobs(mcfg, params, hidden, tokens, temperature: float = 1.0, max_lo
         logits = logits_from_hidden(mcfg, params, hc)
         if temperature != 1.0:
             logits = logits / temperature
-        return jnp.take_along_axis(logits, tc[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(logits, axis=-1)
+        return losses.picked_logprobs(logits, tc)
 
     logp = jax.lax.map(chunk, (h, tgt)).reshape(-1)[: B * (T - 1)].reshape(B, T - 1)
     return jnp.pad(logp, ((0, 0), (1, 0)))
