@@ -41,6 +41,7 @@ def episode_metrics(episodes: Sequence[Episode], judge=None) -> dict:
     }
     if mc:
         out["acc"] = float(np.mean([M.choice_accuracy(ep.answer, ep.gold, ep.choices) for ep in episodes]))
+    out.update(retrieval_metrics(episodes, mc))
     out.update({f"searches_{k}": v for k, v in M.search_count_stats(ep.num_searches for ep in episodes).items()})
     for reason in ("answer", "max_steps", "invalid"):
         out[f"done_{reason}"] = float(np.mean([ep.done == reason for ep in episodes]))
@@ -55,6 +56,67 @@ def episode_metrics(episodes: Sequence[Episode], judge=None) -> dict:
     if judge is not None:
         out.update(judge_episodes(episodes, judge))
     return out
+
+
+def episode_docs(ep: Episode) -> list:
+    """Every document the episode's policy saw: its references (ARENA) and each search step's results."""
+    return list(ep.references) + [d for step in ep.steps for d in step.docs]
+
+
+def retrieval_metrics(episodes: Sequence[Episode], mc: bool = False) -> dict:
+    """What the episodes' retrieval found, so a retrieval gap is not read as a policy gap: answer_recall (a golden
+    answer occurs in some document the episode saw; FlashRAG's retrieval recall; not for multiple choice) and,
+    over the episodes whose question lists supporting titles, gold_recall (the fraction of those titles among the
+    documents seen) with gold_recall_n (how many episodes have them)."""
+    out: dict[str, Any] = {}
+    docs = [episode_docs(ep) for ep in episodes]
+    if not mc:
+        out["answer_recall"] = float(np.mean([M.answer_in_docs(ep.gold, [d.text for d in ds])
+                                              for ep, ds in zip(episodes, docs)]))
+    recalls = [M.title_recall(ep.metadata.get("supporting_titles", []), [d.title for d in ds])
+               for ep, ds in zip(episodes, docs)]
+    recalls = [r for r in recalls if r is not None]
+    if recalls:
+        out["gold_recall"], out["gold_recall_n"] = float(np.mean(recalls)), len(recalls)
+    return out
+
+
+def index_recall(retriever, examples: Sequence, k: int, corpus_titles: set[str] | None = None) -> dict:
+    """The index's own recall for a dataset, with no policy in the loop: each question itself as the query, top k.
+    index_answer_recall@k (a golden answer in some hit; not for multiple choice), index_gold_recall@k (mean fraction
+    of the supporting titles among the hits, over questions that list them) and, given the corpus' titles
+    (metrics.title_key of each), gold_in_index: the fraction of all the dataset's supporting titles that the corpus
+    holds at all (a low value says the corpus lacks the gold paragraphs: no policy can find them)."""
+    out: dict[str, Any] = {"k": k, "n": len(examples)}
+    if not examples:
+        return out
+    hits = retriever.search([ex.question for ex in examples], k)
+    if not any(ex.choices for ex in examples):
+        out["answer_recall"] = float(np.mean([M.answer_in_docs(ex.golden_answers, [h.text for h in hs])
+                                              for ex, hs in zip(examples, hits)]))
+    recalls = [M.title_recall(ex.supporting_titles, [h.title for h in hs]) for ex, hs in zip(examples, hits)]
+    recalls = [r for r in recalls if r is not None]
+    out["with_gold_titles"] = len(recalls)
+    if recalls:
+        out["gold_recall"] = float(np.mean(recalls))
+        if corpus_titles is not None:
+            gold = {M.title_key(t) for ex in examples for t in ex.supporting_titles if t.strip()}
+            out["gold_in_index"] = len(gold & corpus_titles) / len(gold)
+    return out
+
+
+def recall_table(rows: dict[str, dict]) -> str:
+    """Markdown: one row per dataset of index_recall results (percentages; "–" where a value does not apply)."""
+    def pct(m: dict, key: str) -> str:
+        return f"{100 * m[key]:.1f}" if key in m else "–"
+
+    k = next(iter(rows.values()), {}).get("k", "k")
+    md = [f"| dataset | n | with gold titles | gold titles in index | gold-title recall@{k} | answer recall@{k} |",
+          "|---|---|---|---|---|---|"]
+    for name, m in rows.items():
+        md.append(f"| {name} | {m.get('n', 0)} | {m.get('with_gold_titles', 0)} | {pct(m, 'gold_in_index')} | "
+                  f"{pct(m, 'gold_recall')} | {pct(m, 'answer_recall')} |")
+    return "\n".join(md) + "\n"
 
 
 def failure_kind(failure: str) -> str:

@@ -87,6 +87,27 @@ def f1_score(pred: str | None, gold: str | Sequence[str], normalization: str = "
     return max((_f1(pred, g, normalization) for g in _golds(gold)), default=0.0)
 
 
+def answer_in_docs(gold: str | Sequence[str], texts: Iterable[str], normalization: str = "official") -> float:
+    """Retrieval recall by answer (FlashRAG's `retrieval_recall`): 1 if some non-empty normalized golden answer occurs
+    as a whole-token span in some normalized document text, else 0."""
+    golds = [g for g in (normalize_answer(x, normalization) for x in _golds(gold)) if g]
+    docs = [f" {normalize_answer(t, normalization)} " for t in texts]
+    return float(any(f" {g} " in d for g in golds for d in docs))
+
+
+def title_key(title: str) -> str:
+    """How gold titles meet corpus titles: case-folded, whitespace collapsed."""
+    return " ".join(title.casefold().split())
+
+
+def title_recall(gold_titles: Iterable[str], titles: Iterable[str]) -> float | None:
+    """The fraction of gold (supporting) titles among `titles`; None when there are no gold titles."""
+    gold = {title_key(t) for t in gold_titles if t.strip()}
+    if not gold:
+        return None
+    return len(gold & {title_key(t) for t in titles}) / len(gold)
+
+
 def choice_letter(pred: str | None, choices: Sequence[str]) -> str | None:
     """The option letter a prediction names: the option's text, 'C', '(C)', 'C. text', 'Answer: C'."""
     if not pred or not pred.strip():

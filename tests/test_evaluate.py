@@ -133,3 +133,66 @@ def test_empty_dataset_file_is_refused_before_compute(tmp_path):
     c.eval.datasets[3]["path"] = str(tmp_path / "empty.jsonl")
     with pytest.raises(ValueError, match=r"config.eval.datasets\[3\].path: .*empty.jsonl: empty file"):
         check_config(c, "eval")
+
+
+class TableRetriever:
+    """Returns the hits listed for a query (title, text) in order."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def search(self, queries, k):
+        from jaxrag.retrieval.base import Hit
+        return [[Hit(f"d{i}", 1.0, t, x) for i, (t, x) in enumerate(self.table.get(q, []))][:k] for q in queries]
+
+
+def test_index_recall_by_hand():
+    from jaxrag.data.qa import QAExample
+    from jaxrag.evaluate import index_recall, recall_table
+    from jaxrag.metrics import title_key
+
+    exs = [QAExample("1", "q1", ("Paris",), supporting_titles=("France", "Seine")),
+           QAExample("2", "q2", ("Rome",), supporting_titles=("Italy",)),
+           QAExample("3", "q3", ("Oslo",))]                        # no gold titles: only its answer recall counts
+    r = TableRetriever({"q1": [("france", "capital: Paris"), ("Other", "x"), ("Seine", "a river")],
+                        "q2": [("Spain", "Madrid")], "q3": [("Norway", "Oslo is its capital")]})
+    m = index_recall(r, exs, 2, corpus_titles={title_key(t) for t in ("France", "Italy", "Norway")})
+    assert m["answer_recall"] == pytest.approx(2 / 3)             # q1 (Paris) and q3 (Oslo) in their top 2
+    assert m["with_gold_titles"] == 2 and m["gold_recall"] == pytest.approx((1 / 2 + 0) / 2)  # Seine is 3rd: cut
+    assert m["gold_in_index"] == pytest.approx(2 / 3)             # France, Italy held; Seine is not in the corpus
+    md = recall_table({"X": m})
+    assert "| X | 3 | 2 | 66.7 | 25.0 | 66.7 |" in md and "recall@2" in md
+
+
+def test_eval_stage_reports_index_and_episode_recall(tmp_path):
+    """The default BM25 retriever over a corpus built from two HotpotQA questions' own paragraphs: every gold title
+    is in the index; the table shows the recall table; each metrics row carries the index's and the episodes' recall."""
+    import json
+
+    hp = load_qa(BENCH / "hotpotqa_dev_500.jsonl", "last:2")
+    corpus = tmp_path / "corpus.jsonl"
+    with corpus.open("w") as f:
+        for j, ex in enumerate(hp):
+            for i, c in enumerate(ex.contexts):
+                f.write(json.dumps({"id": f"{j}-{i}", "title": c["title"], "contents": c["text"]}) + "\n")
+    c = ml_collections.ConfigDict()
+    c.stages = ["eval"]
+    c.eval = ml_collections.ConfigDict({
+        "fn": "jaxrag.pipelines.eval:eval_stage",
+        "agents": [{"name": "rag", "opts": {"mode": "plain"}}],
+        "datasets": [{"name": "HotpotQA", "path": str(BENCH / "hotpotqa_dev_500.jsonl"), "select": "last:2"}],
+        "policy": {"fn": "test_evaluate:oracle_policy"},
+        "retriever": {"corpus": str(corpus)},
+        "rollout": {"k": 3, "max_steps": 2},
+    })
+    eval_stage(c, tmp_path / "wd", "eval")
+    out = tmp_path / "wd" / "eval"
+    rec = json.loads((out / "index_recall.json").read_text())["HotpotQA"]
+    assert rec["n"] == 2 and rec["with_gold_titles"] == 2 and rec["gold_in_index"] == 1.0
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["index_gold_in_index"] == 1.0 and row["index_gold_recall"] == rec["gold_recall"]
+    eps = read_episodes(out / "rag__HotpotQA.episodes.jsonl")
+    from jaxrag.metrics import title_recall
+    want = sum(title_recall(e.metadata["supporting_titles"], [d.title for s in e.steps for d in s.docs]) for e in eps) / 2
+    assert row["gold_recall"] == pytest.approx(want) and row["gold_recall_n"] == 2 and 0 <= row["answer_recall"] <= 1
+    assert "gold titles in index" in (out / "table.md").read_text()

@@ -100,3 +100,19 @@ def test_arena_scores():
 def test_invalid_rate():
     assert M.invalid_rate([1, 0, 2], [2, 3, 5]) == pytest.approx(0.3)
     assert M.invalid_rate([], []) == 0.0
+
+
+def test_answer_in_docs_is_token_aligned_after_official_normalization():
+    docs = ["The capital of France is Paris.", "It was founded in 1990 by A. Smith"]
+    assert M.answer_in_docs(["paris"], docs) == 1.0                 # case and punctuation normalized away
+    assert M.answer_in_docs(["$5 million", "Lyon"], ["it cost 5 million dollars"]) == 1.0  # symbols deleted, any gold
+    assert M.answer_in_docs("1", docs) == 0.0                       # a whole-token span: "1" is not in "1990"
+    assert M.answer_in_docs(["1990"], docs) == 1.0
+    assert M.answer_in_docs(["The"], docs) == 0.0                   # a gold that normalizes to "" never counts
+    assert M.answer_in_docs(["Paris"], []) == 0.0
+
+
+def test_title_recall_counts_gold_titles_found():
+    assert M.title_recall(["Ada Lovelace", "Charles  Babbage"], ["charles babbage", "x"]) == 0.5
+    assert M.title_recall(["A", "A", "B"], ["a", "b"]) == 1.0       # gold titles are a set
+    assert M.title_recall([], ["a"]) is None and M.title_recall([" "], ["a"]) is None

@@ -5,8 +5,11 @@ tokenizer, ...}), retriever ({fn, index_dir | corpus, ...}), rollout (RolloutCon
 summarizer (a policy spec like `policy`: the model that writes Search-o1 / Re²Search summaries and ReasonRAG
 evidence, e.g. the untuned base model as in RAG-Gym; absent or None: the policy; it must share the policy's
 tokenizer, whose chat template renders its prompts) and max_doc_chars (every agent's per-document character cut
-unless its own opts set one; None: no cut, the papers' setting; absent: the agents' default, 1,000). Writes
-`workdir/<name>/{method}__{dataset}.episodes.jsonl`, `metrics.jsonl`, `table.md`, `table.csv`.
+unless its own opts set one; None: no cut, the papers' setting; absent: the agents' default, 1,000), index_recall
+(default True: each dataset's questions are also searched as they are, with no policy, and table.md reports beside
+EM how much of the gold the index holds and finds: evaluate.index_recall). Writes
+`workdir/<name>/{method}__{dataset}.episodes.jsonl`, `metrics.jsonl` (with the episodes' answer_recall / gold_recall
+and the index's index_*), `index_recall.json`, `table.md`, `table.csv`.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from jaxrag.env.agents import get_agent
 from jaxrag.env.rollout import RolloutConfig
 from jaxrag.evaluate import evaluate, results_table
 from jaxrag.judge import judge_from_config
-from jaxrag.pipelines.common import config_fail
+from jaxrag.pipelines.common import config_fail, write_json
 
 
 log = logging.getLogger(__name__)
@@ -86,9 +89,34 @@ def check_config(config, name: str) -> None:
         config_fail(f"{name}.judge", str(e))
 
 
+def corpus_titles(rcfg: dict, workdir) -> set[str] | None:
+    """The title keys (metrics.title_key) of the retriever's corpus, streamed: `index_dir`/corpus.jsonl or `corpus`
+    (its first `max_passages`); None for a custom retriever `fn` or a corpus without titles."""
+    from jaxrag.metrics import title_key
+    from jaxrag.pipelines.common import resolve
+    from jaxrag.retrieval import iter_corpus
+
+    if rcfg.get("fn", "jaxrag.pipelines.common:load_retriever") != "jaxrag.pipelines.common:load_retriever":
+        return None
+    if rcfg.get("index_dir"):
+        path, limit = resolve(rcfg["index_dir"], workdir) / "corpus.jsonl", None
+    elif rcfg.get("corpus"):
+        path, limit = resolve(rcfg["corpus"], workdir), rcfg.get("max_passages") or None
+    else:
+        return None
+    titles = set()
+    for i, p in enumerate(iter_corpus(path)):
+        if limit is not None and i >= limit:
+            break
+        if p.title:
+            titles.add(title_key(p.title))
+    return titles or None
+
+
 def eval_stage(config, workdir: str | Path, name: str) -> dict:
     """For every (agent, dataset) in config[name]: episodes JSONL + metrics + tables under workdir/<name>/."""
     from jaxrag.data.qa import load_qa
+    from jaxrag.evaluate import index_recall, recall_table
     from jaxrag.main import resolve_fn
     ec = config[name]
     out_dir = Path(workdir) / name
@@ -104,6 +132,15 @@ def eval_stage(config, workdir: str | Path, name: str) -> dict:
     results: dict[str, dict[str, dict]] = {}
     metrics_path = out_dir / "metrics.jsonl"
     metrics_path.write_text("")
+    # The index's own recall per dataset (the question as the query, no policy): beside EM in table.md
+    titles = corpus_titles(rcfg, workdir) if ec.get("index_recall", True) else None
+    recall: dict[str, dict] = {}
+    if ec.get("index_recall", True):
+        for d in _plain(ec.datasets):
+            dname = d.get("name", Path(d["path"]).stem)
+            recall[dname] = index_recall(retriever, load_qa(d["path"], d.get("select"), limit=d.get("limit")),
+                                         rc.k, titles)
+        write_json(out_dir / "index_recall.json", recall)
     for a in _plain(ec.agents):
         a = {"name": a} if isinstance(a, str) else dict(a)
         opts = dict(a.get("opts", {}))
@@ -119,10 +156,15 @@ def eval_stage(config, workdir: str | Path, name: str) -> dict:
             log.info("eval %s on %s (%d questions)", method, name, len(examples))
             _, m = evaluate(policy, retriever, agent, examples, cfg=rc, judge=judge, summarizer=summarizer,
                             out_path=out_dir / f"{method}__{name}.episodes.jsonl")
+            if name in recall:
+                m.update({f"index_{key}": v for key, v in recall[name].items() if key not in ("k", "n")})
             results.setdefault(method, {})[name] = m
             with metrics_path.open("a") as f:
                 f.write(json.dumps({"method": method, "dataset": name, **m}) + "\n")
     md, csv_text = results_table(results)
+    if recall:
+        md += ("\nRetrieval, with no policy in the loop (each question itself as the query): how much of the gold "
+               "the index holds and finds. A low value is a retrieval gap, not a policy gap.\n\n" + recall_table(recall))
     (out_dir / "table.md").write_text(md)
     (out_dir / "table.csv").write_text(csv_text)
     return results
