@@ -110,10 +110,10 @@ def test_eval_stage_summarizer_and_document_cut(tmp_path):
     (lambda c: c.eval.judge.update({"retires": 3}), r"config.eval.judge: unknown keys \['retires'\]"),
 ])
 def test_paper_eval_config_checked_before_compute(tmp_path, edit, message):
-    import configs.eval_rag_gym as mod
+    import configs.rag_gym.table2 as mod
     from jaxrag.main import StageError, run
 
-    c = mod.get_config()
+    c = mod.get_config("shared")
     with c.unlocked():
         edit(c)
         if "policy.path" not in message:
@@ -124,15 +124,15 @@ def test_paper_eval_config_checked_before_compute(tmp_path, edit, message):
 
 
 def test_empty_dataset_file_is_refused_before_compute(tmp_path):
-    import configs.eval_rag_gym as mod
+    import configs.rag_gym.table2 as mod
     from jaxrag.pipelines.eval import check_config
 
     (tmp_path / "empty.jsonl").write_text("")
-    c = mod.get_config()
-    c.eval.policy.path = str(tmp_path)
-    c.eval.datasets[3]["path"] = str(tmp_path / "empty.jsonl")
-    with pytest.raises(ValueError, match=r"config.eval.datasets\[3\].path: .*empty.jsonl: empty file"):
-        check_config(c, "eval")
+    c = mod.get_config("shared")
+    c.eval_medqa.policy.path = str(tmp_path)
+    c.eval_medqa.datasets[0]["path"] = str(tmp_path / "empty.jsonl")
+    with pytest.raises(ValueError, match=r"config.eval_medqa.datasets\[0\].path: .*empty.jsonl: empty file"):
+        check_config(c, "eval_medqa")
 
 
 class TableRetriever:

@@ -1,11 +1,13 @@
-"""The evaluation stage of the paper configs (configs/eval_*.py): agents x datasets -> episodes, metrics, tables.
+"""The evaluation stage of the paper configs (configs/<paper>/<table>.py): agents x datasets -> episodes, metrics, tables.
 
 config[name]: agents (names or {name, method, opts}), datasets ({name, path, select, limit}), policy ({fn, path,
-tokenizer, ...}), retriever ({fn, index_dir | corpus, ...}), rollout (RolloutConfig fields), judge. Optional:
+tokenizer, ...}), retriever ({fn, index_dir | corpus, ...}), rollout (RolloutConfig fields), judge; dataset, policy
+and index paths are absolute or relative to the workdir. Optional:
 summarizer (a policy spec like `policy`: the model that writes Search-o1 / Re²Search summaries and ReasonRAG
-evidence, e.g. the untuned base model as in RAG-Gym; absent or None: the policy; it must share the policy's
+evidence, e.g. the untuned base model as in RAG-Gym; absent, None or an empty path: the policy; it must share the policy's
 tokenizer, whose chat template renders its prompts) and max_doc_chars (every agent's per-document character cut
-unless its own opts set one; None: no cut, the papers' setting; absent: the agents' default, 1,000), index_recall
+unless its own opts set one; None: no cut, the papers' setting; absent: the agents' default, 1,000), tuning (e.g.
+"dpo": every method is named "<method>+dpo", a tuned row of the paper's table), index_recall
 (default True: each dataset's questions are also searched as they are, with no policy, and table.md reports beside
 EM how much of the gold the index holds and finds: evaluate.index_recall). Writes
 `workdir/<name>/{method}__{dataset}.episodes.jsonl`, `metrics.jsonl` (with the episodes' answer_recall / gold_recall
@@ -25,6 +27,7 @@ from jaxrag.pipelines.common import config_fail, write_json
 
 
 log = logging.getLogger(__name__)
+_LOAD_POLICY = "jaxrag.pipelines.common:load_policy"
 
 
 def _plain(v):
@@ -67,7 +70,8 @@ def check_config(config, name: str) -> None:
     for j, d in enumerate(_plain(ec.datasets)):
         if not d.get("path"):
             config_fail(f"{name}.datasets[{j}].path", "missing")
-        _check_file(f"{name}.datasets[{j}].path", d["path"])
+        if Path(d["path"]).is_absolute():  # relative ones are relative to the workdir: checked when the stage starts
+            _check_file(f"{name}.datasets[{j}].path", d["path"])
         try:
             parse_select(d.get("select"), 1)
         except QADataError as e:
@@ -118,13 +122,20 @@ def eval_stage(config, workdir: str | Path, name: str) -> dict:
     from jaxrag.data.qa import load_qa
     from jaxrag.evaluate import index_recall, recall_table
     from jaxrag.main import resolve_fn
+    from jaxrag.pipelines.common import resolve
+
     ec = config[name]
+    datasets = [dict(d, path=str(resolve(d["path"], workdir))) for d in _plain(ec.datasets)]
+    for j, d in enumerate(datasets):
+        _check_file(f"{name}.datasets[{j}].path", d["path"])
     out_dir = Path(workdir) / name
     out_dir.mkdir(parents=True, exist_ok=True)
     pcfg, rcfg = _plain(ec.policy), _plain(ec.retriever)
     policy = resolve_fn(pcfg.get("fn", "jaxrag.pipelines.common:load_policy"), f"config.{name}.policy.fn")(pcfg, workdir)
     retriever = resolve_fn(rcfg.get("fn", "jaxrag.pipelines.common:load_retriever"), f"config.{name}.retriever.fn")(rcfg, workdir)
     scfg = _plain(ec.get("summarizer", None))
+    if scfg and scfg.get("fn", _LOAD_POLICY) == _LOAD_POLICY and not scfg.get("path"):
+        scfg = None  # an empty path: the policy summarizes
     summarizer = (resolve_fn(scfg.get("fn", "jaxrag.pipelines.common:load_policy"), f"config.{name}.summarizer.fn")
                   (scfg, workdir) if scfg else None)
     judge = judge_from_config(_plain(ec.get("judge", None)))
@@ -136,7 +147,7 @@ def eval_stage(config, workdir: str | Path, name: str) -> dict:
     titles = corpus_titles(rcfg, workdir) if ec.get("index_recall", True) else None
     recall: dict[str, dict] = {}
     if ec.get("index_recall", True):
-        for d in _plain(ec.datasets):
+        for d in datasets:
             dname = d.get("name", Path(d["path"]).stem)
             recall[dname] = index_recall(retriever, load_qa(d["path"], d.get("select"), limit=d.get("limit")),
                                          rc.k, titles)
@@ -149,8 +160,8 @@ def eval_stage(config, workdir: str | Path, name: str) -> dict:
         if "max_doc_chars" in ec:
             opts.setdefault("max_doc_chars", ec.max_doc_chars)
         agent = get_agent(a["name"], **opts)
-        method = a.get("method", a["name"])
-        for d in _plain(ec.datasets):
+        method = a.get("method", a["name"]) + (f"+{ec.tuning}" if ec.get("tuning") else "")
+        for d in datasets:
             examples = load_qa(d["path"], d.get("select"), limit=d.get("limit"))
             name = d.get("name", Path(d["path"]).stem)
             log.info("eval %s on %s (%d questions)", method, name, len(examples))

@@ -1,0 +1,103 @@
+"""Shared pieces of the papers' table configs (configs/<paper>/<table>.py): the datasets, an eval stage section and the
+three variants every table config has.
+
+Variants (`--config=configs/<paper>/<table>.py:<variant>`):
+  ""        the paper's protocol: its model, retriever, k, step budget and dataset selections; the data and index
+            paths are config fields (relative to the workdir, or absolute), e.g. `indexes/wiki18` built by
+            `python -m jaxrag.retrieval.prepare` and the full dev sets in the shared record format.
+  "shared"  the same protocol over what ships beside the repo (../shared/benchmarks): its question files and its
+            11k-paragraph multi-hop corpus with BM25 built on the fly. Runs now, with no index to build. That corpus
+            holds HotpotQA's gold paragraphs but mostly not 2Wiki's, Bamboogle's, MuSiQue's or PopQA's, and no medical
+            text: each eval table reports the index's gold recall beside EM, so read a low one as a retrieval gap.
+  "smoke"   what CI runs: a tiny random checkpoint (setup stage), 2 questions per dataset, BM25 over 300 shared
+            paragraphs, 2 steps of 16 tokens. It checks the wiring, not the numbers.
+
+Every config has top-level `paper`, `table` and `model` (what notebooks/paper_tables.ipynb matches against the
+published tables) and one eval stage per retrieval corpus. The policy path is empty: set it to a local Hugging Face
+checkpoint (`--config.eval.policy.path=...`), and `model` to its name when it is not the paper's.
+"""
+
+import ml_collections
+
+from jaxrag.paths import BENCHMARKS
+
+VARIANTS = ("", "shared", "smoke")
+
+# The shared benchmark file of each dataset (../shared/benchmarks/SOURCES.md says what each is).
+SHARED = {
+    "HotpotQA": "hotpotqa_dev_500.jsonl",                      # 500 dev, distractor setting, with paragraphs
+    "2Wiki": "2wikimultihopqa_dev_500_r1searcher_qonly.jsonl",  # 500 dev, question and answer only
+    "Bamboogle": "bamboogle_test.jsonl",                       # all 125
+    "MedQA": "medqa_usmle_4opt_test_1273.jsonl",               # the full 4-option US test set
+    "MuSiQue": "musique_ans_dev_500_r1searcher_qonly.jsonl",   # 500 dev, question only
+    "PopQA": "popqa_2000.jsonl",                               # 2,000 PopQA questions
+}
+SHARED_CORPUS = str(BENCHMARKS / "corpus_multihop_contexts.jsonl")
+
+
+def check_variant(path: str, variant: str) -> None:
+    if variant not in VARIANTS:
+        raise ValueError(f"{path}: unknown variant {variant!r} (use one of {', '.join(map(repr, VARIANTS))})")
+
+
+def dataset(name: str, path: str, select: str = "all") -> dict:
+    """One dataset of an eval stage: a QA JSONL (absolute, or relative to the workdir) and its selection."""
+    return {"name": name, "path": path, "select": select}
+
+
+def eval_stage(agents, datasets, *, model_path: str, retriever: dict, k: int, max_steps: int, max_new_tokens: int,
+               max_doc_chars=None, max_prompt_tokens=None, batch_size: int = 32, judge=None) -> ml_collections.ConfigDict:
+    """An eval stage section (jaxrag.pipelines.eval:eval_stage) at temperature 0, the papers' inference setting."""
+    return ml_collections.ConfigDict({
+        "fn": "jaxrag.pipelines.eval:eval_stage",
+        "agents": [a if isinstance(a, dict) else {"name": a} for a in agents],
+        "datasets": list(datasets),
+        "policy": {"fn": "jaxrag.pipelines.common:load_policy", "path": model_path,
+                   "max_prompt_tokens": max_prompt_tokens},
+        "summarizer": {"fn": "jaxrag.pipelines.common:load_policy", "path": ""},  # "": the policy summarizes
+        "max_doc_chars": max_doc_chars,
+        "retriever": {"fn": "jaxrag.pipelines.common:load_retriever", "index_dir": "", "corpus": "",
+                      "max_passages": 0, "kind": "bm25", "backend": "bm25s", **retriever},
+        "rollout": {"k": k, "max_steps": max_steps, "batch_size": batch_size, "temperature": 0.0,
+                    "max_new_tokens": max_new_tokens},
+        "judge": judge,
+        "tuning": "",  # "sft" | "dpo" | "ppo" | ...: the methods become "<agent>+<tuning>" (a tuned row of the table)
+        "index_recall": True,
+    })
+
+
+def table_config(paper: str, table: str, model: str, stages: dict) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict({"paper": paper, "table": table, "model": model, "stages": list(stages)})
+    for name, section in stages.items():
+        c[name] = section
+    return c
+
+
+def use_shared(c: ml_collections.ConfigDict) -> None:
+    """The "shared" variant: every eval stage reads the shared benchmark files and BM25 over the shared corpus."""
+    for name in c.stages:
+        e = c[name]
+        e.datasets = [dict(d, path=str(BENCHMARKS / SHARED[d["name"]])) if d["name"] in SHARED else d
+                      for d in e.datasets]
+        e.retriever.update(dict(index_dir="", corpus=SHARED_CORPUS, kind="bm25", backend="bm25s"))
+
+
+def smoke(c: ml_collections.ConfigDict) -> None:
+    """The "smoke" variant (see the module doc), applied over "shared"."""
+    from jaxrag.pipelines.rl import tiny_checkpoint_config
+
+    use_shared(c)
+    evals = list(c.stages)
+    c.stages = ["setup"] + evals
+    c.setup = tiny_checkpoint_config(SHARED_CORPUS)
+    c.model = "tiny-random"
+    for name in evals:
+        e = c[name]
+        e.policy.path = "stage:setup"
+        e.policy.max_prompt_tokens = 384
+        e.datasets = [dict(d, select="first:2") for d in e.datasets]
+        e.retriever.max_passages = 300
+        e.rollout.update(dict(k=2, max_steps=2, batch_size=8, max_new_tokens=16))
+        e.max_doc_chars = 60
+        if e.judge is not None:
+            e.judge.base_url = ""

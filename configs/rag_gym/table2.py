@@ -1,0 +1,42 @@
+"""RAG-Gym Table 2, zero-shot rows (001 §4; METHODS.md §1, §3, §7): six agents on Llama-3.1-8B-Instruct.
+
+    python -m jaxrag.main --config=configs/rag_gym/table2.py --workdir=runs/rag_gym_t2 \
+        --config.eval.policy.path=/models/Llama-3.1-8B-Instruct --config.eval_medqa.policy.path=/models/Llama-3.1-8B-Instruct
+    python -m jaxrag.main --config=configs/rag_gym/table2.py:shared --workdir=runs/rag_gym_t2_shared  # runs now
+    python -m jaxrag.main --config=configs/rag_gym/table2.py:smoke --workdir=/tmp/t2_smoke            # CI
+
+Protocol: HotpotQA dev (the last 1,000; the first 1,000 train), 2WikiMultihopQA dev (the last 1,000), Bamboogle (all
+125): EM / F1; MedQA (the 1,273 US test questions): accuracy. Actions at temperature 0, at most 10 per question,
+32 documents per search from BM25 (Lucene parameters) and a dense retriever fused by RRF (k 60, each list cut at 32),
+whole passages. Wikipedia for the three open-domain sets; MedQA searches textbooks + StatPearls (MedRAG's corpora)
+in its own stage. The Search-o1 and Re²Search summaries come from the policy itself (the untuned base model, as in
+RAG-Gym; a tuned row sets `summarizer` to the base model). The published MedQA corpus uses MedCPT's separate query and
+article encoders; jaxrag's dense index has one encoder, so `indexes/medcorp` is built with one (say which).
+Tuned rows (SFT / DPO / PPO) are the same config with `policy.path` at the tuned checkpoint, `summarizer.path` at the
+base model and `tuning` naming the method ("--config.eval.tuning=dpo": rows "react+dpo", ...).
+"""
+
+from configs.common import paper
+
+AGENTS = ("direct", "cot", "rag", "react", "search_o1", "re2search")
+
+
+def get_config(variant: str = ""):
+    paper.check_variant("configs/rag_gym/table2.py", variant)
+    judge = {"base_url": "", "model": "gpt-4o", "api_key_env": "OPENAI_API_KEY"}  # LJ, when base_url is set
+    common = dict(model_path="", k=32, max_steps=10, max_new_tokens=512, max_doc_chars=None, judge=judge)
+    wiki = {"index_dir": "indexes/wiki", "kind": "hybrid", "backend": "bm25s"}
+    med = {"index_dir": "indexes/medcorp", "kind": "hybrid", "backend": "bm25s"}
+    c = paper.table_config("rag_gym", "table2", "Llama-3.1-8B-Instruct", {
+        "eval": paper.eval_stage(AGENTS, [paper.dataset("HotpotQA", "data/hotpotqa_dev.jsonl", "last:1000"),
+                                          paper.dataset("2Wiki", "data/2wikimultihopqa_dev.jsonl", "last:1000"),
+                                          paper.dataset("Bamboogle", "data/bamboogle_test.jsonl")],
+                                 retriever=wiki, **common),
+        "eval_medqa": paper.eval_stage(AGENTS, [paper.dataset("MedQA", "data/medqa_usmle_4opt_test.jsonl")],
+                                       retriever=med, **common),
+    })
+    if variant == "shared":
+        paper.use_shared(c)
+    elif variant == "smoke":
+        paper.smoke(c)
+    return c
