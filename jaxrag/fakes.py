@@ -110,3 +110,30 @@ def tiny_jax_policy(seed: int = 0, max_seq_len: int = 384, *, d_model: int = 32,
                       eos_ids=(2,), pad_id=0)
     return JaxPolicy(cfg, init_params(cfg, jax.random.PRNGKey(seed), std=std), ByteTokenizer(),
                      max_prompt_tokens=max_prompt_tokens)
+
+
+class ShortestJudge:
+    """A judge stand-in with no model (the smoke variants of the collection configs): ranks a state's candidates
+    valid actions first, then by length (shorter first), ties in candidate order; scores 1/(1+rank). Not a paper's
+    judge: it only lets a pipeline run end to end where no LLM judge is reachable."""
+
+    name = "shortest"
+
+    def judge(self, requests):
+        from jaxrag.env.mdp import INVALID
+        from jaxrag.supervision.judge_protocol import JudgeResult
+
+        out = []
+        for req in requests:
+            order = sorted(range(len(req.candidates)),
+                           key=lambda i: (req.candidates[i].kind == INVALID, len(req.candidates[i].raw), i))
+            ranks = [0] * len(order)
+            for r, i in enumerate(order):
+                ranks[i] = r
+            out.append(JudgeResult([1.0 / (1 + r) for r in ranks], ranks))
+        return out
+
+
+def shortest_judge(judge_section=None, workdir=None) -> ShortestJudge:
+    """config `judge: {kind: "fn", fn: "jaxrag.fakes:shortest_judge"}`."""
+    return ShortestJudge()

@@ -12,7 +12,7 @@ from jaxrag.main import StageError, plan, run
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = {"rag_gym/table2": (6, {"eval": 3, "eval_medqa": 1}), "reasonrag/table2": (3, {"eval": 5}),
-          "arena/table2": (1, {"eval": 3}), "smartsearch/table1": (1, {"eval": 4})}
+          "arena/table2": (1, {"eval": 3}), "smartsearch/table1": (5, {"eval": 4})}
 
 
 def load(name: str, variant: str = ""):
@@ -88,4 +88,4 @@ def test_tuned_rows_are_named_by_their_tuning(smoke_runs, tmp_path):
     c.eval.tuning = "dpo"
     assert run(c, tmp_path / "tuned") == ["eval"]
     rows = [json.loads(line) for line in (tmp_path / "tuned" / "eval" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["method"] for r in rows] == ["smartsearch+dpo"]
+    assert [r["method"] for r in rows] == ["direct+dpo", "cot+dpo", "rag+dpo", "search_o1+dpo", "smartsearch+dpo"]

@@ -10,7 +10,8 @@ Protocol: 2WikiMultihopQA, HotpotQA, Bamboogle and MuSiQue; EM, word-level F1 an
 T_i (T_i = the question's search calls; jaxrag.metrics.search_efficiency). The SmartSearch agent (<think>,
 <search>, env-filled <result>, <answer> with \\boxed{}), at most 5 tool calls per question (004 App. B: the
 rollout's limit), so 6 steps with the answer; 5 documents per search from E5-base-v2 ("query: " / "passage: "
-prefixes) over wiki-18, temperature 0. The paper does not say how many questions of each dev set it evaluates; the
+prefixes) over wiki-18, temperature 0. Rows: the SmartSearch agent and the baselines of the table that are agent
+designs here (Direct, CoT, RAG, Search-o1) on the same model. The paper does not say how many questions of each dev set it evaluates; the
 data paths are config fields (the "shared" variant: the shared 500-question dev samples and all of Bamboogle).
 """
 
@@ -22,7 +23,7 @@ def get_config(variant: str = ""):
     data = [paper.dataset("2Wiki", "data/2wikimultihopqa_dev.jsonl"), paper.dataset("HotpotQA", "data/hotpotqa_dev.jsonl"),
             paper.dataset("Bamboogle", "data/bamboogle_test.jsonl"), paper.dataset("MuSiQue", "data/musique_dev.jsonl")]
     c = paper.table_config("smartsearch", "table1", "Qwen2.5-3B-Instruct", {
-        "eval": paper.eval_stage(("smartsearch",), data, model_path="",
+        "eval": paper.eval_stage(("direct", "cot", "rag", "search_o1", "smartsearch"), data, model_path="",
                                  retriever={"index_dir": "indexes/wiki18_e5", "kind": "dense"},
                                  k=5, max_steps=6, max_new_tokens=1024, max_doc_chars=None),
     })

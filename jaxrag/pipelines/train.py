@@ -4,7 +4,8 @@ config[name] (see configs/common/train.py: train_stage()):
   fn      "jaxrag.pipelines.train:train_stage"
   data    JSONL path, relative to the workdir (or absolute)
   init    "random" (config.model: ModelConfig fields, seed train.seed) | "stage:<name>" (workdir/<name>/model) | a dir
-  tokenizer  "" (records hold token ids) or a tokenizer path (records hold text)
+  tokenizer  "" (records hold token ids) or a tokenizer path (records hold text; also copied beside the model):
+             absolute, relative to the workdir, or "stage:<name>" (that stage's model dir)
   train   the trainer config (jaxrag.train.config.default_train_config()); its `loss` picks the record layout
 Outputs: workdir/<name>/{checkpoints/, metrics.jsonl, tb/, train_config.json, model/ (HF checkpoint), summary.json}
 
@@ -91,16 +92,16 @@ def load_model(config, stage: str, workdir: str):
     if init == "random":
         cfg = ModelConfig(**config.model.to_dict())
         return cfg, init_params(cfg, jax.random.PRNGKey(config[stage].train.seed))
-    return load_checkpoint(model_dir(workdir, init.split(":", 1)[1]) if init.startswith("stage:") else Path(init))
+    return load_checkpoint(resolve(init, workdir))  # absolute, relative to the workdir, or stage:<name>
 
 
-def _tokenizer(config, stage):
+def _tokenizer(config, stage, workdir):
     path = config[stage].get("tokenizer", "")
     if not path:
         return None
     from jaxrag.tokenizer import load_tokenizer
 
-    return load_tokenizer(path)
+    return load_tokenizer(resolve(path, workdir))
 
 
 # The JSONL record kind and batch maker of each batch layout of the loss table (jaxrag.train.objectives).
@@ -116,7 +117,7 @@ def train_stage(config, workdir: str, name: str) -> None:
                         "train it online in the rl stage (jaxrag.pipelines.rl)")
     kind, make = LAYOUTS[layout]
     cfg, params = load_model(config, name, workdir)
-    tok = _tokenizer(config, name)
+    tok = _tokenizer(config, name, workdir)
     examples = load_examples(kind, resolve(sc.data, workdir), tok, cfg.vocab_size)
     pad = cfg.pad_id if cfg.pad_id is not None else 0
     per_batch = tc.batch_size // tc.grpo.group_size if kind == "groups" else tc.batch_size

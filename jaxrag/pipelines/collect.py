@@ -1,0 +1,167 @@
+"""RAG-Gym process-reward collection on real data (a QA file, a retriever, an LLM judge): `ranking_stage`.
+
+config[name]:
+  policy      a load_policy spec: the actor whose candidates are ranked ({path, max_prompt_tokens, ...}; or
+              {fn: "module:function"}: fn(section, workdir) -> a Policy)
+  retriever   a load_retriever spec ({index_dir | corpus, kind, backend, ...})
+  questions   {path, select}: the training questions (RAG-Gym: the first 1,000 of HotpotQA dev)
+  agent       {name, opts}: the agent design (chat mode with the policy's tokenizer unless opts say otherwise)
+  judge       {kind: "http", base_url, model, api_key_env, max_retries, timeout_s, max_workers}: an OpenAI-compatible
+              endpoint with RAG-Gym's ranking prompt (001 App. H Fig. 10) | {kind: "local", path, ...}: a local
+              checkpoint with the same prompt (empty path: the policy itself) | {kind: "fn", fn: "module:function"}:
+              fn(judge_section, workdir) -> a judge (e.g. jaxrag.fakes:shortest_judge, the smoke variant's stand-in)
+  ranking     jaxrag.supervision.ranking.RankingConfig fields (N = 10 candidates at T = 1.0, 10 steps, keep a
+              trajectory iff F1 > 0.75, ...)
+Outputs under workdir/<name>/: records.jsonl (every state of a kept trajectory, every candidate with its rank, score,
+judge rationale or failure), pairs.jsonl (Pair: text), dpo.jsonl ({prompt_ids, chosen_ids, rejected_ids}: the exact
+ids the policy saw and sampled, for jaxrag.pipelines.train), sft.jsonl ({prompt_ids, completion_ids}: the best-ranked
+candidate of each such state, RAG-Gym's SFT data), episodes.jsonl (every trajectory, kept or not), stats.json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from jaxrag.jsonl import write_atomic
+from jaxrag.pipelines.common import config_fail, load_policy, load_retriever, log, resolve, stage_dir, write_json
+
+
+def _plain(v):
+    return v.to_dict() if hasattr(v, "to_dict") else dict(v)
+
+
+JUDGE_KINDS = ("http", "local", "fn")
+LOAD_POLICY = "jaxrag.pipelines.common:load_policy"
+
+
+def make_judge(jc: dict, workdir, policy):
+    """The judge of a `judge` section (see the module doc)."""
+    from jaxrag.supervision.judges import HttpJudge, LocalJudge
+
+    kind = jc.get("kind")
+    if kind == "http":
+        kw = {k: jc[k] for k in ("api_key_env", "max_retries", "timeout_s", "max_workers", "max_tokens") if k in jc}
+        return HttpJudge(jc["base_url"], jc["model"], **kw)
+    if kind == "local":
+        judge_policy = load_policy(jc, workdir) if jc.get("path") else policy
+        return LocalJudge(judge_policy, name=jc.get("name") or "local",
+                          **{k: jc[k] for k in ("max_retries", "max_new_tokens") if k in jc})
+    if kind == "fn":
+        from jaxrag.main import resolve_fn
+
+        return resolve_fn(jc["fn"], "judge.fn")(jc, workdir)
+    raise ValueError(f"judge.kind={kind!r}: choose one of {JUDGE_KINDS}")
+
+
+def check_config(config, name: str) -> None:
+    """Static checks run by jaxrag.main before any stage starts; errors name the key."""
+    from jaxrag.data.qa import QADataError, parse_select
+    from jaxrag.env.agents import agent_module
+    from jaxrag.supervision.ranking import RankingConfig
+
+    sc = config[name]
+    for key in ("policy", "retriever", "questions", "agent", "judge", "ranking"):
+        if key not in sc:
+            config_fail(f"{name}.{key}", "missing")
+    if sc.policy.get("fn", LOAD_POLICY) == LOAD_POLICY and not sc.policy.get("path"):
+        config_fail(f"{name}.policy.path", "empty: set it to a Hugging Face checkpoint dir (or stage:<name>)")
+    if not sc.questions.get("path"):
+        config_fail(f"{name}.questions.path", "empty: a QA JSONL file")
+    try:
+        parse_select(sc.questions.get("select"), 1)
+    except QADataError as e:
+        config_fail(f"{name}.questions.select", str(e))
+    try:
+        agent_module(sc.agent.get("name") or "")
+    except KeyError as e:
+        config_fail(f"{name}.agent.name", e.args[0])
+    try:
+        RankingConfig(**_plain(sc.ranking))
+    except (TypeError, ValueError) as e:
+        config_fail(f"{name}.ranking", str(e))
+    jc = _plain(sc.judge)
+    if jc.get("kind") not in JUDGE_KINDS:
+        config_fail(f"{name}.judge.kind", f"{jc.get('kind')!r}: choose one of {JUDGE_KINDS}")
+    if jc["kind"] == "http" and not (jc.get("base_url") and jc.get("model")):
+        config_fail(f"{name}.judge", "an http judge needs base_url and model (e.g. https://api.openai.com/v1, gpt-4o)")
+    if jc["kind"] == "fn" and not jc.get("fn"):
+        config_fail(f"{name}.judge.fn", "empty: 'module:function'")
+
+
+def _encode(policy, prompt: str, max_new_tokens: int) -> list[int] | None:
+    enc = getattr(policy, "encode_prompt", None)
+    return enc(prompt, max_new_tokens) if enc is not None else None
+
+
+def training_rows(records, policy, max_new_tokens: int) -> tuple[list[dict], list[dict], list]:
+    """(dpo rows, sft rows, pairs) from kept records: pairs by RAG-Gym's rule (supervision.ranking.ranking_pairs);
+    ids are the prompt as the policy encoded it and each candidate's sampled ids (text when ids are unknown)."""
+    from jaxrag.supervision.ranking import ranking_pairs
+
+    dpo, sft, pairs = [], [], []
+    for rec in records:
+        ids = {c.raw: c.token_ids for c in rec.candidates}
+        prompt_ids = _encode(policy, rec.prompt, max_new_tokens)
+        rec_pairs = ranking_pairs([rec])
+        pairs += rec_pairs
+        for p in rec_pairs:
+            if prompt_ids is not None and ids.get(p.chosen) and ids.get(p.rejected):
+                dpo.append({"prompt_ids": prompt_ids, "chosen_ids": ids[p.chosen], "rejected_ids": ids[p.rejected],
+                            "qid": p.qid, "step": p.step, "margin": p.margin})
+            else:
+                dpo.append({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected, "qid": p.qid,
+                            "step": p.step, "margin": p.margin})
+        ranked = [c for c in rec.candidates if c.rank is not None]
+        if ranked:
+            best = min(ranked, key=lambda c: c.rank)
+            if prompt_ids is not None and best.token_ids:
+                sft.append({"prompt_ids": prompt_ids, "completion_ids": best.token_ids, "qid": rec.qid, "step": rec.step})
+            else:
+                sft.append({"prompt": rec.prompt, "completion": best.raw, "qid": rec.qid, "step": rec.step})
+    return dpo, sft, pairs
+
+
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    write_atomic(path, lambda f: f.writelines(json.dumps(r) + "\n" for r in rows))
+
+
+def ranking_stage(config, workdir, name) -> None:
+    from jaxrag.data.qa import load_qa
+    from jaxrag.env.agents import get_agent
+    from jaxrag.env.mdp import write_episodes
+    from jaxrag.main import resolve_fn
+    from jaxrag.supervision.ranking import RankingConfig, collect_ranking
+    from jaxrag.supervision.records import write_pairs, write_records
+
+    sc = config[name]
+    out = stage_dir(workdir, name)
+    pcfg = _plain(sc.policy)
+    policy = resolve_fn(pcfg.get("fn", LOAD_POLICY), f"config.{name}.policy.fn")(pcfg, workdir)
+    retriever = load_retriever(_plain(sc.retriever), workdir)
+    opts = dict(_plain(sc.agent).get("opts", {}))
+    if opts.get("mode", "chat") == "chat":
+        opts.setdefault("tokenizer", getattr(policy, "tokenizer", None))
+    agent = get_agent(sc.agent.name, **opts)
+    questions = load_qa(resolve(sc.questions.path, workdir), sc.questions.get("select") or None)
+    judge = make_judge(_plain(sc.judge), workdir, policy)
+    rc = RankingConfig(**_plain(sc.ranking))
+    episodes: list = []
+    records, stats = collect_ranking(policy, retriever, agent, judge, questions, rc, episodes=episodes)
+    dpo, sft, pairs = training_rows(records, policy, rc.max_new_tokens)
+    write_records(out / "records.jsonl", records)
+    write_pairs(out / "pairs.jsonl", pairs)
+    _write_rows(out / "dpo.jsonl", dpo)
+    _write_rows(out / "sft.jsonl", sft)
+    write_episodes(out / "episodes.jsonl", episodes)
+    stats.update(pairs=len(pairs), sft_rows=len(sft), judge=judge.name)
+    write_json(out / "stats.json", stats)
+    log(name, f"{stats['questions']} questions, {stats['trajectories_kept']} kept, {stats['states']} states, "
+              f"{len(pairs)} pairs, {stats['judge_failures']} judge failures")
+    if not pairs:
+        raise RuntimeError(f"{name}: no preference pairs from {stats['questions']} questions ({stats['trajectories_kept']} "
+                           f"trajectories kept, {stats['judge_failures']} judge failures; see {out}/stats.json): "
+                           "nothing for a DPO stage to train on")
+
+
+ranking_stage.check_config = check_config
