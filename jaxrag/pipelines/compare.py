@@ -117,7 +117,7 @@ def _average(per_dataset: dict[str, dict], datasets: list[str], metric: str) -> 
     vals = []
     for d in datasets:
         m = per_dataset.get(d, {})
-        v = _ours(m, metric) if metric in m else _ours(m, "acc")
+        v = _ours(m, "acc") if m.get("acc") is not None else _ours(m, metric)   # acc: multiple choice only
         if v is None:
             return None
         vals.append(v)
