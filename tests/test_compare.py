@@ -125,6 +125,8 @@ def test_published_entries_are_known_methods_in_percent():
         assert e.where and e.model and e.row
     labels = {(t.paper, t.table, label) for t in TABLES for label, _, _ in t.rows}
     assert labels == set(METHODS)                     # every typed row mapped, no stale mapping
+    rows = [(t.paper, t.table, METHODS[(t.paper, t.table, label)], model) for t in TABLES for label, model, _ in t.rows]
+    assert len(rows) == len(set(rows))                # one printed row per (method, model) in a table
     assert {(p, t, r) for p, t, r, _, _ in LEFT_OUT} <= labels
     assert all(is_known_method(a) for a in AGENTS)
     assert not any(map(is_known_method, ("flare", "react+xyz", "re2search+dpo-", "Re2Search")))
@@ -160,6 +162,6 @@ def test_notebook_runs_on_the_fake_runs(rag_gym_runs, tmp_path, monkeypatch):
     csv_lines = (out / "all.csv").read_text().splitlines()
     assert csv_lines[0].startswith("paper,table,method,model,paper_row,dataset,metric,ours,published")
     assert any(ln.startswith("rag_gym,table2,re2search,Llama-3.1-8B-Instruct,Zero-shot Learning / Re²Search,"
-                             "HotpotQA,em,30.0,34.0,") for ln in csv_lines)
+                             "HotpotQA,em,30.0,34.0,100,") for ln in csv_lines)
     nb = json.loads((REPO / "notebooks" / "paper_tables.ipynb").read_text())
     assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")   # no outputs stored

@@ -28,7 +28,8 @@ METRIC_KEYS = frozenset(SCORES) | {e.metric for e in PUBLISHED}   # must be numb
 LABELS = {"em": "EM", "cem": "CEM", "f1": "F1", "acc": "Acc", "lj": "LJ", "agree": "Agree",
           "arena_format": "Format", "arena_relevance": "Relevance"}
 DASH = "–"
-CSV_FIELDS = ("paper", "table", "method", "model", "paper_row", "dataset", "metric", "ours", "published", "runs")
+CSV_FIELDS = ("paper", "table", "method", "model", "paper_row", "dataset", "metric", "ours", "published", "n",
+              "runs")
 
 
 class RunError(ValueError):
@@ -148,8 +149,7 @@ def compare_table(paper: str, table: str, runs: list[Run]) -> Comparison:
     extra = sorted({d for s in ours.values() for d in s["datasets"]} - {d for d, _ in columns})
     for d in extra:
         columns += [(d, m) for m in SCORES if any(m in s["datasets"].get(d, {}) for s in ours.values())]
-    table_datasets = [d for d in dict.fromkeys(d for d, _ in columns) if d != "Average"]
-    table_datasets = [d for d in table_datasets if d not in extra]
+    averaged = [d for d in dict.fromkeys(d for d, _ in info.columns) if d != "Average"] if info else []
 
     row_keys: dict[tuple[str, str], dict] = {}
     for e in pub:
@@ -170,12 +170,13 @@ def compare_table(paper: str, table: str, runs: list[Run]) -> Comparison:
         slot = ours.get(key, {"datasets": {}, "runs": set(), "model": None})
         cells = []
         for d, m in columns:
-            o = (_average(slot["datasets"], table_datasets, m) if d == "Average"
+            o = (_average(slot["datasets"], averaged, m) if d == "Average"
                  else _ours(slot["datasets"].get(d, {}), m))
             p = r["published"].get((d, m))
             cells.append(_fmt(o, p, info.decimals if info else 2))
             dict_rows.append({"paper": paper, "table": table, "method": r["method"], "model": r["model"] or "",
                               "paper_row": r["paper_row"], "dataset": d, "metric": m, "ours": o, "published": p,
+                              "n": slot["datasets"].get(d, {}).get("n"),
                               "runs": ";".join(sorted(slot["runs"]))})
         md.append("| " + " | ".join([r["method"], r["model"] or DASH, r["paper_row"] or DASH] + cells) + " |")
     return Comparison(paper, table, info.title if info else "", "\n".join(md) + "\n", dict_rows,
