@@ -74,6 +74,9 @@ def test_bm25s_streamed_equals_bm25s_index(tmp_path):
             (ri, rd), (oi, od) = column(ref, term), column(ours, term)
             assert ri == oi and np.array_equal(rd, od), term  # the same float32 scores, bit for bit
     assert not (tmp_path / "bm25s.tmp").exists()
+    build_bm25s_streamed(passages, tmp_path / "two_workers", chunk=70, workers=2)
+    for name in ("data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy", "vocab.index.json"):
+        assert (tmp_path / "two_workers" / name).read_bytes() == (tmp_path / "bm25s" / name).read_bytes(), name
 
 
 def test_prepare_equals_build_all(built, prepared):
@@ -128,6 +131,7 @@ def test_interrupted_run_resumes_to_the_same_index(wiki, prepared, tmp_path, mon
     assert shards == [0, 1, 2, 3]  # killed before shard 1's row; then shard 0 was kept and the cut-short one and
     # the unrecorded ones were encoded again
     assert [r["step"] for r in metric_rows(out) if r["step"] != "dense_shard"] == ["corpus", "bm25s", "dense"]
+    assert metric_rows(out, "dense")[0]["encoded"] == N - SHARD
     np.testing.assert_array_equal(np.load(out / "dense" / "embeddings.npy"),
                                   np.load(prepared / "dense" / "embeddings.npy"))
     hits = load_retriever(out, "hybrid").search(QUERIES[:1], 3)

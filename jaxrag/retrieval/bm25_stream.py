@@ -1,8 +1,9 @@
 """The bm25s index (bm25.Bm25sScorer's files: Lucene-style BM25, k1 0.9, b 0.4) built from a passage stream,
 for corpora too large for `bm25s.BM25.index`, which holds every passage's tokens as Python lists.
 
-Pass 1 analyzes `chunk` passages at a time (in `workers` processes when > 1), keeps the vocabulary, each
-passage's length and each term's document frequency, and spills each chunk's (term, tf) pairs to disk. Pass 2
+Pass 1 analyzes `chunk` passages at a time (in `workers` processes when > 1: each returns its chunk's term
+counts as arrays), keeps the vocabulary, each passage's length and each term's document frequency, and spills
+each chunk's (term, tf) pairs to disk. Pass 2
 reads the chunks back, scores them with bm25s's "lucene" formulas (the same float64 operations, so the same
 float32 scores), and places them in the CSC arrays. What stays in memory: the vocabulary, the lengths (4 bytes a
 passage) and the finished score matrix (8 bytes a nonzero: about 50 a passage of 100 words), which bm25s loads
@@ -23,30 +24,32 @@ from jaxrag.retrieval.bm25 import B, K1, analyze
 from jaxrag.retrieval.corpus import Passage
 
 
-def analyze_texts(texts: list[str]) -> list[list[str]]:
-    return [analyze(t) for t in texts]
+def analyze_chunk(texts: list[str]) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Analyze passages -> (the chunk's own vocabulary in first-seen order, then per distinct (passage, term),
+    passage-major: its local term id and tf; terms per passage; tokens per passage). Runs in a worker process:
+    what it returns pickles as arrays, not as token strings."""
+    docs = [analyze(t) for t in texts]
+    lengths = np.array([len(d) for d in docs], np.int64)
+    local: dict[str, int] = {}
+    ids = np.fromiter((local.setdefault(t, len(local)) for d in docs for t in d), np.int64, int(lengths.sum()))
+    doc = np.repeat(np.arange(len(docs), dtype=np.int64), lengths)
+    keys, tf = np.unique((doc << 32) | ids, return_counts=True)
+    n_terms = np.bincount(keys >> 32, minlength=len(docs))
+    return list(local), (keys & 0xFFFFFFFF).astype(np.int32), tf.astype(np.int32), n_terms, lengths.astype(np.int32)
 
 
-def _analyzed(passages: Iterable[Passage], chunk: int, workers: int) -> Iterator[list[list[str]]]:
-    """Token lists, `chunk` passages at a time, in corpus order."""
+def _analyzed(passages: Iterable[Passage], chunk: int, workers: int) -> Iterator[tuple]:
+    """analyze_chunk's output, `chunk` passages at a time, in corpus order."""
     it = iter(passages)
-    texts = (c for c in iter(lambda: [p.full_text() for p in itertools.islice(it, chunk)], []))
+    texts = iter(lambda: [p.full_text() for p in itertools.islice(it, chunk)], [])
     if workers <= 1:
-        yield from map(analyze_texts, texts)
+        yield from map(analyze_chunk, texts)
         return
     import multiprocessing
 
     # spawn, not fork: the parent may already run JAX's threads
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        yield from pool.imap(analyze_texts, texts)
-
-
-def _counts(docs: list[list[str]], vocab: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One chunk -> (term ids, tf) per distinct (passage, term), sorted by passage then term id; terms per passage."""
-    ids = np.fromiter((vocab.setdefault(t, len(vocab)) for d in docs for t in d), np.int64)
-    doc = np.repeat(np.arange(len(docs), dtype=np.int64), [len(d) for d in docs])
-    keys, tf = np.unique((doc << 32) | ids, return_counts=True)
-    return (keys & 0xFFFFFFFF).astype(np.int32), tf.astype(np.int32), np.bincount(keys >> 32, minlength=len(docs))
+        yield from pool.imap(analyze_chunk, texts)
 
 
 def _scores(terms, tf, n_terms, lengths, avgdl: float, idf: np.ndarray) -> np.ndarray:
@@ -70,14 +73,15 @@ def build_bm25s_streamed(
     vocab: dict[str, int] = {}
     lengths, df = [], np.zeros(0, np.int64)
     n_chunks = 0
-    for docs in _analyzed(passages, chunk, workers):
-        terms, tf, n_terms = _counts(docs, vocab)
+    for local_vocab, local_terms, tf, n_terms, chunk_lengths in _analyzed(passages, chunk, workers):
+        to_global = np.array([vocab.setdefault(t, len(vocab)) for t in local_vocab], np.int32)
+        terms = to_global[local_terms]  # first-seen order chunk after chunk = first-seen order in the corpus
         np.savez(tmp / "parts" / f"{n_chunks:05d}.npz", terms=terms, tf=tf, n_terms=n_terms)
         df = np.pad(df, (0, len(vocab) - len(df))) + np.bincount(terms, minlength=len(vocab))
-        lengths.append(np.array([len(d) for d in docs], np.int32))
+        lengths.append(chunk_lengths)
         n_chunks += 1
         if bar is not None:
-            bar.update(len(docs))
+            bar.update(len(chunk_lengths))
     lengths = np.concatenate(lengths)
     n = len(lengths)
     avgdl = lengths.astype(np.int64).mean()

@@ -96,8 +96,9 @@ class _Run:
         passages = result["n_passages"] if passages is None else passages
         self.state[name] = {"settings": settings, "result": result}
         write_atomic(self.out / STATE, lambda f: json.dump(self.state, f, indent=2))
+        worked = result.get("encoded", passages)  # a resumed dense phase encodes only the unfinished shards
         self.record({"step": name, "seconds": round(seconds, 3), "passages": passages,
-                     "passages_per_s": round(passages / seconds, 1), **result})
+                     "passages_per_s": round(worked / seconds, 1), **result})
         return result
 
 
@@ -127,7 +128,8 @@ def _dense(run: _Run, encoder, n: int, shard_settings: dict, shard_passages: int
         enc = enc.data_parallel(make_mesh((-1, 1, 1), jax.local_devices()))
     out, shard_dir = run.out, run.out / SHARDS
     done = open_shards(shard_dir, shard_settings)
-    bar = _bar("dense", n, progress, initial=sum(done.values()))
+    before = sum(done.values())
+    bar = _bar("dense", n, progress, initial=before)
     record = lambda row: run.record({"step": "dense_shard", **row, "devices": n_dev})
     done = encode_shards(out / "corpus.jsonl", shard_dir, enc, shard_passages, done, bar, record)
     bar.close()
@@ -140,7 +142,7 @@ def _dense(run: _Run, encoder, n: int, shard_settings: dict, shard_passages: int
     write_meta(tmp, encoder, index, shape)  # the one-device encoder: its batch size is what queries use
     shutil.rmtree(out / "dense", ignore_errors=True)
     tmp.replace(out / "dense")
-    return {"dim": shape[1], "devices": n_dev, "ann": index.describe()["kind"]}
+    return {"dim": shape[1], "devices": n_dev, "ann": index.describe()["kind"], "encoded": n - before}
 
 
 def prepare(
@@ -155,7 +157,7 @@ def prepare(
     max_passages: int | None = None,
     ann: AnnConfig = AnnConfig(),
     workers: int = 1,
-    bm25_chunk: int = 100_000,
+    bm25_chunk: int = 20_000,
     progress: bool = True,
 ) -> dict:
     """Run every phase not yet done (see the module docstring); returns the manifest written last."""
