@@ -7,12 +7,13 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import re
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -128,12 +129,13 @@ class LuceneScorer:
         self.threads = threads
 
     @staticmethod
-    def build(passages: Sequence[Passage], out_dir: Path, threads: int = 2, batch: int = 10_000) -> None:
+    def build(passages: Iterable[Passage], out_dir: Path, threads: int = 2, batch: int = 10_000) -> None:
+        """Index passages (any iterable: a stream is read `batch` passages at a time)."""
         from jaxrag.retrieval.lucene_jvm import autoclass
 
         indexer = autoclass("io.anserini.index.SimpleIndexer")(str(out_dir), False, threads)
-        for start in range(0, len(passages), batch):
-            chunk = passages[start : start + batch]
+        passages = iter(passages)
+        while chunk := list(itertools.islice(passages, batch)):
             indexer.addRawDocuments([json.dumps({"id": p.doc_id, "contents": p.full_text()}) for p in chunk])
         indexer.close()
 

@@ -57,19 +57,25 @@ def parse_record(record: object, where: str) -> Passage:
     return Passage(doc_id, "", body.strip())
 
 
-def iter_corpus(path: str | Path) -> Iterator[Passage]:
-    """Stream passages from a JSONL file; blank lines are skipped, duplicate ids raise CorpusError."""
+def iter_corpus(path: str | Path, check_duplicates: bool = True) -> Iterator[Passage]:
+    """Stream passages from a JSONL file; blank lines are skipped, duplicate ids raise CorpusError.
+    check_duplicates=False (a file already checked, e.g. an index's copy) keeps no set of ids in memory."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"corpus file not found: {path}")
     seen: dict[str, str] = {}
+    n = 0
     for where, record in iter_jsonl(path, CorpusError):
         passage = parse_record(record, where)
-        if passage.doc_id in seen:
-            raise CorpusError(f"{where}: duplicate id {passage.doc_id!r} (first seen on line {seen[passage.doc_id]})")
-        seen[passage.doc_id] = where.rsplit(":", 1)[1]
+        if check_duplicates:
+            if passage.doc_id in seen:
+                raise CorpusError(
+                    f"{where}: duplicate id {passage.doc_id!r} (first seen on line {seen[passage.doc_id]})"
+                )
+            seen[passage.doc_id] = where.rsplit(":", 1)[1]
+        n += 1
         yield passage
-    if not seen:
+    if not n:
         raise CorpusError(f"{path}: empty corpus (no passages)")
 
 

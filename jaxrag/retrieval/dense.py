@@ -75,6 +75,7 @@ class TextEncoder:
     max_tokens: int = 8192  # rows x padded length per batch
     query_prefix: str = ""
     passage_prefix: str = ""
+    mesh: object = None  # jax.sharding.Mesh: each batch is split over its devices (data parallel); None: one device
 
     @classmethod
     def load(
@@ -113,48 +114,79 @@ class TextEncoder:
             pp if passage_prefix is None else passage_prefix,
         )
 
-    def tokenize(self, texts: list[str], what: str) -> list[list[int]]:
+    def data_parallel(self, mesh) -> "TextEncoder":
+        """This encoder with its params replicated over `mesh` and every batch split over the mesh's devices
+        (a batch's rows are padded to a multiple of the device count)."""
+        import jax
+
+        from jaxrag.sharding import replicated
+
+        return dataclasses.replace(self, params=jax.device_put(self.params, replicated(mesh)), mesh=mesh)
+
+    def tokenize_counted(self, texts: list[str]) -> tuple[list[list[int]], int]:
+        """Token ids per text and how many texts were cut to max_len."""
         encodings = self.tokenizer.encode_batch(texts)
-        n_cut = sum(1 for e in encodings if e.overflowing)
+        return [e.ids for e in encodings], sum(1 for e in encodings if e.overflowing)
+
+    def tokenize(self, texts: list[str], what: str) -> list[list[int]]:
+        ids, n_cut = self.tokenize_counted(texts)
         if n_cut:
             log.warning("%d of %d %s truncated to %d tokens for the encoder", n_cut, len(texts), what, self.max_len)
-        return [e.ids for e in encodings]
+        return ids
 
-    def encode_ids(self, ids: list[list[int]], progress: bool = False, desc: str = "encode") -> np.ndarray:
+    def passage_texts(self, passages: Sequence[Passage]) -> list[str]:
+        return [self.passage_prefix + p.full_text() for p in passages]
+
+    def _placed(self, tokens: np.ndarray, mask: np.ndarray):
+        if self.mesh is None:
+            return tokens, mask
+        import jax
+
+        from jaxrag.sharding import batch_sharding
+
+        sharding = batch_sharding(self.mesh, 2)
+        return jax.device_put(tokens, sharding), jax.device_put(mask, sharding)
+
+    def encode_ids(self, ids: list[list[int]], progress: bool = False, desc: str = "encode", bar=None) -> np.ndarray:
         """Token id lists -> [N,D]. Sorted by length (longest first) so each batch pads to a tight length bucket;
         rows per batch = max_tokens // bucket (a power of two, at most batch_size), so only a few shapes compile
-        and the [B,H,T,T] attention scores stay cache-sized."""
+        and the [B,H,T,T] attention scores stay cache-sized. `bar`: a caller's tqdm bar to advance (kept open)."""
         from tqdm.auto import tqdm
 
         fn = _jitted_embed(self.cfg)
         buckets = [b for b in LENGTH_BUCKETS if b < self.max_len] + [self.max_len]
         order = np.argsort([-len(x) for x in ids], kind="stable")
         out = np.zeros((len(ids), self.cfg.d_model), np.float32)
-        bar = tqdm(total=len(ids), desc=desc, disable=not progress, unit="text")
+        own_bar = bar is None
+        if own_bar:
+            bar = tqdm(total=len(ids), desc=desc, disable=not progress, unit="text")
+        n_dev = 1 if self.mesh is None else self.mesh.size
         start = 0
         while start < len(ids):
             T = _bucket(max(1, len(ids[order[start]])), buckets)
             rows_max = min(self.batch_size, 1 << max(3, (self.max_tokens // T).bit_length() - 1))
             rows = order[start : start + rows_max]
             B = min(rows_max, 1 << max(3, (len(rows) - 1).bit_length()))
+            B = -(-B // n_dev) * n_dev  # data parallel: equal rows per device
             tokens = np.full((B, T), self.cfg.pad_id, np.int32)
             mask = np.zeros((B, T), np.int32)
             for i, r in enumerate(rows):
                 tokens[i, : len(ids[r])] = ids[r]
                 mask[i, : len(ids[r])] = 1
             mask[len(rows) :, 0] = 1  # padding rows: one visible token keeps the softmax finite
-            out[rows] = np.asarray(fn(self.params, tokens, mask))[: len(rows)]
+            out[rows] = np.asarray(fn(self.params, *self._placed(tokens, mask)))[: len(rows)]
             bar.update(len(rows))
             start += len(rows)
-        bar.close()
+        if own_bar:
+            bar.close()
         return out
 
     def encode_queries(self, queries: list[str]) -> np.ndarray:
         return self.encode_ids(self.tokenize([self.query_prefix + q for q in queries], "queries"))
 
     def encode_passages(self, passages: Sequence[Passage], progress: bool = True) -> np.ndarray:
-        texts = [self.passage_prefix + p.full_text() for p in passages]
-        return self.encode_ids(self.tokenize(texts, "passages"), progress=progress, desc="encode passages")
+        ids = self.tokenize(self.passage_texts(passages), "passages")
+        return self.encode_ids(ids, progress=progress, desc="encode passages")
 
     def meta(self) -> dict:
         return {
@@ -192,9 +224,14 @@ def build_dense(
         out_dir.mkdir(parents=True, exist_ok=True)
         np.save(out_dir / "embeddings.npy", emb)
         index.save(out_dir)
-        meta = {**encoder.meta(), "n": int(emb.shape[0]), "dim": int(emb.shape[1]), "ann": index.describe()}
-        (out_dir / "meta.json").write_text(json.dumps(meta, indent=2))
+        write_meta(out_dir, encoder, index, emb.shape)
     return ScorerRetriever(DenseScorer(encoder, index), passages)
+
+
+def write_meta(out_dir: Path, encoder: TextEncoder, index, shape: tuple[int, int]) -> None:
+    """dense/meta.json: how the embeddings were made (load_dense rebuilds the encoder from it) and the ANN index."""
+    meta = {**encoder.meta(), "n": int(shape[0]), "dim": int(shape[1]), "ann": index.describe()}
+    (Path(out_dir) / "meta.json").write_text(json.dumps(meta, indent=2))
 
 
 def load_dense(index_dir: Path, passages: Sequence[Passage], encoder: TextEncoder | None = None) -> ScorerRetriever:
