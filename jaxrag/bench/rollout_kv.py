@@ -1,0 +1,127 @@
+"""Cross-turn KV reuse vs today's full prefill: full multi-turn rollouts on the synthetic world, the real policy.
+
+    python -m jaxrag.bench.rollout --kv [--workdir DIR] [--batches 1,8,32] [--episodes 64] [--sft-steps 300]
+
+The world: the synthetic pipeline's `tiny` preset (world, index, teacher, tokenizer) with the demo's model size
+(d_model 128, 4 layers) trained by its SFT stage for --sft-steps (a reused --workdir skips what is done), so
+episodes search and answer in plain ReAct lines. Both paths run the same questions at each batch size after a
+warm-up run (every shape compiled), greedy: `today` is JaxPolicy as built; `reuse` the same policy with a session
+pool of `batch` slots (jaxrag.kv_sessions). Per row: episodes/s, policy turns, the prefill token slots computed per
+turn (padded, what the device ran) and the real prompt tokens per turn (the appended ones on the reuse path),
+the reuse path's continuations and fallbacks, whether both paths took the same actions, and the time split:
+prefill (host batch prep + prefill pass), decode, retrieval, host (tokenizer, rendering, parsing, engine).
+Writes results/bench/rollout_kv.json.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import jax
+
+from jaxrag.bench.common import table, write_result
+
+
+def synthetic_world(workdir: Path, sft_steps: int):
+    """(config, workdir): the tiny world and an SFT policy at the demo model size (stages already done are kept)."""
+    import importlib.util
+
+    from jaxrag import main as jmain
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "synthetic" / "pipeline.py"
+    spec = importlib.util.spec_from_file_location("synthetic_pipeline", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    config = mod.get_config("tiny")
+    config.model.update(dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, head_dim=32, d_ff=384))
+    config.sft.train.steps = sft_steps
+    config.sft.train.optimizer.lr = 2e-3
+    jmain.run(config, workdir, only=["world", "index", "teacher", "tokenizer", "sft"])
+    return config
+
+
+def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
+    from jaxrag.env.rollout import rollout
+
+    rollout(pol, retriever, agent, questions, rcfg)                  # warm-up: compiles every shape met below
+    pool = pol.sessions
+    before = (dict(pol.timing), pol.prefill_tokens, dict(pool.stats) if pool else {})
+    st: dict = {}
+    t0 = time.perf_counter()
+    eps = rollout(pol, retriever, agent, questions, rcfg, stats=st)
+    tot = time.perf_counter() - t0
+    turns = st["generations"]
+    pre = pol.timing["prefill_s"] - before[0]["prefill_s"]
+    dec = pol.timing["decode_s"] - before[0]["decode_s"]
+    real = sum(len(s.prompt_ids) for e in eps for s in e.steps if s.prompt)
+    stats = {k: v - before[2].get(k, 0) for k, v in pool.stats.items()} if pool else {}
+    if pool:
+        real = stats.get("appended_tokens", 0)
+    row = {"batch": rcfg.batch_size, "episodes_per_s": len(eps) / tot, "total_s": tot, "turns": turns,
+           "turns_per_episode": turns / len(eps),
+           "prefill_slots_per_turn": (pol.prefill_tokens - before[1]) / turns, "prompt_tokens_per_turn": real / turns,
+           "prefill%": 100 * pre / tot, "decode%": 100 * dec / tot, "retrieve%": 100 * st["retrieve_s"] / tot,
+           "host%": 100 * (tot - pre - dec - st["retrieve_s"] - st["summarize_s"]) / tot}
+    if pool:
+        row.update(reused=stats.get("reused", 0), fallback_new=stats.get("fallback_new", 0),
+                   fallback_not_prefix=stats.get("fallback_not_prefix", 0))
+    return row, eps
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", default="/tmp/jaxrag_bench_kv")
+    ap.add_argument("--episodes", type=int, default=64)
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--sft-steps", type=int, default=300)
+    ap.add_argument("--max-new-tokens", type=int, default=40)
+    args = ap.parse_args(argv)
+    from jaxrag.env.agents import get_agent
+    from jaxrag.env.rollout import RolloutConfig
+    from jaxrag.kv_sessions import SessionPool
+    from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
+
+    t0 = time.perf_counter()
+    config = synthetic_world(Path(args.workdir), args.sft_steps)
+    print(f"world + SFT ({args.sft_steps} steps): {time.perf_counter() - t0:.0f}s", flush=True)
+    tok = load_tokenizer(args.workdir)
+    retriever = make_retriever(config, args.workdir)
+    questions = (load_questions(args.workdir, "test") + load_questions(args.workdir, "dev"))[:args.episodes]
+    agent = get_agent("react", mode="plain")
+    pol = stage_policy(args.workdir, "sft", tok)
+    mm = jax.jit(lambda a: a @ a)
+    a = jax.numpy.ones((2048, 2048), jax.numpy.float32)
+    mm(a).block_until_ready()
+    t1 = time.perf_counter()
+    for _ in range(5):
+        mm(a).block_until_ready()
+    gflops = 5 * 2 * 2048 ** 3 / (time.perf_counter() - t1) / 1e9
+    rows = []
+    for b in [int(x) for x in args.batches.split(",")]:
+        rcfg = RolloutConfig(k=config.index.k, max_steps=8, batch_size=b, max_new_tokens=args.max_new_tokens,
+                             reward="em", seed=config.seed)
+        acts = {}
+        for path in ("today", "reuse"):
+            pol.sessions = SessionPool(pol.cfg, b, pol.cfg.max_seq_len) if path == "reuse" else None
+            row, eps = measure(pol, retriever, agent, questions, rcfg)
+            acts[path] = [[s.action.raw for s in e.steps] for e in eps]
+            rows.append({"path": path, **row})
+            print(f"  {path} batch {b}: {row['episodes_per_s']:.2f} ep/s", flush=True)
+        rows[-1]["same_actions"] = sum(x == y for x, y in zip(acts["today"], acts["reuse"])) / len(questions)
+        rows[-1]["speedup"] = rows[-1]["episodes_per_s"] / rows[-2]["episodes_per_s"]
+    cols = ["path", "batch", "episodes_per_s", "speedup", "turns_per_episode", "prefill_slots_per_turn",
+            "prompt_tokens_per_turn", "prefill%", "decode%", "retrieve%", "host%", "reused", "fallback_new",
+            "fallback_not_prefix", "same_actions"]
+    print(table(rows, cols))
+    print(f"jitted 2048x2048 fp32 matmul: {gflops:.1f} GFLOP/s")
+    out = write_result("rollout_kv", {"episodes": len(questions), "agent": "react/plain", "k": config.index.k,
+                                      "world": "synthetic tiny", "sft_steps": args.sft_steps,
+                                      "max_new_tokens": args.max_new_tokens, "matmul_gflops": gflops,
+                                      "model": {"d_model": pol.cfg.d_model, "n_layers": pol.cfg.n_layers,
+                                                "max_seq_len": pol.cfg.max_seq_len}, "rows": rows})
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
