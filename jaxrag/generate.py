@@ -47,6 +47,7 @@ class Completions:
     finish_reason: list[str]  # "eos" | "stop" | "length"
     prefill_tokens: int = 0  # token slots the prefill computed (padded rows x padded prompt length)
     timing: dict = dataclasses.field(default_factory=dict)  # prefill_s (host batch prep + prefill), decode_s
+    decode_slots: int = 0  # padded rows x decode steps run (a row done early idles in its slot until the last is)
 
     def row(self, i: int) -> tuple[list[int], list[float]]:
         n = int(self.lengths[i])
@@ -274,4 +275,4 @@ def decode(cfg: ModelConfig, params: Params, cache, logits, position, n_rows: in
             reasons.append("length")
         toks[i, lens[i]:] = 0
         logps[i, lens[i]:] = 0.0
-    return Completions(toks, logps, lens.astype(np.int32), reasons), cache
+    return Completions(toks, logps, lens.astype(np.int32), reasons, decode_slots=B_pad * t), cache

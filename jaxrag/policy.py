@@ -65,7 +65,8 @@ class JaxPolicy:
     replicate-and-prefill path (same results, n times the prefill). unstack: hold the params with per-layer
     weight buffers (models.unstack_layers: decode reads each weight once instead of copying a slice of the
     stacked one; one copy of the layer weights). `prefill_tokens` counts the token slots prefilled so far,
-    `timing` the seconds in prefill (with the host's batch preparation) and in decode.
+    `decode_slots` / `decode_tokens` the decode row-steps run / the tokens kept (their ratio: how full the decode
+    batch was), `timing` the seconds in prefill (with the host's batch preparation) and in decode.
     session_slots / session_tokens: the session pool (module doc; 0 slots = off); session_tokens defaults to
     max_seq_len, the longest prompt + completion the policy can take anyway."""
 
@@ -80,6 +81,7 @@ class JaxPolicy:
         self.prompts_cut = 0
         self._encoded: dict[str, list[int]] = {}
         self.share_prefix, self.prefill_tokens = share_prefix, 0
+        self.decode_slots = self.decode_tokens = 0   # decode row-steps run / tokens kept: the batch's fill
 
     _CACHE = 256   # encoded prompts kept between prompt_fits and generate
 
@@ -157,6 +159,8 @@ class JaxPolicy:
             out = sample(self.cfg, self._sample_params, encoded, sp, key, stop_strings=stop_strings,
                          tokenizer=self.tokenizer, n=n, share_prefix=self.share_prefix)
         self.prefill_tokens += out.prefill_tokens
+        self.decode_slots += out.decode_slots
+        self.decode_tokens += int(out.lengths.sum())
         for k in self.timing:
             self.timing[k] += out.timing.get(k, 0.0)
         results: list[list[Completion]] = []

@@ -60,6 +60,7 @@ def test_reuse_equals_full_prefill_over_turns(temperature):
     st = reuse.sessions.stats
     assert st["reused"] + st["fallback_not_prefix"] == 6 and st["reused"] >= 4 and st["fallback_new"] == 3
     assert reuse.prefill_tokens < full.prefill_tokens
+    assert reuse.decode_tokens == full.decode_tokens and 0 < full.decode_tokens <= full.decode_slots
     assert sorted(reuse.sessions.slot_of.values()) == [0, 1, 2]
     assert [reuse.sessions.ids[k] for k in keys] == [o[0].prompt_ids + o[0].token_ids for o in b]
 

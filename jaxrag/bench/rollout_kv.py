@@ -1,6 +1,6 @@
 """Cross-turn KV reuse vs today's full prefill: full multi-turn rollouts on the synthetic world, the real policy.
 
-    python -m jaxrag.bench.rollout --kv [--workdir DIR] [--batches 1,8,32] [--episodes 64] [--sft-steps 300]
+    python -m jaxrag.bench.rollout --kv [--workdir DIR] [--batches 1,8,32] [--episodes 128] [--sft-steps 300]
 
 The world: the synthetic pipeline's `tiny` preset (world, index, teacher, tokenizer) with the demo's model size
 (d_model 128, 4 layers) trained by its SFT stage for --sft-steps (a reused --workdir skips what is done), so
@@ -8,7 +8,8 @@ episodes search and answer in plain ReAct lines. Both paths run the same questio
 warm-up run (every shape compiled), greedy: `today` is JaxPolicy as built; `reuse` the same policy with a session
 pool of `batch` slots (jaxrag.kv_sessions). Per row: episodes/s, policy turns, the prefill token slots computed per
 turn (padded, what the device ran) and the real prompt tokens per turn (the appended ones on the reuse path),
-the reuse path's continuations and fallbacks, whether both paths took the same actions, and the time split:
+the reuse path's continuations and fallbacks, whether both paths took the same actions, the decode batch's fill
+(tokens kept / padded row-steps run: a row done early idles until its call's longest row is), and the time split:
 prefill (host batch prep + prefill pass), decode, retrieval, host (tokenizer, rendering, parsing, engine).
 Writes results/bench/rollout_kv.json.
 """
@@ -46,7 +47,8 @@ def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
 
     rollout(pol, retriever, agent, questions, rcfg)                  # warm-up: compiles every shape met below
     pool = pol.sessions
-    before = (dict(pol.timing), pol.prefill_tokens, dict(pool.stats) if pool else {})
+    before = (dict(pol.timing), pol.prefill_tokens, dict(pool.stats) if pool else {}, pol.decode_slots,
+              pol.decode_tokens)
     st: dict = {}
     t0 = time.perf_counter()
     eps = rollout(pol, retriever, agent, questions, rcfg, stats=st)
@@ -61,6 +63,7 @@ def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
     row = {"batch": rcfg.batch_size, "episodes_per_s": len(eps) / tot, "total_s": tot, "turns": turns,
            "turns_per_episode": turns / len(eps),
            "prefill_slots_per_turn": (pol.prefill_tokens - before[1]) / turns, "prompt_tokens_per_turn": real / turns,
+           "decode_fill%": 100 * (pol.decode_tokens - before[4]) / max(pol.decode_slots - before[3], 1),
            "prefill%": 100 * pre / tot, "decode%": 100 * dec / tot, "retrieve%": 100 * st["retrieve_s"] / tot,
            "host%": 100 * (tot - pre - dec - st["retrieve_s"] - st["summarize_s"]) / tot}
     if pool:
@@ -72,7 +75,7 @@ def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", default="/tmp/jaxrag_bench_kv")
-    ap.add_argument("--episodes", type=int, default=64)
+    ap.add_argument("--episodes", type=int, default=128)
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--sft-steps", type=int, default=300)
     ap.add_argument("--max-new-tokens", type=int, default=40)
@@ -87,7 +90,7 @@ def main(argv=None):
     print(f"world + SFT ({args.sft_steps} steps): {time.perf_counter() - t0:.0f}s", flush=True)
     tok = load_tokenizer(args.workdir)
     retriever = make_retriever(config, args.workdir)
-    questions = (load_questions(args.workdir, "test") + load_questions(args.workdir, "dev"))[:args.episodes]
+    questions = [q for split in ("test", "dev", "heldout") for q in load_questions(args.workdir, split)][:args.episodes]
     agent = get_agent("react", mode="plain")
     pol = stage_policy(args.workdir, "sft", tok)
     mm = jax.jit(lambda a: a @ a)
@@ -111,7 +114,7 @@ def main(argv=None):
         rows[-1]["same_actions"] = sum(x == y for x, y in zip(acts["today"], acts["reuse"])) / len(questions)
         rows[-1]["speedup"] = rows[-1]["episodes_per_s"] / rows[-2]["episodes_per_s"]
     cols = ["path", "batch", "episodes_per_s", "speedup", "turns_per_episode", "prefill_slots_per_turn",
-            "prompt_tokens_per_turn", "prefill%", "decode%", "retrieve%", "host%", "reused", "fallback_new",
+            "prompt_tokens_per_turn", "decode_fill%", "prefill%", "decode%", "retrieve%", "host%", "reused", "fallback_new",
             "fallback_not_prefix", "same_actions"]
     print(table(rows, cols))
     print(f"jitted 2048x2048 fp32 matmul: {gflops:.1f} GFLOP/s")
