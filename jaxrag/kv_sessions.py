@@ -11,12 +11,13 @@ prompt's own tokenization, not a splice of id lists). Any other row (a new episo
 not a prefix extension, a completion whose ids the tokenizer would not reproduce, a prompt the agent shortened)
 is prefilled in full: the FALLBACK, counted by reason in `SessionPool.stats`.
 
-Device side, per call: the batch cache is gathered from the pool with every row's kept tokens right-aligned
-before a shared slot M (rows are ragged; holes are masked by the cache's `valid`, RoPE reads each token's own
-position), the appended tokens (a fallback row: its whole prompt) are run through `forward_cached` at slots
-[M, M+T) with positions continuing each row's own, the generate.decode loop samples, and each row's valid slots
-(a stop-string cut applied) are compacted back into its pool slot (left-aligned, in order). A call whose rows
-are all new takes generate's own prefill on an empty cache: the first turn is the plain path, bit for bit.
+Device side, per call: fallback rows' whole prompts get their own prefill pass (generate's) straight into their
+pool slots; then the batch cache is gathered from the pool with every row's kept tokens right-aligned before a
+shared slot M (rows are ragged; holes are masked by the cache's `valid`, RoPE reads each token's own position),
+the reusing rows' appended tokens are run through `forward_cached` at slots [M, M+T) with positions continuing
+each row's own, the generate.decode loop samples, and each row's valid slots (a stop-string cut applied) are
+compacted back into its pool slot (left-aligned, in order). A call whose rows are all new takes generate's own
+prefill on an empty cache: the first turn is the plain path, bit for bit.
 Later turns equal the full prefill up to float rounding (attention over the cache sums in another order).
 """
 from __future__ import annotations
@@ -134,6 +135,28 @@ def store_rows(kv: dict, cache: dict, slots, keep_below):
 
 
 # ---- host side -----------------------------------------------------------------------------------------------
+def fine_bucket(n: int, minimum: int = 16) -> int:
+    """n rounded up to a multiple of an eighth of its power-of-two bucket (at least `minimum`): the reuse path's
+    cache lengths, whose every slot costs attention work on each appended and generated token (at most 8 compiled
+    shapes per octave instead of 1, for at most 1/8 of padding instead of up to 1/2)."""
+    step = max(minimum, bucket(n, minimum) // 8)
+    return -(-n // step) * step
+
+
+def prefill_into_pool(cfg: ModelConfig, params, pool: SessionPool, slots: Sequence[int],
+                      prompts: Sequence[Sequence[int]]):
+    """Whole prompts prefilled (generate's prefill) and stored into their pool slots: (last-column logits
+    [bucket(n),V], token slots computed)."""
+    n_pad, T = bucket(len(prompts), 1), fine_bucket(max(len(p) for p in prompts))
+    tokens, positions, valid = left_pad(prompts, n_pad, T)
+    cache = init_cache(cfg, n_pad, T)
+    logits, cache = _prefill(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
+    rows = np.full(n_pad, pool.slots, np.int32)
+    rows[:len(slots)] = slots
+    pool.kv = store_rows(pool.kv, cache, jnp.asarray(rows), jnp.full((n_pad,), T, jnp.int32))
+    return logits, n_pad * T
+
+
 def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[Hashable],
                     prompts: Sequence[Sequence[int]], sp: SamplingParams, key: jax.Array,
                     stop_strings: Sequence[str] | None = None, tokenizer=None, chunk: int | None = None) -> Completions:
@@ -162,35 +185,44 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
     pool.stats["reused_tokens"] += sum(kept)
     pool.stats["appended_tokens"] += sum(len(a) for a in appended)
     B_pad = bucket(B, 1)
-    T = bucket(max(len(a) for a in appended), 16)
-    M = bucket(max(kept), 16) if max(kept) else 0
-    if M == 0 and T + N > cfg.max_seq_len:  # as generate.sample: the first turn is its prefill, bit for bit
-        T = max(cfg.max_seq_len - N, max(len(a) for a in appended))
-    tokens, positions, valid = left_pad(appended, B_pad, T)
+    slots_pad = np.full(B_pad, pool.slots, np.int32)   # padding rows: an out-of-range slot, never stored
+    slots_pad[:B] = slots
     kept_pad = np.zeros(B_pad, np.int32)
     kept_pad[:B] = kept
-    positions = positions + kept_pad[:, None]
-    if M == 0:
+    if not any(kept):   # every row new: generate.sample's own prefill (the first turn is the plain path, bit for bit)
+        T = bucket(max(len(a) for a in appended), 16)
+        if T + N > cfg.max_seq_len:
+            T = max(cfg.max_seq_len - N, max(len(a) for a in appended))
+        tokens, positions, valid = left_pad(appended, B_pad, T)
         cache = init_cache(cfg, B_pad, T + N)
         logits, cache = _prefill(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
+        start, prefilled = T, B_pad * T
     else:
-        slots_pad = np.full(B_pad, pool.slots, np.int32)
-        slots_pad[:B] = slots
-        size = bucket(M + T, 16) + N   # the cache length: decode compiles once per size, not per (M, T)
+        fresh = [i for i in range(B) if kept[i] == 0]
+        prefilled = 0
+        if fresh:   # their own prefill pass (a whole prompt must not widen every row's appended block), into the pool
+            logits_new, prefilled = prefill_into_pool(cfg, params, pool, [slots[i] for i in fresh],
+                                                      [appended[i] for i in fresh])
+            for i in fresh:
+                kept_pad[i], appended[i] = len(appended[i]), []
+        T, M = fine_bucket(max(len(a) for a in appended)), fine_bucket(int(kept_pad.max()))
+        tokens, positions, valid = left_pad(appended, B_pad, T)
+        positions = positions + kept_pad[:, None]
         cache = gather_rows(pool.kv, jnp.asarray(np.minimum(slots_pad, pool.slots - 1)), jnp.asarray(kept_pad), M,
-                            size)
+                            fine_bucket(M + T) + N)
         logits, cache = extend(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
+        if fresh:
+            logits = logits.at[jnp.asarray(fresh)].set(logits_new[:len(fresh)])
+        start, prefilled = M + T, prefilled + B_pad * T
     position = jnp.asarray(kept_pad + valid.sum(1), jnp.int32)
     jax.block_until_ready(logits)
     t1 = time.perf_counter()
     out, cache = decode(cfg, params, cache, logits, position, B, sp, key, stop_strings, tokenizer, chunk)
-    slots_pad = np.full(B_pad, pool.slots, np.int32)
-    slots_pad[:B] = slots
     keep_below = np.zeros(B_pad, np.int32)
-    keep_below[:B] = M + T + out.lengths
+    keep_below[:B] = start + out.lengths
     pool.kv = store_rows(pool.kv, cache, jnp.asarray(slots_pad), jnp.asarray(keep_below))
     for i, k in enumerate(keys):
         pool.ids[k] = list(prompts[i]) + out.tokens[i, :out.lengths[i]].tolist()
-    out.prefill_tokens = B_pad * T
+    out.prefill_tokens = prefilled
     out.timing.update(prefill_s=t1 - t0, decode_s=time.perf_counter() - t1)
     return out

@@ -57,11 +57,13 @@ def test_reuse_equals_full_prefill_over_turns(temperature):
         if turn == 0:  # a stop string inside row 0's next completion: tokens after the cut are dropped from its slot
             stop = [a[0][0].text[5]]
         prompts = [p + o[0].text + f"doc: {'xy' * (3 * i + turn)}\n" for i, (p, o) in enumerate(zip(prompts, a))]
+        if turn == 0:  # a new episode joins continuing ones: its own prefill pass, then one decode batch
+            prompts, keys = prompts + ["question: a late one\n"], keys + ["e3"]
     st = reuse.sessions.stats
-    assert st["reused"] + st["fallback_not_prefix"] == 6 and st["reused"] >= 4 and st["fallback_new"] == 3
+    assert st["reused"] + st["fallback_not_prefix"] == 7 and st["reused"] >= 5 and st["fallback_new"] == 4
     assert reuse.prefill_tokens < full.prefill_tokens
     assert reuse.decode_tokens == full.decode_tokens and 0 < full.decode_tokens <= full.decode_slots
-    assert sorted(reuse.sessions.slot_of.values()) == [0, 1, 2]
+    assert sorted(reuse.sessions.slot_of.values()) == [0, 1, 2, 3]
     assert [reuse.sessions.ids[k] for k in keys] == [o[0].prompt_ids + o[0].token_ids for o in b]
 
 
