@@ -227,7 +227,8 @@ def decode(cfg: ModelConfig, params: Params, cache, logits, position, n_rows: in
     Returns (Completions, the cache after decode: every generated token's keys/values written at slots
     [index0, index0 + t), including tokens a host stop-string check later cut off)."""
     B, B_pad, N = n_rows, logits.shape[0], sp.max_new_tokens
-    eos = tuple(cfg.eos_ids) + tuple(getattr(tokenizer, "eos_ids", ()) or ()) + tuple(sp.stop_ids)
+    true_eos = tuple(cfg.eos_ids) + tuple(getattr(tokenizer, "eos_ids", ()) or ())
+    eos = true_eos + tuple(sp.stop_ids)
     stop_ids = jnp.asarray(eos if eos else (-1,), jnp.int32)
     key = row_keys(key, B_pad)
     state = {
@@ -267,7 +268,7 @@ def decode(cfg: ModelConfig, params: Params, cache, logits, position, n_rows: in
     for i in range(B):
         if string_stopped[i]:
             lens[i] = min(lens[i], cut[i])
-            stopped_by_id = stopped[i] and lens[i] == cut[i] and toks[i, lens[i] - 1] in eos
+            stopped_by_id = stopped[i] and lens[i] == cut[i] and toks[i, lens[i] - 1] in true_eos
             reasons.append("eos" if stopped_by_id else "stop")
         elif stopped[i]:
             reasons.append("stop" if toks[i, lens[i] - 1] in sp.stop_ids and toks[i, lens[i] - 1] not in cfg.eos_ids else "eos")

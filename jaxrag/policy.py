@@ -82,6 +82,7 @@ class JaxPolicy:
         self._encoded: dict[str, list[int]] = {}
         self.share_prefix, self.prefill_tokens = share_prefix, 0
         self.decode_slots = self.decode_tokens = 0   # decode row-steps run / tokens kept: the batch's fill
+        self.device_stops, self._stop_ids = True, {}  # one-token stop strings also end rows on device
 
     _CACHE = 256   # encoded prompts kept between prompt_fits and generate
 
@@ -97,6 +98,18 @@ class JaxPolicy:
         if getattr(self, "sessions", None) is not None:
             self.sessions.clear()   # cached keys/values belong to the old params
         self._sample_params = unstack_layers(value) if self.unstack and value is not None else value
+
+    def stop_token_ids(self, stop_strings) -> tuple[int, ...]:
+        """The ids of the stop strings that are one token each (decode(encode(s)) == s): checked on device every
+        step, so a row ends at its stop instead of running to the end of the host's check chunk. The host check
+        still runs (a stop inside a longer token); tokens, log-probs and finish reasons are the same."""
+        if not stop_strings:
+            return ()
+        key = tuple(stop_strings)
+        if key not in self._stop_ids:
+            one = [(s, self.tokenizer.encode(s)) for s in stop_strings]
+            self._stop_ids[key] = tuple(sorted({ids[0] for s, ids in one if len(ids) == 1 and self.tokenizer.decode(ids) == s}))
+        return self._stop_ids[key]
 
     def prompt_budget(self, max_new_tokens: int) -> int:
         limit = min(self.max_prompt_tokens or self.cfg.max_seq_len, self.cfg.max_seq_len - max_new_tokens)
@@ -147,8 +160,9 @@ class JaxPolicy:
         if not prompts:
             return []
         encoded = [self.encode_prompt(p, max_new_tokens) for p in prompts]
-        sp = SamplingParams(temperature=float(temperature), top_k=self.top_k, top_p=self.top_p, max_new_tokens=max_new_tokens)
         stop_strings, key = (list(stop) if stop else None), jax.random.PRNGKey(seed)
+        sp = SamplingParams(temperature=float(temperature), top_k=self.top_k, top_p=self.top_p, max_new_tokens=max_new_tokens,
+                            stop_ids=self.stop_token_ids(stop_strings) if self.device_stops else ())
         if sessions is not None:
             if self.sessions is None or n != 1 or len(sessions) != len(prompts):
                 raise ValueError(f"generate(sessions=...): needs a policy built with session_slots > 0, n == 1 "
