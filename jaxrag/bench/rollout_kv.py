@@ -4,9 +4,8 @@
 
 The world: the synthetic pipeline's `tiny` preset (world, index, teacher, tokenizer) with the demo's model size
 (d_model 128, 4 layers) trained by its SFT stage for --sft-steps (a reused --workdir skips what is done), so
-episodes search and answer in plain ReAct lines. Both paths run the same questions at each batch size after a
-warm-up run (every shape compiled), greedy: `today` is JaxPolicy as built; `reuse` the same policy with a session
-pool of `batch` slots (jaxrag.kv_sessions). Per row: episodes/s, policy turns, the prefill token slots computed per
+episodes search and answer in plain ReAct lines. Every path (PATHS: today's sampler, + device stop ids, + KV
+reuse) runs the same questions at each batch size after a warm-up run (every shape compiled), greedy. Per row: episodes/s, policy turns, the prefill token slots computed per
 turn (padded, what the device ran) and the real prompt tokens per turn (the appended ones on the reuse path),
 the reuse path's continuations and fallbacks, whether both paths took the same actions, the decode batch's fill
 (tokens kept / padded row-steps run: a row done early idles until its call's longest row is), and the time split:
@@ -22,6 +21,11 @@ from pathlib import Path
 import jax
 
 from jaxrag.bench.common import table, write_result
+
+
+PATHS = {"today": (False, False),    # the sampler as it was: stop strings checked on the host every 16 steps
+         "stops": (True, False),     # + one-token stop strings ended on device (JaxPolicy.device_stops)
+         "reuse": (True, True)}      # + cross-turn KV reuse (a session pool of `batch` slots)
 
 
 def synthetic_world(workdir: Path, sft_steps: int):
@@ -104,15 +108,17 @@ def main(argv=None):
     for b in [int(x) for x in args.batches.split(",")]:
         rcfg = RolloutConfig(k=config.index.k, max_steps=8, batch_size=b, max_new_tokens=args.max_new_tokens,
                              reward="em", seed=config.seed)
-        acts = {}
-        for path in ("today", "reuse"):
-            pol.sessions = SessionPool(pol.cfg, b, pol.cfg.max_seq_len) if path == "reuse" else None
+        acts, base = {}, None
+        for path, (stops, reuse) in PATHS.items():
+            pol.device_stops = stops
+            pol.sessions = SessionPool(pol.cfg, b, pol.cfg.max_seq_len) if reuse else None
             row, eps = measure(pol, retriever, agent, questions, rcfg)
             acts[path] = [[s.action.raw for s in e.steps] for e in eps]
+            base = base or row["episodes_per_s"]
+            row.update(speedup=row["episodes_per_s"] / base,
+                       same_actions=sum(x == y for x, y in zip(acts["today"], acts[path])) / len(questions))
             rows.append({"path": path, **row})
             print(f"  {path} batch {b}: {row['episodes_per_s']:.2f} ep/s", flush=True)
-        rows[-1]["same_actions"] = sum(x == y for x, y in zip(acts["today"], acts["reuse"])) / len(questions)
-        rows[-1]["speedup"] = rows[-1]["episodes_per_s"] / rows[-2]["episodes_per_s"]
     cols = ["path", "batch", "episodes_per_s", "speedup", "turns_per_episode", "prefill_slots_per_turn",
             "prompt_tokens_per_turn", "decode_fill%", "prefill%", "decode%", "retrieve%", "host%", "reused", "fallback_new",
             "fallback_not_prefix", "same_actions"]
