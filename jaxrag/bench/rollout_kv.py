@@ -10,7 +10,8 @@ turn (padded, what the device ran) and the real prompt tokens per turn (the appe
 the reuse path's continuations and fallbacks, whether both paths took the same actions, the decode batch's fill
 (tokens kept / padded row-steps run: a row done early idles until its call's longest row is), and the time split:
 prefill (host batch prep + prefill pass), decode, retrieval, host (tokenizer, rendering, parsing, engine).
-Writes results/bench/rollout_kv.json.
+first_run_s: the warm-up run's seconds (its compilations included; a path measured later at the same batch size
+reuses the shapes an earlier one compiled). Writes results/bench/rollout_kv.json.
 """
 from __future__ import annotations
 
@@ -49,7 +50,9 @@ def synthetic_world(workdir: Path, sft_steps: int):
 def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
     from jaxrag.env.rollout import rollout
 
+    t0 = time.perf_counter()
     rollout(pol, retriever, agent, questions, rcfg)                  # warm-up: compiles every shape met below
+    first = time.perf_counter() - t0
     pool = pol.sessions
     before = (dict(pol.timing), pol.prefill_tokens, dict(pool.stats) if pool else {}, pol.decode_slots,
               pol.decode_tokens)
@@ -64,7 +67,8 @@ def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
     stats = {k: v - before[2].get(k, 0) for k, v in pool.stats.items()} if pool else {}
     if pool:
         real = stats.get("appended_tokens", 0)
-    row = {"batch": rcfg.batch_size, "episodes_per_s": len(eps) / tot, "total_s": tot, "turns": turns,
+    row = {"batch": rcfg.batch_size, "episodes_per_s": len(eps) / tot, "total_s": tot, "first_run_s": first,
+           "turns": turns,
            "turns_per_episode": turns / len(eps),
            "prefill_slots_per_turn": (pol.prefill_tokens - before[1]) / turns, "prompt_tokens_per_turn": real / turns,
            "decode_fill%": 100 * (pol.decode_tokens - before[4]) / max(pol.decode_slots - before[3], 1),
@@ -119,7 +123,7 @@ def main(argv=None):
                        same_actions=sum(x == y for x, y in zip(acts["today"], acts[path])) / len(questions))
             rows.append({"path": path, **row})
             print(f"  {path} batch {b}: {row['episodes_per_s']:.2f} ep/s", flush=True)
-    cols = ["path", "batch", "episodes_per_s", "speedup", "turns_per_episode", "prefill_slots_per_turn",
+    cols = ["path", "batch", "episodes_per_s", "speedup", "total_s", "first_run_s", "turns_per_episode", "prefill_slots_per_turn",
             "prompt_tokens_per_turn", "decode_fill%", "prefill%", "decode%", "retrieve%", "host%", "reused", "fallback_new",
             "fallback_not_prefix", "same_actions"]
     print(table(rows, cols))
