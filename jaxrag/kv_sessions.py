@@ -17,7 +17,8 @@ shared slot M (rows are ragged; holes are masked by the cache's `valid`, RoPE re
 the reusing rows' appended tokens are run through `forward_cached` at slots [M, M+T) with positions continuing
 each row's own, the generate.decode loop samples, and each row's valid slots (a stop-string cut applied) are
 compacted back into its pool slot (left-aligned, in order). A call whose rows are all new takes generate's own
-prefill on an empty cache: the first turn is the plain path, bit for bit.
+prefill on an empty cache: the first turn is the plain path, bit for bit, when its prompts are distinct (identical
+prompts, e.g. a GRPO group's first turn, are prefilled once per row here; generate.sample prefills them once).
 Later turns equal the full prefill up to float rounding (attention over the cache sums in another order).
 """
 from __future__ import annotations
