@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import Sequence
 
 import jax
@@ -45,6 +46,8 @@ class Completions:
     lengths: np.ndarray  # [B] int32
     finish_reason: list[str]  # "eos" | "stop" | "length"
     prefill_tokens: int = 0  # token slots the prefill computed (padded rows x padded prompt length)
+    timing: dict = dataclasses.field(default_factory=dict)  # prefill_s (host batch prep + prefill), decode_s
+    decode_slots: int = 0  # padded rows x decode steps run (a row done early idles in its slot until the last is)
 
     def row(self, i: int) -> tuple[list[int], list[float]]:
         n = int(self.lengths[i])
@@ -200,6 +203,7 @@ def sample(
     else:
         prefill_prompts = [p for p in prompts for _ in range(n)]
         rows = None
+    t_prefill = time.perf_counter()
     U_pad = bucket(len(prefill_prompts), 1)
     tokens, positions, valid = left_pad(prefill_prompts, U_pad, P)
     cache = init_cache(cfg, U_pad, P + N)
@@ -207,7 +211,24 @@ def sample(
     position = jnp.asarray(valid.sum(1), jnp.int32)
     if rows is not None:
         logits, cache, position = _fork((logits, cache, position), rows)
-    eos = tuple(cfg.eos_ids) + tuple(getattr(tokenizer, "eos_ids", ()) or ()) + tuple(sp.stop_ids)
+    jax.block_until_ready(logits)  # the prefill / decode time split (a sync the decode loop would wait on anyway)
+    t_decode = time.perf_counter()
+    completions, _ = decode(cfg, params, cache, logits, position, B, sp, key, stop_strings, tokenizer, chunk)
+    completions.prefill_tokens = U_pad * P
+    completions.timing["prefill_s"] = t_decode - t_prefill
+    completions.timing["decode_s"] = time.perf_counter() - t_decode
+    return completions
+
+
+def decode(cfg: ModelConfig, params: Params, cache, logits, position, n_rows: int, sp: SamplingParams, key: jax.Array,
+           stop_strings: Sequence[str] | None = None, tokenizer=None, chunk: int | None = None):
+    """The decode loop after a prefill: rows [0, n_rows) of the padded batch (`logits` [B_pad,V], `position` [B_pad],
+    `cache` holding their prompts) sample up to sp.max_new_tokens each; decode row r draws with fold_in(key, r).
+    Returns (Completions, the cache after decode: every generated token's keys/values written at slots
+    [index0, index0 + t), including tokens a host stop-string check later cut off)."""
+    B, B_pad, N = n_rows, logits.shape[0], sp.max_new_tokens
+    true_eos = tuple(cfg.eos_ids) + tuple(getattr(tokenizer, "eos_ids", ()) or ())
+    eos = true_eos + tuple(sp.stop_ids)
     stop_ids = jnp.asarray(eos if eos else (-1,), jnp.int32)
     key = row_keys(key, B_pad)
     state = {
@@ -247,7 +268,7 @@ def sample(
     for i in range(B):
         if string_stopped[i]:
             lens[i] = min(lens[i], cut[i])
-            stopped_by_id = stopped[i] and lens[i] == cut[i] and toks[i, lens[i] - 1] in eos
+            stopped_by_id = stopped[i] and lens[i] == cut[i] and toks[i, lens[i] - 1] in true_eos
             reasons.append("eos" if stopped_by_id else "stop")
         elif stopped[i]:
             reasons.append("stop" if toks[i, lens[i] - 1] in sp.stop_ids and toks[i, lens[i] - 1] not in cfg.eos_ids else "eos")
@@ -255,4 +276,4 @@ def sample(
             reasons.append("length")
         toks[i, lens[i]:] = 0
         logps[i, lens[i]:] = 0.0
-    return Completions(toks, logps, lens.astype(np.int32), reasons, prefill_tokens=U_pad * P)
+    return Completions(toks, logps, lens.astype(np.int32), reasons, decode_slots=B_pad * t), cache

@@ -8,6 +8,11 @@ the agent, which knows its format, drops whole old steps (never the question) un
 only supplies the budget; what it still gets over budget (a question alone longer than the context) it cuts in
 the middle of the token ids, keeping the head (BOS, system prompt) and the tail (generation prompt), counted in
 `prompts_cut` and warned about once.
+
+Sessions (optional, off by default): a JaxPolicy built with `session_slots > 0` keeps each episode's KV cache
+between turns (jaxrag.kv_sessions): `generate(..., sessions=[key per prompt])` prefills only what a prompt
+appends to its session's last prompt + completion (else the whole prompt, counted as a fallback), and
+`release(keys)` frees finished episodes' slots. `keeps_sessions` tells the rollout engine to pass keys.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Protocol, Sequence
 import jax
 
 from jaxrag.generate import SamplingParams, sample
+from jaxrag.kv_sessions import SessionPool, sample_sessions
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import unstack_layers
 
@@ -58,17 +64,25 @@ class JaxPolicy:
     share_prefix: n samples of a prompt prefill it once and fork its cache (generate.sample); False = the
     replicate-and-prefill path (same results, n times the prefill). unstack: hold the params with per-layer
     weight buffers (models.unstack_layers: decode reads each weight once instead of copying a slice of the
-    stacked one; one copy of the layer weights). `prefill_tokens` counts the token slots prefilled so far."""
+    stacked one; one copy of the layer weights). `prefill_tokens` counts the token slots prefilled so far,
+    `decode_slots` / `decode_tokens` the decode row-steps run / the tokens kept (their ratio: how full the decode
+    batch was), `timing` the seconds in prefill (with the host's batch preparation) and in decode.
+    session_slots / session_tokens: the session pool (module doc; 0 slots = off); session_tokens defaults to
+    max_seq_len, the longest prompt + completion the policy can take anyway."""
 
     def __init__(self, cfg: ModelConfig, params, tokenizer, *, top_k: int = 0, top_p: float = 1.0, add_bos: bool = True, max_prompt_tokens: int | None = None,
-                 share_prefix: bool = True, unstack: bool = True):
+                 share_prefix: bool = True, unstack: bool = True, session_slots: int = 0, session_tokens: int | None = None):
         self.cfg, self.tokenizer, self.unstack = cfg, tokenizer, unstack
+        self.sessions = SessionPool(cfg, session_slots, session_tokens or cfg.max_seq_len) if session_slots else None
+        self.timing = {"prefill_s": 0.0, "decode_s": 0.0}
         self.params = params
         self.top_k, self.top_p, self.add_bos = top_k, top_p, add_bos
         self.max_prompt_tokens = max_prompt_tokens
         self.prompts_cut = 0
         self._encoded: dict[str, list[int]] = {}
         self.share_prefix, self.prefill_tokens = share_prefix, 0
+        self.decode_slots = self.decode_tokens = 0   # decode row-steps run / tokens kept: the batch's fill
+        self.device_stops, self._stop_ids = True, {}  # one-token stop strings also end rows on device
 
     _CACHE = 256   # encoded prompts kept between prompt_fits and generate
 
@@ -81,7 +95,21 @@ class JaxPolicy:
     @params.setter
     def params(self, value) -> None:
         self._params = value
+        if getattr(self, "sessions", None) is not None:
+            self.sessions.clear()   # cached keys/values belong to the old params
         self._sample_params = unstack_layers(value) if self.unstack and value is not None else value
+
+    def stop_token_ids(self, stop_strings) -> tuple[int, ...]:
+        """The ids of the stop strings that are one token each (decode(encode(s)) == s): checked on device every
+        step, so a row ends at its stop instead of running to the end of the host's check chunk. The host check
+        still runs (a stop inside a longer token); tokens, log-probs and finish reasons are the same."""
+        if not stop_strings:
+            return ()
+        key = tuple(stop_strings)
+        if key not in self._stop_ids:
+            one = [(s, self.tokenizer.encode(s)) for s in stop_strings]
+            self._stop_ids[key] = tuple(sorted({ids[0] for s, ids in one if len(ids) == 1 and self.tokenizer.decode(ids) == s}))
+        return self._stop_ids[key]
 
     def prompt_budget(self, max_new_tokens: int) -> int:
         limit = min(self.max_prompt_tokens or self.cfg.max_seq_len, self.cfg.max_seq_len - max_new_tokens)
@@ -118,14 +146,37 @@ class JaxPolicy:
             ids = ids[:head] + ids[len(ids) - (limit - head):]
         return ids
 
-    def generate(self, prompts, *, n=1, temperature=0.0, max_new_tokens=128, stop=None, seed=0):
+    @property
+    def keeps_sessions(self) -> bool:
+        return self.sessions is not None
+
+    def release(self, keys) -> None:
+        """Free the sessions `keys` (finished episodes)."""
+        if self.sessions is not None:
+            self.sessions.release(keys)
+
+    def generate(self, prompts, *, n=1, temperature=0.0, max_new_tokens=128, stop=None, seed=0, sessions=None):
+        """sessions: one key per prompt (needs session_slots > 0 and n == 1): continue each key's KV cache."""
         if not prompts:
             return []
         encoded = [self.encode_prompt(p, max_new_tokens) for p in prompts]
-        sp = SamplingParams(temperature=float(temperature), top_k=self.top_k, top_p=self.top_p, max_new_tokens=max_new_tokens)
-        out = sample(self.cfg, self._sample_params, encoded, sp, jax.random.PRNGKey(seed), stop_strings=list(stop) if stop else None,
-                     tokenizer=self.tokenizer, n=n, share_prefix=self.share_prefix)
+        stop_strings, key = (list(stop) if stop else None), jax.random.PRNGKey(seed)
+        sp = SamplingParams(temperature=float(temperature), top_k=self.top_k, top_p=self.top_p, max_new_tokens=max_new_tokens,
+                            stop_ids=self.stop_token_ids(stop_strings) if self.device_stops else ())
+        if sessions is not None:
+            if self.sessions is None or n != 1 or len(sessions) != len(prompts):
+                raise ValueError(f"generate(sessions=...): needs a policy built with session_slots > 0, n == 1 "
+                                 f"(got {n}) and one key per prompt ({len(sessions)} keys, {len(prompts)} prompts)")
+            out = sample_sessions(self.cfg, self._sample_params, self.sessions, list(sessions), encoded, sp, key,
+                                  stop_strings=stop_strings, tokenizer=self.tokenizer)
+        else:
+            out = sample(self.cfg, self._sample_params, encoded, sp, key, stop_strings=stop_strings,
+                         tokenizer=self.tokenizer, n=n, share_prefix=self.share_prefix)
         self.prefill_tokens += out.prefill_tokens
+        self.decode_slots += out.decode_slots
+        self.decode_tokens += int(out.lengths.sum())
+        for k in self.timing:
+            self.timing[k] += out.timing.get(k, 0.0)
         results: list[list[Completion]] = []
         for i, prompt_ids in enumerate(encoded):
             row = []

@@ -94,6 +94,9 @@ def test_load_policy_reads_checkpoint_and_tokenizer(run):
     assert pol.cfg.vocab_size == pol.tokenizer.vocab_size == vocab_size
     assert pol.cfg.n_layers == 1 and pol.cfg.d_model == 32 and pol.cfg.max_seq_len == 512
     assert set(pol.tokenizer.eos_ids) == {2, 4} and pol.tokenizer.bos_id == pol.cfg.bos_id == 1
+    assert pol.sessions is None                         # cross-turn KV reuse only when the section asks for it
+    kv = load_policy({"path": str(wd / "model"), "session_slots": 4, "session_tokens": 300}, "/nowhere")
+    assert kv.keeps_sessions and (kv.sessions.slots, kv.sessions.max_len) == (4, 300)
     for method in ("react", "RAG"):                     # what the eval stage sampled
         for ep in read_episodes(wd / "eval" / f"{method}__HotpotQA.episodes.jsonl"):
             s = ep.steps[-1]

@@ -20,3 +20,23 @@ def test_n_samples_share_one_prefill_and_equal_the_replicate_path():
     assert shared.prefill_tokens * 4 == replicate.prefill_tokens
     assert isinstance(shared._sample_params["layers"], tuple)  # decode reads per-layer weight buffers
     assert not isinstance(shared.params["layers"], tuple)  # the trainer's stacked layout is what `params` gives
+
+
+def test_one_token_stop_strings_end_rows_on_device_with_the_same_results():
+    pol = tiny_jax_policy(3)
+    prompts = ["question: who directed the film", "question: where"]
+    free = pol.generate(prompts, max_new_tokens=24, temperature=1.0, seed=1)
+    ascii_after = lambda text, i: next(c for c in text[i:] if ord(c) < 128)
+    stop = [ascii_after(free[0][0].text, 2), ascii_after(free[1][0].text, 3), "no such stop", "\u00e9"]
+    # one-byte stops found inside the samples are device stop ids; a two-byte character and a long string are not
+    assert pol.stop_token_ids(stop) == tuple(sorted({pol.tokenizer.encode(s)[0] for s in stop[:2]}))
+    out = {}
+    for device in (False, True):
+        pol.device_stops, slots = device, pol.decode_slots
+        out[device] = (pol.generate(prompts, max_new_tokens=24, temperature=1.0, seed=1, stop=stop),
+                       pol.decode_slots - slots)
+    for x, y in zip(out[False][0], out[True][0]):
+        x, y = x[0], y[0]
+        assert (x.token_ids, x.logprobs, x.finish_reason) == (y.token_ids, y.logprobs, y.finish_reason)
+    assert [o[0].finish_reason for o in out[True][0]] == ["stop", "stop"]
+    assert out[True][1] < out[False][1] == 2 * 16   # the host check alone runs a whole 16-step chunk

@@ -1,6 +1,7 @@
 """Rollout engine throughput: episodes/s vs batch size, and the share of time in generation / retrieval / host.
 
     python -m jaxrag.bench.rollout [--jax] [--episodes 64] [--batches 1,2,4,8,16,32,64]
+    python -m jaxrag.bench.rollout --kv [...]: cross-turn KV reuse vs full prefill (jaxrag/bench/rollout_kv.py)
 
 Policies measured in the same run:
 - fake: a fixed per-call latency + per-token cost (models a device that saturates with batch);
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import sys
 import time
 
 from jaxrag.bench.common import table, write_result
@@ -82,6 +84,10 @@ def measure(pol, retriever, agent, examples, batch: int, tok=None) -> dict:
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--kv" in argv:
+        from jaxrag.bench import rollout_kv
+        return rollout_kv.main([a for a in argv if a != "--kv"])
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--batches", default="1,2,4,8,16,32,64")

@@ -7,6 +7,10 @@ finished episodes leave and pending ones refill the batch.
 
 Knows only the Policy protocol (`generate(prompts, n, temperature, max_new_tokens, stop, seed) ->
 list[list[Completion]]`) and the Retriever protocol (`search(queries, k) -> list[list[Hit]]`).
+
+A policy that keeps sessions (`policy.keeps_sessions`, a JaxPolicy with session_slots: jaxrag.kv_sessions) gets
+one session key per episode with each action call (n_candidates == 1 only) and `release(keys)` when episodes
+finish: an episode's KV cache then lives across its turns and only what its prompt appends is prefilled.
 """
 from __future__ import annotations
 
@@ -72,15 +76,18 @@ def prompt_fits(policy, max_new_tokens: int):
 
 
 def candidates(policy, agent: Agent, states: Sequence[State], n: int = 1, *, temperature: float = 0.0,
-               max_new_tokens: int = 256, seed: int = 0) -> tuple[list[str], list[list[Candidate]]]:
+               max_new_tokens: int = 256, seed: int = 0, sessions: Sequence | None = None
+               ) -> tuple[list[str], list[list[Candidate]]]:
     """N candidate actions for each state from ONE batched policy call: (prompts, candidates[state][n]).
-    Over-long prompts are rendered shorter by the agent within the policy's budget (Agent.render)."""
+    Over-long prompts are rendered shorter by the agent within the policy's budget (Agent.render).
+    sessions: one key per state for a policy that keeps sessions (see the module doc)."""
     if not states:
         return [], []
     fits = prompt_fits(policy, max_new_tokens)
     prompts = [agent.render(s, fits) for s in states]
+    extra = {} if sessions is None else {"sessions": list(sessions)}
     outs = policy.generate(prompts, n=n, temperature=temperature, max_new_tokens=max_new_tokens,
-                           stop=list(agent.stop) or None, seed=seed)
+                           stop=list(agent.stop) or None, seed=seed, **extra)
     if len(outs) != len(prompts):
         raise ValueError(f"policy returned {len(outs)} completion lists for {len(prompts)} prompts")
     return prompts, [[Candidate(agent.parse(c.text), c) for c in out] for out in outs]
@@ -190,6 +197,8 @@ def rollout(policy, retriever, agent: Agent, items: Iterable, cfg: RolloutConfig
     t_start = time.perf_counter()
     bar = _progress(total, cfg.progress)
     it = 0
+    run = object()   # session keys (run, index): unique to this call
+    keep = bool(getattr(policy, "keeps_sessions", False)) and cfg.n_candidates == 1
     while pending or live:
         # refill; ARENA without dataset paragraphs: the question's top-k documents are the references
         fresh = []
@@ -222,7 +231,8 @@ def rollout(policy, retriever, agent: Agent, items: Iterable, cfg: RolloutConfig
         t0 = time.perf_counter()
         prompts, cands = candidates(policy, agent, [states[i] for i in gen_idx], cfg.n_candidates,
                                     temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                                    seed=cfg.seed + it)
+                                    seed=cfg.seed + it,
+                                    sessions=[(run, live[i][0]) for i in gen_idx] if keep else None)
         t_gen = time.perf_counter() - t0
         if gen_idx:
             st["policy_calls"] += 1
@@ -265,6 +275,8 @@ def rollout(policy, retriever, agent: Agent, items: Iterable, cfg: RolloutConfig
             elif len(ep.steps) >= cfg.max_steps:
                 _finish(ep, cfg, "max_steps")
             if ep.done:
+                if keep:
+                    policy.release([(run, idx)])
                 done[idx] = ep
                 bar.update(1)
                 if on_episode is not None:

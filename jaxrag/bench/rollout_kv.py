@@ -1,0 +1,140 @@
+"""Cross-turn KV reuse vs today's full prefill: full multi-turn rollouts on the synthetic world, the real policy.
+
+    python -m jaxrag.bench.rollout --kv [--workdir DIR] [--batches 1,8,32] [--episodes 128] [--sft-steps 300]
+
+The world: the synthetic pipeline's `tiny` preset (world, index, teacher, tokenizer) with the demo's model size
+(d_model 128, 4 layers) trained by its SFT stage for --sft-steps (a reused --workdir skips what is done), so
+episodes search and answer in plain ReAct lines. Every path (PATHS: today's sampler, + device stop ids, + KV
+reuse) runs the same questions at each batch size after a warm-up run (every shape compiled), greedy. Per row: episodes/s, policy turns, the prefill token slots computed per
+turn (padded, what the device ran) and the real prompt tokens per turn (the appended ones on the reuse path),
+the reuse path's continuations and fallbacks, whether both paths took the same actions, the decode batch's fill
+(tokens kept / padded row-steps run: a row done early idles until its call's longest row is), and the time split:
+prefill (host batch prep + prefill pass), decode, retrieval, host (tokenizer, rendering, parsing, engine).
+first_run_s: the warm-up run's seconds (its compilations included; a path measured later at the same batch size
+reuses the shapes an earlier one compiled). Writes results/bench/rollout_kv.json.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import jax
+
+from jaxrag.bench.common import table, write_result
+
+
+PATHS = {"today": (False, False),    # the sampler as it was: stop strings checked on the host every 16 steps
+         "stops": (True, False),     # + one-token stop strings ended on device (JaxPolicy.device_stops)
+         "reuse": (True, True)}      # + cross-turn KV reuse (a session pool of `batch` slots)
+
+
+def synthetic_world(workdir: Path, sft_steps: int):
+    """(config, workdir): the tiny world and an SFT policy at the demo model size (stages already done are kept)."""
+    import importlib.util
+
+    from jaxrag import main as jmain
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "synthetic" / "pipeline.py"
+    spec = importlib.util.spec_from_file_location("synthetic_pipeline", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    config = mod.get_config("tiny")
+    config.model.update(dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, head_dim=32, d_ff=384))
+    config.sft.train.steps = sft_steps
+    config.sft.train.optimizer.lr = 2e-3
+    jmain.run(config, workdir, only=["world", "index", "teacher", "tokenizer", "sft"])
+    return config
+
+
+def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
+    from jaxrag.env.rollout import rollout
+
+    t0 = time.perf_counter()
+    rollout(pol, retriever, agent, questions, rcfg)                  # warm-up: compiles every shape met below
+    first = time.perf_counter() - t0
+    pool = pol.sessions
+    before = (dict(pol.timing), pol.prefill_tokens, dict(pool.stats) if pool else {}, pol.decode_slots,
+              pol.decode_tokens)
+    st: dict = {}
+    t0 = time.perf_counter()
+    eps = rollout(pol, retriever, agent, questions, rcfg, stats=st)
+    tot = time.perf_counter() - t0
+    turns = st["generations"]
+    pre = pol.timing["prefill_s"] - before[0]["prefill_s"]
+    dec = pol.timing["decode_s"] - before[0]["decode_s"]
+    real = sum(len(s.prompt_ids) for e in eps for s in e.steps if s.prompt)
+    stats = {k: v - before[2].get(k, 0) for k, v in pool.stats.items()} if pool else {}
+    if pool:
+        real = stats.get("appended_tokens", 0)
+    row = {"batch": rcfg.batch_size, "episodes_per_s": len(eps) / tot, "total_s": tot, "first_run_s": first,
+           "turns": turns,
+           "turns_per_episode": turns / len(eps),
+           "prefill_slots_per_turn": (pol.prefill_tokens - before[1]) / turns, "prompt_tokens_per_turn": real / turns,
+           "decode_fill%": 100 * (pol.decode_tokens - before[4]) / max(pol.decode_slots - before[3], 1),
+           "prefill%": 100 * pre / tot, "decode%": 100 * dec / tot, "retrieve%": 100 * st["retrieve_s"] / tot,
+           "host%": 100 * (tot - pre - dec - st["retrieve_s"] - st["summarize_s"]) / tot}
+    if pool:
+        row.update(reused=stats.get("reused", 0), fallback_new=stats.get("fallback_new", 0),
+                   fallback_not_prefix=stats.get("fallback_not_prefix", 0))
+    return row, eps
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", default="/tmp/jaxrag_bench_kv")
+    ap.add_argument("--episodes", type=int, default=128)
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--sft-steps", type=int, default=300)
+    ap.add_argument("--max-new-tokens", type=int, default=40)
+    args = ap.parse_args(argv)
+    from jaxrag.env.agents import get_agent
+    from jaxrag.env.rollout import RolloutConfig
+    from jaxrag.kv_sessions import SessionPool
+    from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
+
+    t0 = time.perf_counter()
+    config = synthetic_world(Path(args.workdir), args.sft_steps)
+    print(f"world + SFT ({args.sft_steps} steps): {time.perf_counter() - t0:.0f}s", flush=True)
+    tok = load_tokenizer(args.workdir)
+    retriever = make_retriever(config, args.workdir)
+    questions = [q for split in ("test", "dev", "heldout") for q in load_questions(args.workdir, split)][:args.episodes]
+    agent = get_agent("react", mode="plain")
+    pol = stage_policy(args.workdir, "sft", tok)
+    mm = jax.jit(lambda a: a @ a)
+    a = jax.numpy.ones((2048, 2048), jax.numpy.float32)
+    mm(a).block_until_ready()
+    t1 = time.perf_counter()
+    for _ in range(5):
+        mm(a).block_until_ready()
+    gflops = 5 * 2 * 2048 ** 3 / (time.perf_counter() - t1) / 1e9
+    rows = []
+    for b in [int(x) for x in args.batches.split(",")]:
+        rcfg = RolloutConfig(k=config.index.k, max_steps=8, batch_size=b, max_new_tokens=args.max_new_tokens,
+                             reward="em", seed=config.seed)
+        acts, base = {}, None
+        for path, (stops, reuse) in PATHS.items():
+            pol.device_stops = stops
+            pol.sessions = SessionPool(pol.cfg, b, pol.cfg.max_seq_len) if reuse else None
+            row, eps = measure(pol, retriever, agent, questions, rcfg)
+            acts[path] = [[s.action.raw for s in e.steps] for e in eps]
+            base = base or row["episodes_per_s"]
+            row.update(speedup=row["episodes_per_s"] / base,
+                       same_actions=sum(x == y for x, y in zip(acts["today"], acts[path])) / len(questions))
+            rows.append({"path": path, **row})
+            print(f"  {path} batch {b}: {row['episodes_per_s']:.2f} ep/s", flush=True)
+    cols = ["path", "batch", "episodes_per_s", "speedup", "total_s", "first_run_s", "turns_per_episode", "prefill_slots_per_turn",
+            "prompt_tokens_per_turn", "decode_fill%", "prefill%", "decode%", "retrieve%", "host%", "reused", "fallback_new",
+            "fallback_not_prefix", "same_actions"]
+    print(table(rows, cols))
+    print(f"jitted 2048x2048 fp32 matmul: {gflops:.1f} GFLOP/s")
+    out = write_result("rollout_kv", {"episodes": len(questions), "agent": "react/plain", "k": config.index.k,
+                                      "world": "synthetic tiny", "sft_steps": args.sft_steps,
+                                      "max_new_tokens": args.max_new_tokens, "matmul_gflops": gflops,
+                                      "model": {"d_model": pol.cfg.d_model, "n_layers": pol.cfg.n_layers,
+                                                "max_seq_len": pol.cfg.max_seq_len}, "rows": rows})
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""Cross-turn KV reuse: an episode keeps its cache between turns and only the appended tokens are prefilled.
+
+A `SessionPool` holds the keys/values of up to `slots` live sessions (an episode's action thread), each up to
+`max_len` tokens, in per-layer device buffers [slots, K, max_len, Dh] (memory fixed when the pool is built:
+`nbytes`), plus on the host each session's token ids (prompt + completion, as the model saw them) and its slot.
+
+`sample_sessions` is `generate.sample` (n = 1) for prompts that carry a session key. A row REUSES its session
+when the new prompt's token ids start with the session's ids (the last prompt's ids + the completion's ids) and
+are longer: a token-level test, so what the model reads is exactly the ids a full prefill would read (the
+prompt's own tokenization, not a splice of id lists). Any other row (a new episode, a design whose prompt is
+not a prefix extension, a completion whose ids the tokenizer would not reproduce, a prompt the agent shortened)
+is prefilled in full: the FALLBACK, counted by reason in `SessionPool.stats`.
+
+Device side, per call: fallback rows' whole prompts get their own prefill pass (generate's) straight into their
+pool slots; then the batch cache is gathered from the pool with every row's kept tokens right-aligned before a
+shared slot M (rows are ragged; holes are masked by the cache's `valid`, RoPE reads each token's own position),
+the reusing rows' appended tokens are run through `forward_cached` at slots [M, M+T) with positions continuing
+each row's own, the generate.decode loop samples, and each row's valid slots (a stop-string cut applied) are
+compacted back into its pool slot (left-aligned, in order). A call whose rows are all new takes generate's own
+prefill on an empty cache: the first turn is the plain path, bit for bit, when its prompts are distinct (identical
+prompts, e.g. a GRPO group's first turn, are prefilled once per row here; generate.sample prefills them once).
+Later turns equal the full prefill up to float rounding (attention over the cache sums in another order).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import time
+from typing import Hashable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrag.generate import Completions, SamplingParams, _prefill, bucket, decode, left_pad
+from jaxrag.models.config import ModelConfig
+from jaxrag.models.transformer import forward_cached_hidden, init_cache, logits_from_hidden
+
+
+class PoolFull(ValueError):
+    """A request the session pool cannot hold (more rows than slots, or a session longer than its slot)."""
+
+
+@dataclasses.dataclass
+class SessionPool:
+    cfg: ModelConfig
+    slots: int
+    max_len: int
+    kv: dict = dataclasses.field(init=False, repr=False)          # {"k": (L x [slots,K,max_len,Dh]), "v": ...}
+    ids: dict = dataclasses.field(default_factory=dict, init=False)      # key -> token ids held in its slot
+    slot_of: dict = dataclasses.field(default_factory=dict, init=False)  # key -> slot
+    used: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict, init=False)  # LRU
+    stats: collections.Counter = dataclasses.field(default_factory=collections.Counter, init=False)
+
+    def __post_init__(self):
+        if self.slots < 1 or self.max_len < 1:
+            raise ValueError(f"SessionPool: slots={self.slots}, max_len={self.max_len}; both must be >= 1")
+        cache = init_cache(self.cfg, self.slots, self.max_len)
+        self.kv = {"k": cache["k"], "v": cache["v"]}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(b.nbytes) for b in self.kv["k"] + self.kv["v"])
+
+    def clear(self) -> None:
+        """Forget every session (new params: cached keys/values are stale)."""
+        self.ids.clear()
+        self.slot_of.clear()
+        self.used.clear()
+
+    def release(self, keys: Sequence[Hashable]) -> None:
+        for k in keys:
+            self.ids.pop(k, None)
+            self.slot_of.pop(k, None)
+            self.used.pop(k, None)
+
+    def assign(self, keys: Sequence[Hashable]) -> list[int]:
+        """A slot per key (its own when it has one; else a free one, else the least recently used session not in
+        `keys` is evicted). PoolFull when the call has more distinct keys than the pool has slots."""
+        if len(set(keys)) != len(keys):
+            raise ValueError("sample_sessions: a session key appears twice in one call")
+        if len(keys) > self.slots:
+            raise PoolFull(f"a batch of {len(keys)} sessions does not fit a pool of {self.slots} slots "
+                           f"({self.nbytes / 2**20:.1f} MiB); build the policy with session_slots >= the rollout "
+                           "batch size")
+        free = sorted(set(range(self.slots)) - set(self.slot_of.values()), reverse=True)
+        out = []
+        for k in keys:
+            if k not in self.slot_of:
+                if not free:
+                    victim = next(v for v in self.used if v not in keys)
+                    free.append(self.slot_of[victim])
+                    self.release([victim])
+                    self.stats["evicted"] += 1
+                self.slot_of[k] = free.pop()
+                self.ids[k] = []
+            self.used.pop(k, None)
+            self.used[k] = True
+            out.append(self.slot_of[k])
+        return out
+
+
+# ---- device side ---------------------------------------------------------------------------------------------
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def gather_rows(kv: dict, slots, kept, m: int, size: int) -> dict:
+    """A batch cache of `size` slots: row b holds pool slot slots[b]'s first kept[b] tokens at slots
+    [m - kept[b], m) (right-aligned), nothing valid elsewhere; index m."""
+    j = jnp.arange(size)
+    src = j[None, :] - (m - kept[:, None])                        # [B,size]: pool slot each batch slot reads
+    valid = (src >= 0) & (src < kept[:, None])
+    src = jnp.clip(src, 0, kv["k"][0].shape[2] - 1)
+    take = jax.vmap(lambda buf, idx: jnp.take(buf, idx, axis=1))   # [K,S,Dh] rows, [size] -> [K,size,Dh]
+    pick = lambda bufs: tuple(take(b[slots], src) for b in bufs)
+    return {"k": pick(kv["k"]), "v": pick(kv["v"]), "valid": valid, "index": jnp.asarray(m, jnp.int32)}
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=(5,))
+def extend(cfg: ModelConfig, params, tokens, positions, token_valid, cache):
+    """`forward_cached` of the appended tokens [B,T] -> (last-column logits [B,V], cache)."""
+    hidden, cache = forward_cached_hidden(cfg, params, tokens, positions, token_valid, cache)
+    return logits_from_hidden(cfg, params, hidden[:, -1]), cache
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def store_rows(kv: dict, cache: dict, slots, keep_below):
+    """Each batch row's valid slots below keep_below[b] (a host stop-string cut drops the later ones), in order,
+    written left-aligned into pool slot slots[b]; a slot index >= the pool's rows is dropped (padding rows)."""
+    size = cache["valid"].shape[1]
+    valid = cache["valid"] & (jnp.arange(size)[None, :] < keep_below[:, None])
+    order = jnp.argsort(~valid, axis=1, stable=True)              # valid slots first, in slot order
+    n = min(size, kv["k"][0].shape[2])
+    take = jax.vmap(lambda buf, idx: jnp.take(buf, idx, axis=1))
+    put = lambda pool, buf: pool.at[slots, :, :n].set(take(buf, order[:, :n]), mode="drop")
+    return {name: tuple(put(p, b) for p, b in zip(kv[name], cache[name])) for name in ("k", "v")}
+
+
+# ---- host side -----------------------------------------------------------------------------------------------
+def fine_bucket(n: int, minimum: int = 16) -> int:
+    """n rounded up to a multiple of an eighth of its power-of-two bucket (at least `minimum`): the reuse path's
+    cache lengths, whose every slot costs attention work on each appended and generated token (at most 8 compiled
+    shapes per octave instead of 1, for at most 1/8 of padding instead of up to 1/2)."""
+    step = max(minimum, bucket(n, minimum) // 8)
+    return -(-n // step) * step
+
+
+def prefill_into_pool(cfg: ModelConfig, params, pool: SessionPool, slots: Sequence[int],
+                      prompts: Sequence[Sequence[int]]):
+    """Whole prompts prefilled (generate's prefill) and stored into their pool slots: (last-column logits
+    [bucket(n),V], token slots computed)."""
+    n_pad, T = bucket(len(prompts), 1), fine_bucket(max(len(p) for p in prompts))
+    tokens, positions, valid = left_pad(prompts, n_pad, T)
+    cache = init_cache(cfg, n_pad, T)
+    logits, cache = _prefill(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
+    rows = np.full(n_pad, pool.slots, np.int32)
+    rows[:len(slots)] = slots
+    pool.kv = store_rows(pool.kv, cache, jnp.asarray(rows), jnp.full((n_pad,), T, jnp.int32))
+    return logits, n_pad * T
+
+
+def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[Hashable],
+                    prompts: Sequence[Sequence[int]], sp: SamplingParams, key: jax.Array,
+                    stop_strings: Sequence[str] | None = None, tokenizer=None, chunk: int | None = None) -> Completions:
+    """One completion per prompt; row i continues session keys[i] (see the module doc). Decode row r samples with
+    fold_in(key, r), as `generate.sample`, so results match the full-prefill path row for row."""
+    B, N = len(prompts), sp.max_new_tokens
+    if B == 0:
+        return Completions(np.zeros((0, N), np.int32), np.zeros((0, N), np.float32), np.zeros(0, np.int32), [])
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("sample_sessions: every prompt needs at least one token (add a BOS token)")
+    if stop_strings and tokenizer is None:
+        raise ValueError("sample_sessions: stop_strings need a tokenizer to detokenize")
+    too_long = max(len(p) for p in prompts)
+    if too_long + N > pool.max_len:
+        raise PoolFull(f"a session of {too_long} prompt + {N} new tokens does not fit the pool's {pool.max_len} "
+                       "tokens per slot; build the policy with a larger session_tokens (or a shorter prompt budget)")
+    t0 = time.perf_counter()
+    slots = pool.assign(list(keys))
+    kept, appended = [], []
+    for k, p in zip(keys, prompts):
+        prev = pool.ids[k]
+        reuse = 0 < len(prev) < len(p) and list(p[:len(prev)]) == prev
+        pool.stats["reused" if reuse else ("fallback_not_prefix" if prev else "fallback_new")] += 1
+        kept.append(len(prev) if reuse else 0)
+        appended.append(list(p[len(prev):]) if reuse else list(p))
+    pool.stats["reused_tokens"] += sum(kept)
+    pool.stats["appended_tokens"] += sum(len(a) for a in appended)
+    B_pad = bucket(B, 1)
+    slots_pad = np.full(B_pad, pool.slots, np.int32)   # padding rows: an out-of-range slot, never stored
+    slots_pad[:B] = slots
+    kept_pad = np.zeros(B_pad, np.int32)
+    kept_pad[:B] = kept
+    if not any(kept):   # every row new: generate.sample's own prefill (the first turn is the plain path, bit for bit)
+        T = bucket(max(len(a) for a in appended), 16)
+        if T + N > cfg.max_seq_len:
+            T = max(cfg.max_seq_len - N, max(len(a) for a in appended))
+        tokens, positions, valid = left_pad(appended, B_pad, T)
+        cache = init_cache(cfg, B_pad, T + N)
+        logits, cache = _prefill(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
+        start, prefilled = T, B_pad * T
+    else:
+        fresh = [i for i in range(B) if kept[i] == 0]
+        prefilled = 0
+        if fresh:   # their own prefill pass (a whole prompt must not widen every row's appended block), into the pool
+            logits_new, prefilled = prefill_into_pool(cfg, params, pool, [slots[i] for i in fresh],
+                                                      [appended[i] for i in fresh])
+            for i in fresh:
+                kept_pad[i], appended[i] = len(appended[i]), []
+        T, M = fine_bucket(max(len(a) for a in appended)), fine_bucket(int(kept_pad.max()))
+        tokens, positions, valid = left_pad(appended, B_pad, T)
+        positions = positions + kept_pad[:, None]
+        cache = gather_rows(pool.kv, jnp.asarray(np.minimum(slots_pad, pool.slots - 1)), jnp.asarray(kept_pad), M,
+                            fine_bucket(M + T) + N)
+        logits, cache = extend(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
+        if fresh:
+            logits = logits.at[jnp.asarray(fresh)].set(logits_new[:len(fresh)])
+        start, prefilled = M + T, prefilled + B_pad * T
+    position = jnp.asarray(kept_pad + valid.sum(1), jnp.int32)
+    jax.block_until_ready(logits)
+    t1 = time.perf_counter()
+    out, cache = decode(cfg, params, cache, logits, position, B, sp, key, stop_strings, tokenizer, chunk)
+    keep_below = np.zeros(B_pad, np.int32)
+    keep_below[:B] = start + out.lengths
+    pool.kv = store_rows(pool.kv, cache, jnp.asarray(slots_pad), jnp.asarray(keep_below))
+    for i, k in enumerate(keys):
+        pool.ids[k] = list(prompts[i]) + out.tokens[i, :out.lengths[i]].tolist()
+    out.prefill_tokens = prefilled
+    out.timing.update(prefill_s=t1 - t0, decode_s=time.perf_counter() - t1)
+    return out
