@@ -144,13 +144,12 @@ def eval_stage(config, workdir: str | Path, name: str) -> dict:
     metrics_path = out_dir / "metrics.jsonl"
     metrics_path.write_text("")
     # The index's own recall per dataset (the question as the query, no policy): beside EM in table.md
-    titles = corpus_titles(rcfg, workdir) if ec.get("index_recall", True) else None
+    examples = {d.get("name", Path(d["path"]).stem): load_qa(d["path"], d.get("select"), limit=d.get("limit"))
+                for d in datasets}  # read once: every agent and the index recall use the same questions
     recall: dict[str, dict] = {}
     if ec.get("index_recall", True):
-        for d in datasets:
-            dname = d.get("name", Path(d["path"]).stem)
-            recall[dname] = index_recall(retriever, load_qa(d["path"], d.get("select"), limit=d.get("limit")),
-                                         rc.k, titles)
+        titles = corpus_titles(rcfg, workdir)
+        recall = {dname: index_recall(retriever, exs, rc.k, titles) for dname, exs in examples.items()}
         write_json(out_dir / "index_recall.json", recall)
     for a in _plain(ec.agents):
         a = {"name": a} if isinstance(a, str) else dict(a)
@@ -161,17 +160,15 @@ def eval_stage(config, workdir: str | Path, name: str) -> dict:
             opts.setdefault("max_doc_chars", ec.max_doc_chars)
         agent = get_agent(a["name"], **opts)
         method = a.get("method", a["name"]) + (f"+{ec.tuning}" if ec.get("tuning") else "")
-        for d in datasets:
-            examples = load_qa(d["path"], d.get("select"), limit=d.get("limit"))
-            name = d.get("name", Path(d["path"]).stem)
-            log.info("eval %s on %s (%d questions)", method, name, len(examples))
-            _, m = evaluate(policy, retriever, agent, examples, cfg=rc, judge=judge, summarizer=summarizer,
-                            out_path=out_dir / f"{method}__{name}.episodes.jsonl")
-            if name in recall:
-                m.update({f"index_{key}": v for key, v in recall[name].items() if key not in ("k", "n")})
-            results.setdefault(method, {})[name] = m
+        for dname, exs in examples.items():
+            log.info("eval %s on %s (%d questions)", method, dname, len(exs))
+            _, m = evaluate(policy, retriever, agent, exs, cfg=rc, judge=judge, summarizer=summarizer,
+                            out_path=out_dir / f"{method}__{dname}.episodes.jsonl")
+            if dname in recall:
+                m.update({f"index_{key}": v for key, v in recall[dname].items() if key not in ("k", "n")})
+            results.setdefault(method, {})[dname] = m
             with metrics_path.open("a") as f:
-                f.write(json.dumps({"method": method, "dataset": name, **m}) + "\n")
+                f.write(json.dumps({"method": method, "dataset": dname, **m}) + "\n")
     md, csv_text = results_table(results)
     if recall:
         md += ("\nRetrieval, with no policy in the loop (each question itself as the query): how much of the gold "
