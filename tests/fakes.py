@@ -6,6 +6,7 @@ jaxrag.tokenizer.Tokenizer) so the rollout engine and the eval job can be tested
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import re
 from dataclasses import dataclass
@@ -75,3 +76,20 @@ def bm25_over_corpus():
     """The real BM25 (bm25s backend) over the multihop contexts corpus."""
     from jaxrag.retrieval import build_bm25, load_corpus
     return build_bm25(load_corpus(CORPUS), backend="bm25s")
+
+
+@contextlib.contextmanager
+def loopback(handler):
+    """An HTTP server on 127.0.0.1 (a free port) serving `handler` in threads; yields its OpenAI-style base URL."""
+    import http.server
+    import threading
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
+    srv.handle_error = lambda *a: None   # a client that gave up (timeout tests) is not an error
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    finally:
+        srv.shutdown()
+        srv.server_close()

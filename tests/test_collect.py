@@ -6,10 +6,11 @@ import http.server
 import importlib.util
 import json
 import re
-import threading
 from pathlib import Path
 
 import pytest
+
+from fakes import loopback
 
 from jaxrag.main import StageError, plan, run
 from jaxrag.pipelines.common import load_policy
@@ -82,13 +83,9 @@ class _Judge(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def judge_url():
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
-    srv.daemon_threads = True
     _Judge.calls = 0
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    srv.shutdown()
-    srv.server_close()
+    with loopback(_Judge) as url:
+        yield url
 
 
 def scripted_actor(pcfg=None, workdir=None):

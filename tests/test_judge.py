@@ -1,9 +1,10 @@
 """LLM judge against a fake OpenAI-compatible server on loopback, including malformed replies."""
 import http.server
 import json
-import threading
 
 import pytest
+
+from fakes import loopback
 
 from jaxrag.judge import JudgeError, OpenAIJudge, judge_from_config, parse_yes_no
 
@@ -30,13 +31,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def server():
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     _Handler.replies, _Handler.seen = [], []
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    srv.shutdown()
-    srv.server_close()
+    with loopback(_Handler) as url:
+        yield url
 
 
 def test_yes_no_and_request_shape(server, monkeypatch):

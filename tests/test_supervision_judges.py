@@ -3,12 +3,11 @@ through a scripted policy, and the synthetic world's oracle on hand-checked case
 import http.server
 import json
 import re
-import threading
 import time
 
 import pytest
 
-from fakes import OverlapRetriever, Passage, ScriptedPolicy, completion
+from fakes import OverlapRetriever, Passage, ScriptedPolicy, completion, loopback
 from jaxrag.data.synthetic.questions import generate_questions
 from jaxrag.data.synthetic.teacher import QUERY_TEMPLATES
 from jaxrag.data.synthetic.world import generate_world
@@ -164,15 +163,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def server():
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    srv.daemon_threads = True
-    srv.handle_error = lambda *a: None
     _Handler.replies, _Handler.seen = [], []
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    srv.shutdown()
-    srv.server_close()
+    with loopback(_Handler) as url:
+        yield url
 
 
 def _rank_request(n=3):
