@@ -39,9 +39,10 @@ def picked_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return picked - jax.nn.logsumexp(logits, axis=-1)
 
 
-def sequence_logprobs(logits: jax.Array, tokens: jax.Array, mask: jax.Array) -> jax.Array:
-    """Sum of log π(token) over the action tokens (mask[B,T] = 1) -> [B]."""
-    return jnp.sum(token_logprobs(logits, tokens) * mask, axis=-1)
+def sequence_logprobs(logp: jax.Array, mask: jax.Array) -> jax.Array:
+    """Sum of log π(token) over the action tokens: logp[B,T] (token_logprobs, or the trainer's chunked-head
+    log-probs), mask[B,T] = 1 on action tokens -> [B]."""
+    return jnp.sum(logp * mask, axis=-1)
 
 
 def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:

@@ -131,11 +131,11 @@ def dpo_objective(mcfg, tc):
     def dpo(trainable, frozen, batch, rng):
         tok, pos, seg, mask = _flat(batch)
         p = policy_params(trainable, frozen, tc, rng)
-        seq = jnp.sum(logp_of(p, tok, pos, seg) * mask, axis=-1).reshape(-1, 2)
+        seq = losses.sequence_logprobs(logp_of(p, tok, pos, seg), mask).reshape(-1, 2)
         if "ref_logps" in batch:
             ref = batch["ref_logps"]
         else:
-            ref = jnp.sum(logp_of(reference_params(trainable, frozen), tok, pos, seg) * mask, axis=-1).reshape(-1, 2)
+            ref = losses.sequence_logprobs(logp_of(reference_params(trainable, frozen), tok, pos, seg), mask).reshape(-1, 2)
         return losses.dpo_loss(seq[:, 0], seq[:, 1], ref[:, 0], ref[:, 1], tc.dpo.beta, tc.dpo.label_smoothing,
                                tc.dpo.loss_type)
 
