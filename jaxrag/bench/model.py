@@ -34,15 +34,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrag import sharding as shd
 from jaxrag.bench.common import table, time_it, write_result
+from jaxrag.bench.trainer_step import trainer_step
 from jaxrag.generate import SamplingParams, sample
 from jaxrag.models import ModelConfig, forward, init_params
 from jaxrag.models.transformer import decode_step, init_cache, unstack_layers
-from jaxrag.train import config as tconfig
 from jaxrag.train.batching import SFTExample, sft_batch
-from jaxrag.train.loop import build
-from jaxrag.train.state import init_state, put
 
 CONFIG = ModelConfig(vocab_size=32000, d_model=512, n_layers=8, n_heads=8, n_kv_heads=2, head_dim=64, d_ff=1536, max_seq_len=1024)
 LLAMA_32_1B = ModelConfig(vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64, d_ff=8192,
@@ -125,20 +122,11 @@ def jax_forward(cfg, params, batch, seq):
 def jax_train_step(cfg, params, batch, seq, remat):
     """The trainer's own step (loss sft over every token) on a one-device mesh; returns a blocking step()."""
     rng = np.random.default_rng(0)
-    tc = tconfig.resolve({"loss": "sft", "batch_size": batch, "steps": 1000, "mesh": (1, 1, 1), "seq_buckets": (seq,),
-                          "compute_dtype": cfg.dtype, "remat": remat, "optimizer": {"clip_norm": 0.0}})
-    tr = build(cfg, params, tc, mesh=shd.make_mesh((1, 1, 1), jax.devices()[:1]))
     ids = [int(x) for x in rng.integers(1, cfg.vocab_size, batch * seq)]
     examples = [SFTExample(ids[i * seq:i * seq + 1], ids[i * seq + 1:(i + 1) * seq]) for i in range(batch)]
-    dev_batch = shd.shard_batch(tr.mesh, sft_batch(examples, (seq,)))
-    frozen = put(tr.frozen, tr.frozen_sh)
-    carry = {"state": init_state(put(tr.trainable, tr.state_sh["trainable"]), tr.tx, 0, tr.state_sh)}
-
-    def step():  # the step donates its state: keep the newest one
-        carry["state"], m = tr.step_fn(carry["state"], frozen, dev_batch)
-        jax.block_until_ready(m)
-
-    return step
+    return trainer_step(cfg, params, {"loss": "sft", "batch_size": batch, "steps": 1000, "seq_buckets": (seq,),
+                                      "compute_dtype": cfg.dtype, "remat": remat, "optimizer": {"clip_norm": 0.0}},
+                        sft_batch(examples, (seq,)))
 
 
 def jax_generate(cfg, params, batch, prompt, new, repeats):

@@ -17,13 +17,10 @@ import os
 import jax
 import numpy as np
 
-from jaxrag import sharding as shd
 from jaxrag.bench.common import table, time_first_and_median, write_result
+from jaxrag.bench.trainer_step import trainer_step
 from jaxrag.models import ModelConfig, init_params
-from jaxrag.train import config as tconfig
 from jaxrag.train.batching import Group, PreferencePair, SFTExample, batch_tokens, group_batch, pair_batch, sft_batch
-from jaxrag.train.loop import build
-from jaxrag.train.state import init_state, put
 
 CFG = ModelConfig(model_type="llama", vocab_size=2048, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2,
                   head_dim=64, d_ff=768, max_seq_len=512)
@@ -41,18 +38,8 @@ def batches(rng):
 
 def time_jax(loss: str, batch: dict, steps: int) -> dict:
     params = init_params(CFG, jax.random.PRNGKey(0))
-    tc = tconfig.resolve({"loss": loss, "batch_size": 2 * PAIRS if loss != "dpo" else PAIRS, "steps": 1000,
-                          "mesh": (1, 1, 1), "grpo": {"group_size": 4}})
-    tr = build(CFG, params, tc, mesh=shd.make_mesh((1, 1, 1), jax.devices()[:1]))
-    state = init_state(put(tr.trainable, tr.state_sh["trainable"]), tr.tx, 0, tr.state_sh)
-    frozen = put(tr.frozen, tr.frozen_sh)
-    dev_batch = shd.shard_batch(tr.mesh, batch)
-    carry = {"state": state}
-
-    def step():  # the step donates its state: keep the newest one
-        carry["state"], m = tr.step_fn(carry["state"], frozen, dev_batch)
-        jax.block_until_ready(m)
-
+    step = trainer_step(CFG, params, {"loss": loss, "batch_size": 2 * PAIRS if loss != "dpo" else PAIRS,
+                                      "steps": 1000, "grpo": {"group_size": 4}}, batch)
     compile_s, step_s = time_first_and_median(step, steps)
     return {"impl": "jaxrag", "loss": loss, "step_s": step_s, "tokens_per_s": batch_tokens(batch) / step_s,
             "first_step_s": compile_s}
