@@ -11,7 +11,7 @@ import torch
 from jaxrag.pipelines.common import load_retriever as load_from_config
 from jaxrag.retrieval import RetrievalIndexError, load_retriever
 from jaxrag.retrieval.build import build_all
-from jaxrag.retrieval.corpus import Passage, write_corpus
+from jaxrag.retrieval.corpus import CorpusError, Passage, write_corpus
 from jaxrag.retrieval.dense import default_encoder_path
 from jaxrag.retrieval.prepare import PrepareError, prepare
 
@@ -149,3 +149,25 @@ def test_prepare_equals_build_and_refuses_a_changed_query_encoder(world, tmp_pat
     with pytest.raises(PrepareError, match=r"query_encoder\.max_len: 16 -> 8"):
         prepare(world["corpus"], out, bm25=(), shard_passages=2, progress=False,
                 **{**world["two"], "query_max_len": 8})
+
+
+def test_medrag_chunks_read_title_and_content():
+    from jaxrag.retrieval.corpus import parse_record
+
+    rec = {"id": "Anatomy_Gray_0", "title": "Anatomy_Gray", "content": "What is anatomy?",
+           "contents": "Anatomy_Gray. What is anatomy?"}
+    assert parse_record(rec, "f:1") == Passage("Anatomy_Gray_0", "Anatomy_Gray", "What is anatomy?")
+    with pytest.raises(CorpusError, match="f:2: key 'content' of record '1' is not a string"):
+        parse_record({"id": 1, "title": "t", "content": 3}, "f:2")
+
+
+def test_query_encoder_of_another_width_is_refused(world, tmp_path):
+    import transformers as tf
+
+    wide = tmp_path / "wide"
+    tf.BertModel(tf.BertConfig(vocab_size=30522, hidden_size=48, num_hidden_layers=1, num_attention_heads=4,
+                               intermediate_size=64, max_position_embeddings=128),
+                 add_pooling_layer=False).save_pretrained(wide)
+    shutil.copy(world["query"] / "tokenizer.json", wide / "tokenizer.json")
+    with pytest.raises(RetrievalIndexError, match=f"encoder {wide} gives 48-dim vectors, the index holds 32"):
+        load_retriever(world["root"] / "idx", "dense", query_encoder_path=wide)

@@ -362,4 +362,8 @@ def load_dense(
                 + (" (recorded at build; give the retriever's query encoder path)" if two else "")
             )
         encoder = TextEncoder.from_meta(q_meta, path)
+        if encoder.cfg.d_model != meta.get("dim"):
+            raise RetrievalIndexError(
+                f"{index_dir}: encoder {path} gives {encoder.cfg.d_model}-dim vectors, the index holds {meta.get('dim')}"
+            )
     return ScorerRetriever(DenseScorer(encoder, load_ann(index_dir, np.asarray(emb), meta["ann"])), passages)
