@@ -171,3 +171,18 @@ def test_query_encoder_of_another_width_is_refused(world, tmp_path):
     shutil.copy(world["query"] / "tokenizer.json", wide / "tokenizer.json")
     with pytest.raises(RetrievalIndexError, match=f"encoder {wide} gives 48-dim vectors, the index holds 32"):
         load_retriever(world["root"] / "idx", "dense", query_encoder_path=wide)
+
+
+def test_build_cli_takes_the_two_encoder_options(world, tmp_path, capsys):
+    from jaxrag.retrieval.build import main
+
+    main(["--corpus", str(world["corpus"]), "--out", str(tmp_path / "cli"), "--bm25", "",
+          "--encoder", str(world["article"]), "--max-len", str(D_LEN), "--batch-size", "8",
+          "--query-encoder", str(world["query"]), "--query-max-len", str(Q_LEN),
+          "--pooling", "cls", "--no-normalize", "--pair-input"])
+    assert json.loads(capsys.readouterr().out)["dense"] is True
+    built = world["root"] / "idx" / "dense"
+    assert json.loads((tmp_path / "cli" / "dense" / "meta.json").read_text()) == json.loads(
+        (built / "meta.json").read_text())
+    np.testing.assert_allclose(np.load(tmp_path / "cli" / "dense" / "embeddings.npy"),
+                               np.load(built / "embeddings.npy"), atol=1e-6)

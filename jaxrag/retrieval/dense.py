@@ -181,9 +181,10 @@ class TextEncoder:
         bar=None,
         types: list[list[int]] | None = None,
     ) -> np.ndarray:
-        """Token id lists (and their token type ids; None = all 0) -> [N,D]. Sorted by length (longest first) so each batch pads to a tight length bucket;
-        rows per batch = max_tokens // bucket (a power of two, at most batch_size), so only a few shapes compile
-        and the [B,H,T,T] attention scores stay cache-sized. `bar`: a caller's tqdm bar to advance (kept open)."""
+        """Token id lists (and their token type ids; None = all 0) -> [N,D]. Sorted by length (longest first) so
+        each batch pads to a tight length bucket; rows per batch = max_tokens // bucket (a power of two, at most
+        batch_size), so only a few shapes compile and the [B,H,T,T] attention scores stay cache-sized. `bar`: a
+        caller's tqdm bar to advance (kept open)."""
         from tqdm.auto import tqdm
 
         fn = _jitted_embed(self.cfg)
@@ -364,6 +365,7 @@ def load_dense(
         encoder = TextEncoder.from_meta(q_meta, path)
         if encoder.cfg.d_model != meta.get("dim"):
             raise RetrievalIndexError(
-                f"{index_dir}: encoder {path} gives {encoder.cfg.d_model}-dim vectors, the index holds {meta.get('dim')}"
+                f"{index_dir}: encoder {path} gives {encoder.cfg.d_model}-dim vectors, "
+                f"the index holds {meta.get('dim')}"
             )
     return ScorerRetriever(DenseScorer(encoder, load_ann(index_dir, np.asarray(emb), meta["ann"])), passages)
