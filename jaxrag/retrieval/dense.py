@@ -355,12 +355,12 @@ def load_dense(
                 f"{index_dir}: a query encoder ({query_encoder_path}) was given, but this index was built with one "
                 f"encoder ({meta['encoder']}) for queries and documents"
             )
-        path = query_encoder_path if two else encoder_path
-        path = Path(q_meta["encoder"] if path is None else path)
+        given = query_encoder_path if two else encoder_path
+        path = Path(q_meta["encoder"] if given is None else given)
         if not path.is_dir():
+            where = "given" if given is not None else "recorded at build; give the retriever's encoder paths"
             raise RetrievalIndexError(
-                f"{index_dir}: {'query ' if two else ''}encoder directory not found: {path}"
-                + (" (recorded at build; give the retriever's query encoder path)" if two else "")
+                f"{index_dir}: {'query ' if two else ''}encoder directory not found: {path} ({where})"
             )
         encoder = TextEncoder.from_meta(q_meta, path)
         if encoder.cfg.d_model != meta.get("dim"):
