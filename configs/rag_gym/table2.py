@@ -10,8 +10,13 @@ Protocol: HotpotQA dev (the last 1,000; the first 1,000 train), 2WikiMultihopQA 
 32 documents per search from BM25 (Lucene parameters) and a dense retriever fused by RRF (k 60, each list cut at 32),
 whole passages. Wikipedia for the three open-domain sets; MedQA searches textbooks + StatPearls (MedRAG's corpora)
 in its own stage. The Search-o1 and Re²Search summaries come from the policy itself (the untuned base model, as in
-RAG-Gym; a tuned row sets `summarizer` to the base model). The published MedQA corpus uses MedCPT's separate query and
-article encoders; jaxrag's dense index has one encoder, so `indexes/medcorp` is built with one (say which).
+RAG-Gym; a tuned row sets `summarizer` to the base model). MedQA's dense side is MedCPT, as in MedRAG: the article
+encoder embeds each snippet as the pair (title, content), the query encoder each query, CLS vectors, no normalization,
+inner product. Build `indexes/medcorp` from MedRAG's chunk files (id, title, content) with the encoders under models/:
+    cat textbooks/chunk/*.jsonl statpearls/chunk/*.jsonl > medcorp.jsonl
+    python -m jaxrag.retrieval.prepare --corpus medcorp.jsonl --out $WORKDIR/indexes/medcorp --bm25 bm25s \
+        --encoder $WORKDIR/models/MedCPT-Article-Encoder --max-len 512 --pair-input --pooling cls --no-normalize \
+        --query-encoder $WORKDIR/models/MedCPT-Query-Encoder --query-max-len 64
 Tuned rows (SFT / DPO / PPO) are the same config with `policy.path` at the tuned checkpoint, `summarizer.path` at the
 base model and `tuning` naming the method ("--config.eval.tuning=dpo": rows "react+dpo", ...).
 """
@@ -26,7 +31,8 @@ def get_config(variant: str = ""):
     judge = {"base_url": "", "model": "gpt-4o", "api_key_env": "OPENAI_API_KEY"}  # LJ, when base_url is set
     common = dict(model_path="", k=32, max_steps=10, max_new_tokens=512, max_doc_chars=None, judge=judge)
     wiki = {"index_dir": "indexes/wiki", "kind": "hybrid", "backend": "bm25s"}
-    med = {"index_dir": "indexes/medcorp", "kind": "hybrid", "backend": "bm25s"}
+    med = {"index_dir": "indexes/medcorp", "kind": "hybrid", "backend": "bm25s",
+           "encoder": "models/MedCPT-Article-Encoder", "query_encoder": "models/MedCPT-Query-Encoder"}
     c = paper.table_config("rag_gym", "table2", "Llama-3.1-8B-Instruct", {
         "eval": paper.eval_stage(AGENTS, [paper.dataset("HotpotQA", "data/hotpotqa_dev.jsonl", "last:1000"),
                                           paper.dataset("2Wiki", "data/2wikimultihopqa_dev.jsonl", "last:1000"),

@@ -192,14 +192,18 @@ def _layer_norm(x, p, eps):
     return (x - mean) * jax.lax.rsqrt(var + eps) * p["scale"] + p["bias"]
 
 
-def forward(cfg: EncoderConfig, params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
-    """tokens[B,T] int, mask[B,T] (1 = real token) -> hidden[B,T,D] float32."""
+def forward(
+    cfg: EncoderConfig, params: dict, tokens: jax.Array, mask: jax.Array, types: jax.Array | None = None
+) -> jax.Array:
+    """tokens[B,T] int, mask[B,T] (1 = real token), types[B,T] token type ids (BERT's segment ids: 1 for the second
+    text of a pair; None = all 0) -> hidden[B,T,D] float32."""
     mask = mask.astype(jnp.int32)
     if cfg.model_type in _ROBERTA_TYPES:
         positions = jnp.cumsum(mask, axis=1) * mask + cfg.pad_id
     else:
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    x = params["tok_embed"][tokens] + params["pos_embed"][positions] + params["type_embed"][0]
+    type_embed = params["type_embed"][0] if types is None else params["type_embed"][types]
+    x = params["tok_embed"][tokens] + params["pos_embed"][positions] + type_embed
     x = _layer_norm(x, params["embed_norm"], cfg.ln_eps)
     bias = jnp.where(mask[:, None, None, :] > 0, 0.0, jnp.finfo(jnp.float32).min)  # [B,1,1,T]
     act = _ACTIVATIONS[cfg.activation]
@@ -231,6 +235,8 @@ def pool(cfg: EncoderConfig, hidden: jax.Array, mask: jax.Array) -> jax.Array:
     return out
 
 
-def embed(cfg: EncoderConfig, params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
-    """tokens[B,T], mask[B,T] -> embeddings[B,D]."""
-    return pool(cfg, forward(cfg, params, tokens, mask), mask)
+def embed(
+    cfg: EncoderConfig, params: dict, tokens: jax.Array, mask: jax.Array, types: jax.Array | None = None
+) -> jax.Array:
+    """tokens[B,T], mask[B,T], types[B,T] | None -> embeddings[B,D]."""
+    return pool(cfg, forward(cfg, params, tokens, mask, types), mask)

@@ -2,6 +2,10 @@
 
   python -m jaxrag.retrieval.build --corpus corpus.jsonl --out DIR [--bm25 bm25s,lucene] [--no-dense]
       [--encoder HF_DIR] [--max-len 256] [--batch-size 128] [--ann auto|exact|scann] [--max-passages N]
+      [--query-encoder HF_DIR --query-max-len 64] [--pooling cls|mean] [--no-normalize] [--pair-input]
+
+Two encoders (MedCPT): --encoder embeds the documents, --query-encoder the queries (both recorded in dense/meta.json);
+--pair-input feeds documents as the tokenizer text pair (title, text); --pooling and --no-normalize apply to both.
 
 Writes the layout described in index.py; progress on stderr, timings in DIR/build_metrics.jsonl.
 """
@@ -32,6 +36,11 @@ def build_all(
     batch_size: int = 128,
     ann: AnnConfig = AnnConfig(),
     max_passages: int | None = None,
+    query_encoder_path: str | None = None,
+    query_max_len: int = 64,
+    pooling: str | None = None,
+    normalize: bool = True,
+    pair_input: bool = False,
 ) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -59,15 +68,30 @@ def build_all(
             LuceneScorer.build(passages, out / backend)
         record(f"bm25_{backend}", t0)
     if dense:
-        from jaxrag.retrieval.dense import TextEncoder, build_dense
+        from jaxrag.retrieval.dense import load_encoders, build_dense
 
         t0 = time.perf_counter()
-        encoder = TextEncoder.load(encoder_path, max_len=max_len, batch_size=batch_size)
-        build_dense(passages, encoder, out / "dense", ann)
+        encoder, query_encoder = load_encoders(encoder_path, max_len, batch_size, query_encoder_path, query_max_len,
+                                               pooling, normalize, pair_input)
+        build_dense(passages, encoder, out / "dense", ann, query_encoder=query_encoder)
         record("dense", t0, passages_per_s=round(len(passages) / (time.perf_counter() - t0), 1))
     manifest = {"corpus": str(Path(corpus).resolve()), "n_passages": len(passages), "bm25": list(bm25), "dense": dense}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2))  # written last: its presence marks a full build
     return manifest
+
+
+def add_encoder_args(p: argparse.ArgumentParser) -> None:
+    """The two-encoder options build and prepare share."""
+    p.add_argument("--query-encoder", default=None, help="local HF dir of a separate query encoder (MedCPT)")
+    p.add_argument("--query-max-len", type=int, default=64, help="query encoder's max tokens (MedCPT: 64)")
+    p.add_argument("--pooling", default=None, choices=["cls", "mean"], help="default: from the encoder dir")
+    p.add_argument("--no-normalize", action="store_true", help="raw pooled vectors (MedCPT), not unit length")
+    p.add_argument("--pair-input", action="store_true", help="documents as the text pair (title, text) (MedCPT)")
+
+
+def encoder_kwargs(a: argparse.Namespace) -> dict:
+    return {"query_encoder_path": a.query_encoder, "query_max_len": a.query_max_len, "pooling": a.pooling,
+            "normalize": not a.no_normalize, "pair_input": a.pair_input}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -81,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--ann", default="auto", choices=["auto", "exact", "scann"])
     p.add_argument("--max-passages", type=int, default=None)
+    add_encoder_args(p)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     manifest = build_all(
@@ -93,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         a.batch_size,
         AnnConfig(kind=a.ann),
         a.max_passages,
+        **encoder_kwargs(a),
     )
     print(json.dumps(manifest))
 

@@ -35,13 +35,18 @@ def _split_flashrag(contents: str) -> tuple[str, str]:
 
 
 def parse_record(record: object, where: str) -> Passage:
-    """One decoded JSON record -> Passage; `where` is "file:line" for errors."""
+    """One decoded JSON record -> Passage; `where` is "file:line" for errors. Formats: {id, title, text},
+    FlashRAG {id, contents: '"Title"\\ntext'}, and MedRAG's chunks {id, title, content, contents} (contents = title +
+    content there, so the text is `content`)."""
     if not isinstance(record, dict):
         raise CorpusError(f"{where}: expected a JSON object, got {type(record).__name__}")
     if "id" not in record:
         raise CorpusError(f"{where}: missing key 'id'")
     doc_id = str(record["id"])
-    body_key = "contents" if "contents" in record else "text" if "text" in record else None
+    if "title" in record and "content" in record:
+        body_key = "content"
+    else:
+        body_key = "contents" if "contents" in record else "text" if "text" in record else None
     if body_key is None:
         raise CorpusError(f"{where}: record {doc_id!r} has neither 'contents' nor 'text'")
     body = record[body_key]

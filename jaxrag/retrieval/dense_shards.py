@@ -100,8 +100,8 @@ def encode_shards(
     done = dict(done)
     for i, passages in iter_shards(corpus, shard_passages, set(done)):
         t0 = time.perf_counter()
-        ids, n_cut = encoder.tokenize_counted(encoder.passage_texts(passages))
-        emb = encoder.encode_ids(ids, bar=bar)
+        ids, types, n_cut = encoder.tokenize_passages(passages)
+        emb = encoder.encode_ids(ids, bar=bar, types=types)
         final = shard_file(shard_dir, i)
         tmp = final.with_name(final.name + ".tmp")
         with tmp.open("wb") as f:

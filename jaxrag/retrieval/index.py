@@ -50,12 +50,16 @@ def load_retriever(
     backend: str = "bm25s",
     *,
     encoder=None,
+    encoder_path: str | Path | None = None,
+    query_encoder_path: str | Path | None = None,
     depth: int = 20,
     rrf_k: int = 60,
     cache_size: int = 100_000,
 ) -> Retriever:
     """A cached Retriever over a built index. kind: "bm25" | "dense" | "hybrid" (RRF of BM25 `backend` and dense,
-    each list cut at `depth`). `encoder`: a dense.TextEncoder to reuse (default: the one recorded at build)."""
+    each list cut at `depth`). `encoder`: a dense.TextEncoder to encode queries with (default: the one recorded at
+    build); `encoder_path` / `query_encoder_path`: the recorded document / query encoder's directory moved there
+    (dense.load_dense)."""
     from jaxrag.retrieval.bm25 import BACKENDS, load_bm25
     from jaxrag.retrieval.hybrid import CachedRetriever, HybridRetriever
 
@@ -76,6 +80,7 @@ def load_retriever(
             raise RetrievalIndexError(f"{index_dir} has no dense index (built with --no-dense)")
         from jaxrag.retrieval.dense import load_dense
 
-        parts.append(load_dense(index_dir / "dense", passages, encoder))
+        parts.append(load_dense(index_dir / "dense", passages, encoder, encoder_path=encoder_path,
+                                query_encoder_path=query_encoder_path))
     inner = parts[0] if len(parts) == 1 else HybridRetriever(parts, depth=depth, rrf_k=rrf_k)
     return CachedRetriever(inner, max_entries=cache_size)

@@ -3,6 +3,7 @@
   python -m jaxrag.retrieval.prepare --corpus wiki18.jsonl --out DIR [--bm25 bm25s,lucene] [--no-dense]
       [--encoder HF_DIR] [--max-len 256] [--batch-size 128] [--shard-passages 50000] [--max-passages N]
       [--ann auto|exact|scann] [--workers 1] [--quiet]
+      [--query-encoder HF_DIR --query-max-len 64] [--pooling cls|mean] [--no-normalize] [--pair-input]  (build.py)
 
 The result is build.py's layout (index.py), so `load_retriever(DIR, kind, backend)` searches it. It runs in
 phases, each finished atomically and recorded in DIR/prepare_state.json with its settings: a rerun skips what is
@@ -31,6 +32,7 @@ from pathlib import Path
 from jaxrag.jsonl import write_atomic, write_jsonl
 from jaxrag.retrieval.ann import AnnConfig
 from jaxrag.retrieval.bm25 import BACKENDS
+from jaxrag.retrieval.build import add_encoder_args, encoder_kwargs
 from jaxrag.retrieval.corpus import CorpusError, iter_corpus
 from jaxrag.retrieval.dense_shards import ShardSettingsError, describe_changes
 from jaxrag.retrieval.index import MANIFEST
@@ -102,15 +104,17 @@ class _Run:
         return result
 
 
-def load_encoder(path: str | None, max_len: int, batch_size: int):
-    from jaxrag.retrieval.dense import TextEncoder
+def load_encoders(path: str | None, max_len: int, batch_size: int, query_path: str | None, **kw):
+    """(document encoder, query encoder or None): dense.load_encoders; a missing dir is a PrepareError."""
+    from jaxrag.retrieval.dense import load_encoders as load
 
-    if path is not None and not Path(path).is_dir():
-        raise PrepareError(f"encoder directory not found: {path}")
-    return TextEncoder.load(path, max_len=max_len, batch_size=batch_size)
+    for what, p in (("encoder", path), ("query encoder", query_path)):
+        if p is not None and not Path(p).is_dir():
+            raise PrepareError(f"{what} directory not found: {p}")
+    return load(path, max_len, batch_size, query_path, **kw)
 
 
-def _dense(run: _Run, encoder, n: int, shard_settings: dict, shard_passages: int, ann: AnnConfig,
+def _dense(run: _Run, encoder, query_encoder, n: int, shard_settings: dict, shard_passages: int, ann: AnnConfig,
            progress: bool) -> dict:
     import jax
     import numpy as np
@@ -139,7 +143,7 @@ def _dense(run: _Run, encoder, n: int, shard_settings: dict, shard_passages: int
     shape = assemble(shard_dir, done, tmp / "embeddings.npy")
     index = build_ann(np.load(tmp / "embeddings.npy", mmap_mode="r"), ann)
     index.save(tmp)
-    write_meta(tmp, encoder, index, shape)  # the one-device encoder: its batch size is what queries use
+    write_meta(tmp, encoder, index, shape, query_encoder)  # the one-device encoder: its batch size is what queries use
     shutil.rmtree(out / "dense", ignore_errors=True)
     tmp.replace(out / "dense")
     return {"dim": shape[1], "devices": n_dev, "ann": index.describe()["kind"], "encoded": n - before}
@@ -159,6 +163,11 @@ def prepare(
     workers: int = 1,
     bm25_chunk: int = 20_000,
     progress: bool = True,
+    query_encoder_path: str | None = None,
+    query_max_len: int = 64,
+    pooling: str | None = None,
+    normalize: bool = True,
+    pair_input: bool = False,
 ) -> dict:
     """Run every phase not yet done (see the module docstring); returns the manifest written last."""
     from jaxrag.retrieval.prepare_corpus import normalize_corpus
@@ -171,7 +180,9 @@ def prepare(
         raise PrepareError(f"shard_passages must be >= 1, got {shard_passages}")
     if not src.is_file():
         raise FileNotFoundError(f"corpus file not found: {src}")
-    encoder = load_encoder(encoder_path, max_len, batch_size) if dense else None  # a bad dir fails before work
+    encoder, query_encoder = (  # a bad dir fails before work
+        load_encoders(encoder_path, max_len, batch_size, query_encoder_path, query_max_len=query_max_len,
+                      pooling=pooling, normalize=normalize, pair_input=pair_input) if dense else (None, None))
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)
     run = _Run(out)
@@ -212,8 +223,10 @@ def prepare(
         shard_settings = {"source": source, "shard_passages": shard_passages,
                           "encoder": {k: v for k, v in encoder.meta().items() if k != "batch_size"}}
         settings = {**shard_settings, "ann": dataclasses.asdict(ann)}
+        if query_encoder is not None:  # the shards do not depend on it; the finished index does
+            settings["query_encoder"] = {k: v for k, v in query_encoder.meta().items() if k != "batch_size"}
         run.phase("dense", settings, n,
-                  lambda: _dense(run, encoder, n, shard_settings, shard_passages, ann, progress))
+                  lambda: _dense(run, encoder, query_encoder, n, shard_settings, shard_passages, ann, progress))
         shutil.rmtree(out / SHARDS, ignore_errors=True)
     manifest = {"corpus": str(src.resolve()), "n_passages": n, "bm25": list(bm25), "dense": dense}
     write_atomic(out / MANIFEST, lambda f: json.dump(manifest, f, indent=2))  # last: it marks a complete index
@@ -234,12 +247,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ann", default="auto", choices=["auto", "exact", "scann"])
     p.add_argument("--workers", type=int, default=1, help="processes analyzing text for bm25s")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_encoder_args(p)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         manifest = prepare(a.corpus, a.out, tuple(b for b in a.bm25.split(",") if b), not a.no_dense, a.encoder,
                            a.max_len, a.batch_size, a.shard_passages, a.max_passages, AnnConfig(kind=a.ann),
-                           a.workers, progress=not a.quiet)
+                           a.workers, progress=not a.quiet, **encoder_kwargs(a))
     except (CorpusError, PrepareError, ShardSettingsError, FileNotFoundError) as e:
         sys.exit(f"prepare: error: {e}")
     print(json.dumps(manifest))
