@@ -62,6 +62,7 @@ def test_paper_variants_carry_the_protocol():
     assert [d["select"] for d in c.eval.datasets] == ["last:1000", "last:1000", "all"]
     assert (c.eval.rollout.k, c.eval.rollout.max_steps, c.eval.rollout.temperature) == (32, 10, 0.0)
     assert c.eval.retriever.kind == "hybrid" and c.eval_medqa.retriever.index_dir == "indexes/medcorp"
+    assert c.eval_medqa.retriever.rrf_k == 100 and c.eval_medqa.retriever.query_encoder.endswith("MedCPT-Query-Encoder")
     assert c.eval.max_doc_chars is None and c.model == "Llama-3.1-8B-Instruct"
     c = load("reasonrag/table2")
     assert (c.eval.rollout.k, c.eval.rollout.max_steps, c.eval.retriever.kind) == (3, 4, "dense")

@@ -39,6 +39,19 @@ def test_hybrid_asks_each_retriever_for_depth():
     assert bm25.calls == [(["q", "other"], 3)] and dense.calls == [(["q", "other"], 3)]
 
 
+def test_hybrid_cuts_each_list_at_k_when_k_exceeds_depth():
+    # k 4 > depth 2: each list is asked for and cut at 4, so "d" (rank 4 in both) joins the fused list.
+    # Cut at depth 2 it would be missing and only 3 documents would come back.
+    bm25 = Scripted({"q": hits("a", "b", "c", "d")})
+    dense = Scripted({"q": hits("e", "c", "f", "d")})
+    out = HybridRetriever([bm25, dense], depth=2, rrf_k=0).search(["q"], k=4)[0]
+    assert bm25.calls == [(["q"], 4)]
+    # scores 1/rank summed: c = 1/3 + 1/2, d = 1/4 + 1/4, a = 1, e = 1
+    assert [h.doc_id for h in out] == ["a", "e", "c", "b"]
+    out = HybridRetriever([bm25, dense], depth=2, rrf_k=0).search(["q"], k=5)[0]
+    assert [h.doc_id for h in out] == ["a", "e", "c", "b", "d"]
+
+
 def test_cache_keyed_on_query_and_k():
     inner = Scripted({"q1": hits("a", "b", "c"), "q2": hits("z")})
     cached = CachedRetriever(inner, max_entries=2)
@@ -52,3 +65,14 @@ def test_cache_keyed_on_query_and_k():
     cached.search(["q2"], 2)  # evicts the least recently used entry (q1, 2)
     cached.search(["q1"], 2)
     assert inner.calls[-1] == (["q1"], 2) and cached.hits >= 2
+
+
+def test_config_section_passes_fusion_settings(monkeypatch, tmp_path):
+    from jaxrag import retrieval
+    from jaxrag.pipelines.common import load_retriever
+
+    seen = {}
+    monkeypatch.setattr(retrieval, "load_retriever", lambda path, **kw: seen.update(kw, path=path))
+    load_retriever({"index_dir": "indexes/med", "kind": "hybrid", "rrf_k": 100, "depth": 0}, tmp_path)
+    assert seen["path"] == tmp_path / "indexes/med" and seen["rrf_k"] == 100 and seen["kind"] == "hybrid"
+    assert "depth" not in seen  # 0 / unset: the library default

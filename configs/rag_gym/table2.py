@@ -32,7 +32,8 @@ def get_config(variant: str = ""):
     common = dict(model_path="", k=32, max_steps=10, max_new_tokens=512, max_doc_chars=None, judge=judge)
     wiki = {"index_dir": "indexes/wiki", "kind": "hybrid", "backend": "bm25s"}
     med = {"index_dir": "indexes/medcorp", "kind": "hybrid", "backend": "bm25s",
-           "encoder": "models/MedCPT-Article-Encoder", "query_encoder": "models/MedCPT-Query-Encoder"}
+           "encoder": "models/MedCPT-Article-Encoder", "query_encoder": "models/MedCPT-Query-Encoder",
+           "rrf_k": 100}  # MedRAG fuses BM25 and MedCPT with RRF k 100
     c = paper.table_config("rag_gym", "table2", "Llama-3.1-8B-Instruct", {
         "eval": paper.eval_stage(AGENTS, [paper.dataset("HotpotQA", "data/hotpotqa_dev.jsonl", "last:1000"),
                                           paper.dataset("2Wiki", "data/2wikimultihopqa_dev.jsonl", "last:1000"),

@@ -142,8 +142,8 @@ def load_policy(pc, workdir):
 def load_retriever(rc, workdir):
     """A retriever from a config section: `index_dir` (a built index: jaxrag.retrieval.load_retriever with `kind`,
     `backend`; optional `encoder` / `query_encoder`: where the dense index's document / query encoder now lives,
-    relative to the workdir, e.g. MedCPT's two) or `corpus` (a JSONL; BM25 built in memory over its first
-    `max_passages`, 0 = all)."""
+    relative to the workdir, e.g. MedCPT's two; optional `rrf_k` and `depth` of the hybrid fusion) or `corpus` (a
+    JSONL; BM25 built in memory over its first `max_passages`, 0 = all)."""
     from jaxrag import retrieval
 
     if rc.get("index_dir"):
@@ -151,7 +151,8 @@ def load_retriever(rc, workdir):
         return retrieval.load_retriever(resolve(rc["index_dir"], workdir), kind=rc.get("kind") or "bm25",
                                         backend=rc.get("backend") or "bm25s",
                                         encoder_path=resolve(enc, workdir) if enc else None,
-                                        query_encoder_path=resolve(q_enc, workdir) if q_enc else None)
+                                        query_encoder_path=resolve(q_enc, workdir) if q_enc else None,
+                                        **{key: int(rc[key]) for key in ("rrf_k", "depth") if rc.get(key)})
     if rc.get("corpus"):
         passages = retrieval.load_corpus(resolve(rc["corpus"], workdir), rc.get("max_passages") or None)
         return retrieval.build_bm25(passages, backend=rc.get("backend") or "bm25s")

@@ -26,15 +26,17 @@ def rrf(ranked_lists: Sequence[Sequence[Hit]], k: int, rrf_k: int = RRF_K, depth
 
 @dataclasses.dataclass
 class HybridRetriever:
-    """Each retriever is asked for `depth` hits; the lists are fused with RRF and cut to k."""
+    """Each retriever is asked for max(depth, k) hits and its list is cut there (RAG-Gym: k 32, each list cut at 32);
+    the lists are fused with RRF (1 / (rrf_k + rank)) and cut to k."""
 
     retrievers: Sequence[Retriever]
     depth: int = 20  # best R@10 on the multihop dev sets among 10/20/50/100 (bench.retrieval)
     rrf_k: int = RRF_K
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        per_retriever = [r.search(queries, max(self.depth, k)) for r in self.retrievers]
-        return [rrf([lists[i] for lists in per_retriever], k, self.rrf_k, self.depth) for i in range(len(queries))]
+        depth = max(self.depth, k)
+        per_retriever = [r.search(queries, depth) for r in self.retrievers]
+        return [rrf([lists[i] for lists in per_retriever], k, self.rrf_k, depth) for i in range(len(queries))]
 
 
 @dataclasses.dataclass
