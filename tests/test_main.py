@@ -68,6 +68,12 @@ def test_runs_stages_writes_done_and_skips_on_rerun(tmp_path):
     assert len((tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()) == 2
     p = cli(*args)
     assert p.returncode == 0 and p.stdout.count("skipping") == 2
+    # the CLI keeps XLA's compilation cache in the workdir; a forced rerun compiled from it trains the same numbers
+    assert any((tmp_path / ".xla_cache").iterdir())
+    losses = [json.loads(r)["loss"] for r in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    p = cli(*args, "--force")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [json.loads(r)["loss"] for r in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()] == losses
 
 
 def test_preset_applies_before_overrides_and_the_effective_config_is_shown(tmp_path):
