@@ -89,3 +89,38 @@ def test_tuned_rows_are_named_by_their_tuning(smoke_runs, tmp_path):
     assert run(c, tmp_path / "tuned") == ["eval"]
     rows = [json.loads(line) for line in (tmp_path / "tuned" / "eval" / "metrics.jsonl").read_text().splitlines()]
     assert [r["method"] for r in rows] == ["direct+dpo", "cot+dpo", "rag+dpo", "search_o1+dpo", "smartsearch+dpo"]
+
+
+# ---- RAG-Gym's tuned protocols: critic best-of-N (Table 3), SFT -------------------------------------------------
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def rag_gym_table3(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("rg_t3")
+    return run(load("rag_gym/table3", "smoke"), wd), wd
+
+
+def test_rag_gym_table3_smoke_trains_a_critic_and_selects_with_it(rag_gym_table3):
+    from jaxrag.pipelines.published import METHODS
+
+    ran, wd = rag_gym_table3
+    assert ran == ["setup", "setup_critic", "collect", "dpo", "critic_pairs", "critic", "eval_zs", "eval"]
+    collected = json.loads((wd / "collect" / "stats.json").read_text())["pairs"]
+    pairs = _rows(wd / "critic_pairs" / "pairs.jsonl")
+    assert len(pairs) == collected > 0                       # every collected pair fits the critic's 1,024 tokens
+    critic_cfg = json.loads((wd / "critic" / "model" / "config.json").read_text())
+    assert all(max(p["prompt_ids"] + p["chosen_ids"] + p["rejected_ids"]) < critic_cfg["vocab_size"] for p in pairs)
+    assert (wd / "critic" / "model" / "head.npz").is_file()
+    assert json.loads((wd / "critic" / "summary.json").read_text())["step"] == 2
+    rows = _rows(wd / "eval" / "metrics.jsonl")
+    assert [(r["method"], r["dataset"]) for r in rows] == \
+        [("re2search+dpo+critic", d) for d in ("HotpotQA", "2Wiki", "Bamboogle")]
+    assert all(r["n"] == 2 and r["n_candidates"] == 2 and r["temperature"] == 1.0 and "cem" in r for r in rows)
+    assert {r["method"] for r in _rows(wd / "eval_zs" / "metrics.jsonl")} == {"react", "search_o1"}
+    assert {r["method"] for r in rows} | {"react", "search_o1"} == \
+        {m for (p, t, _), m in METHODS.items() if (p, t) == ("rag_gym", "table3")}
+    from jaxrag.env.mdp import read_episodes
+    eps = read_episodes(wd / "eval" / "re2search+dpo+critic__HotpotQA.episodes.jsonl")
+    assert all(len(s.candidates) == 1 for ep in eps for s in ep.steps)   # the N - 1 candidates the critic passed over
