@@ -124,3 +124,34 @@ def test_rag_gym_table3_smoke_trains_a_critic_and_selects_with_it(rag_gym_table3
     from jaxrag.env.mdp import read_episodes
     eps = read_episodes(wd / "eval" / "re2search+dpo+critic__HotpotQA.episodes.jsonl")
     assert all(len(s.candidates) == 1 for ep in eps for s in ep.steps)   # the N - 1 candidates the critic passed over
+
+
+def test_rag_gym_fig4_rows_one_per_n_with_the_trained_critic(rag_gym_table3, tmp_path):
+    """fig4.py's smoke eval over table3's smoke actor and critic (shared, to keep CI short): one row per N."""
+    _, t3 = rag_gym_table3
+    c = load("rag_gym/fig4", "smoke")
+    c.stages = ["eval"]
+    c.base_model = str(t3 / "setup" / "model")
+    for a in c.eval.agents:
+        a["critic"] = str(t3 / "critic" / "model")
+    assert run(c, tmp_path / "fig4") == ["eval"]
+    rows = _rows(tmp_path / "fig4" / "eval" / "metrics.jsonl")
+    assert [(r["method"], r["n_candidates"]) for r in rows] == [("re2search+critic-n1", 1), ("re2search+critic-n2", 2)]
+    assert load("rag_gym/fig4").eval.agents[-1] == {"name": "re2search", "critic": "stage:critic", "n": 10,
+                                                    "temperature": 1.0, "variant": "n10"}
+
+
+def test_rag_gym_sft_trains_by_epochs_on_collected_rows(rag_gym_table3, tmp_path):
+    """sft.py's smoke sft + eval over table3's smoke collection: steps = ceil(1 epoch x rows / batch 2)."""
+    _, t3 = rag_gym_table3
+    c = load("rag_gym/sft", "smoke")
+    c.stages = ["sft", "eval"]
+    c.base_model = str(t3 / "setup" / "model")
+    c.sft.data = str(t3 / "collect" / "sft.jsonl")
+    assert run(c, tmp_path / "sft") == ["sft", "eval"]
+    n_rows = len((t3 / "collect" / "sft.jsonl").read_text().splitlines())
+    summary = json.loads((tmp_path / "sft" / "sft" / "summary.json").read_text())
+    assert (summary["epochs"], summary["rows"]) == (1, n_rows) and summary["step"] == summary["steps"] == -(-n_rows // 2)
+    assert [r["method"] for r in _rows(tmp_path / "sft" / "eval" / "metrics.jsonl")] == ["re2search+sft"]
+    p = load("rag_gym/sft")
+    assert (p.sft.epochs, p.sft.train.batch_size, p.sft.train.optimizer.lr, p.sft.train.lora.rank) == (3, 64, 5e-5, 256)
