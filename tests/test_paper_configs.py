@@ -155,3 +155,45 @@ def test_rag_gym_sft_trains_by_epochs_on_collected_rows(rag_gym_table3, tmp_path
     assert [r["method"] for r in _rows(tmp_path / "sft" / "eval" / "metrics.jsonl")] == ["re2search+sft"]
     p = load("rag_gym/sft")
     assert (p.sft.epochs, p.sft.train.batch_size, p.sft.train.optimizer.lr, p.sft.train.lora.rank) == (3, 64, 5e-5, 256)
+
+
+def test_rag_gym_table4_rows_per_reward_source(rag_gym_table3, tmp_path):
+    """table4.py's smoke rollout values + eval over table3's smoke collection and critic (shared, to keep CI short):
+    one best-of-N row per reward source, named as published.METHODS; the rollout values' agreement table."""
+    from jaxrag.pipelines.published import METHODS
+
+    _, t3 = rag_gym_table3
+    c = load("rag_gym/table4", "smoke")
+    c.stages = ["rollout", "eval"]
+    c.base_model = str(t3 / "setup" / "model")
+    c.rollout.records = str(t3 / "collect" / "records.jsonl")
+    for a in c.eval.agents:
+        if isinstance(a["critic"], str):
+            a["critic"] = str(t3 / "critic" / "model")
+    assert run(c, tmp_path / "t4") == ["rollout", "eval"]
+    agree = json.loads((tmp_path / "t4" / "rollout" / "stats.json").read_text())["agreement"]
+    assert [(r["source"], r["reference"]) for r in agree] == [("rollout", "rank:shortest")] and agree[0]["pairs"] > 0
+    assert "no human annotations" in (tmp_path / "t4" / "rollout" / "agreement.md").read_text()
+    rows = _rows(tmp_path / "t4" / "eval" / "metrics.jsonl")
+    assert [r["method"] for r in rows] == ["re2search+critic", "re2search+critic-llama", "re2search+critic-random"]
+    assert all(r["n_candidates"] == 2 for r in rows)
+    full = load("rag_gym/table4")
+    methods = {a.get("variant", "") for a in full.eval.agents}
+    assert {f"re2search+critic-{v}" if v else "re2search+critic" for v in methods} == \
+        {m for (p, t, _), m in METHODS.items() if (p, t) == ("rag_gym", "table4")} - {"re2search+orm"}
+    assert full.stages[-1] == "eval" and {"critic", "critic_llama", "critic_rollout"} <= set(full.stages)
+
+
+def test_rag_gym_ppo_rewards_actions_with_the_critic(rag_gym_table3, tmp_path):
+    """ppo.py's smoke PPO (per-step rewards from table3's smoke critic) + eval: the tuned row "re2search+ppo"."""
+    _, t3 = rag_gym_table3
+    c = load("rag_gym/ppo", "smoke")
+    c.stages = ["ppo", "eval"]
+    c.base_model = str(t3 / "setup" / "model")
+    c.ppo.prm = str(t3 / "critic" / "model")
+    assert run(c, tmp_path / "ppo") == ["ppo", "eval"]
+    assert (tmp_path / "ppo" / "ppo" / "model" / "head.npz").is_file()     # PPO's value head beside the policy
+    assert [r["method"] for r in _rows(tmp_path / "ppo" / "eval" / "metrics.jsonl")] == ["re2search+ppo"]
+    c.ppo.train.loss = "grpo"
+    with pytest.raises(StageError, match=r"config.ppo.prm: per-step PRM rewards need train.loss 'ppo'"):
+        plan(c)

@@ -239,3 +239,70 @@ def check_critic_pairs(config, name: str) -> None:
 
 
 critic_pairs_stage.check_config = check_critic_pairs
+
+
+# ------------------------------------------------------------------------------------- rollout (Math-Shepherd) source
+def rollout_values_stage(config, workdir, name) -> None:
+    """RAG-Gym Table 4's "PRM (Rollout)" process source (001 §4.1; Math-Shepherd, METHODS.md §5): every candidate
+    of a collection's kept states re-scored by the mean outcome of M continuations from it
+    (jaxrag.supervision.rollout_values; the engine batches every continuation of every candidate together).
+    config[name]: records (a collect stage's records.jsonl, relative to the workdir), policy (a load_policy spec:
+    the actor that continues), retriever, agent ({name, opts}), rollouts (RolloutValueConfig fields), summarizer
+    (optional policy spec; default the policy). Writes workdir/<name>/records.jsonl (source "rollout"; pairs by the
+    same > 0.75 / < 0.5 rule via critic_pairs_stage), agreement.{md,csv}: pairwise ranking agreement of the rollout
+    values with the collection's judge ranks on the same states (jaxrag.supervision.agreement; the paper's Agree
+    column is against human annotators on MedQA, which jaxrag does not have), and stats.json."""
+    from jaxrag.env.agents import get_agent
+    from jaxrag.main import resolve_fn
+    from jaxrag.supervision.agreement import agreement_csv, agreement_markdown, agreement_table
+    from jaxrag.supervision.records import read_records, write_records
+    from jaxrag.supervision.rollout_values import RolloutValueConfig, rollout_values
+
+    sc = config[name]
+    out = stage_dir(workdir, name)
+    pcfg = _plain(sc.policy)
+    policy = resolve_fn(pcfg.get("fn", LOAD_POLICY), f"config.{name}.policy.fn")(pcfg, workdir)
+    retriever = load_retriever(_plain(sc.retriever), workdir)
+    opts = dict(_plain(sc.agent).get("opts", {}))
+    if opts.get("mode", "chat") == "chat":
+        opts.setdefault("tokenizer", getattr(policy, "tokenizer", None))
+    agent = get_agent(sc.agent.name, **opts)
+    scfg = _plain(sc.get("summarizer", None) or {})
+    summarizer = load_policy(scfg, workdir) if scfg.get("path") else None
+    records = read_records(resolve(sc.records, workdir))
+    stats: dict = {}
+    valued = rollout_values(policy, retriever, agent, records, RolloutValueConfig(**_plain(sc.rollouts)),
+                            summarizer=summarizer, stats=stats)
+    write_records(out / "records.jsonl", valued)
+    src = records[0].source if records else "judge"
+    rows = agreement_table({src: records, "rollout": valued}, reference=src)
+    (out / "agreement.md").write_text(f"Agreement of rollout values with {src} on the same {len(records)} states "
+                                      "(no human annotations: the paper's Agree column is not reproducible)\n\n"
+                                      + agreement_markdown(rows))
+    (out / "agreement.csv").write_text(agreement_csv(rows))
+    write_json(out / "stats.json", {"records": len(records), "agreement": rows,
+                                    **{k: v for k, v in stats.items() if isinstance(v, (int, float, str))}})
+    log(name, f"{len(valued)} states valued by rollouts; agreement with {src}: {rows[0]['agreement'] if rows else None}")
+
+
+def check_rollout_values(config, name: str) -> None:
+    from jaxrag.env.agents import agent_module
+    from jaxrag.supervision.rollout_values import RolloutValueConfig
+
+    sc = config[name]
+    for key in ("records", "policy", "retriever", "agent", "rollouts"):
+        if key not in sc or not sc[key]:
+            config_fail(f"{name}.{key}", "missing or empty")
+    if sc.policy.get("fn", LOAD_POLICY) == LOAD_POLICY and not sc.policy.get("path"):
+        config_fail(f"{name}.policy.path", "empty: set it to a Hugging Face checkpoint dir (or stage:<name>)")
+    try:
+        agent_module(sc.agent.get("name") or "")
+    except KeyError as e:
+        config_fail(f"{name}.agent.name", e.args[0])
+    try:
+        RolloutValueConfig(**_plain(sc.rollouts))
+    except (TypeError, ValueError) as e:
+        config_fail(f"{name}.rollouts", str(e))
+
+
+rollout_values_stage.check_config = check_rollout_values

@@ -131,6 +131,47 @@ def load_critic(spec, key: str, workdir, agent_name: str, agent_opts: dict):
     return critic_select(scorer, valid_only=bool(spec.get("valid_only", False)))
 
 
+def load_prm(spec, key: str, workdir, agent_section):
+    """PPO's process rewards (RAG-Gym §2.3: "PPO then optimizes the agent to maximize the process reward of newly
+    generated actions"): episodes -> per-step rewards r_φ(s_t, a_t) from a critic checkpoint, each state rendered
+    by the agent design in the critic's own chat template, one batched pass over every step of every episode.
+    agent_section: the rl stage's agent section (name, mode, max_docs, max_doc_chars)."""
+    from jaxrag.pipelines.common import load_checkpoint, resolve
+    from jaxrag.pipelines.rl import load_agent
+    from jaxrag.supervision.critic import CriticScorer
+    from jaxrag.tokenizer import load_tokenizer
+
+    path = resolve(_critic_dir(spec), workdir)
+    try:
+        _check_critic_dir(key, path)
+    except ValueError as e:
+        raise ValueError(f"{e} (has its stage run?)") from None
+    mcfg, params, head = load_checkpoint(path, with_head=True)
+    tok = load_tokenizer(path)
+    scorer = CriticScorer(mcfg, params, head, tok, load_agent(agent_section, tok))
+
+    def step_rewards(episodes) -> list[list[float]]:
+        states = [ep.state(s) for ep in episodes for s in range(len(ep.steps))]
+        texts = [[st.action.raw] for ep in episodes for st in ep.steps]
+        flat = [float(x[0]) for x in scorer.score_states(states, texts)] if states else []
+        out, i = [], 0
+        for ep in episodes:
+            out.append(flat[i:i + len(ep.steps)])
+            i += len(ep.steps)
+        return out
+
+    return step_rewards
+
+
+def random_critic(spec, workdir, agent_name: str):
+    """RAG-Gym Table 4's "PRM (Random)": a `select` that executes one of the N candidates uniformly at random
+    (seeded by spec["seed"], default 0); use as an agent entry's critic: {"fn": "jaxrag.pipelines.eval:random_critic"}."""
+    import numpy as np
+
+    rng = np.random.default_rng(int(spec.get("seed", 0)))
+    return lambda states, cands: [int(rng.integers(len(cs))) for cs in cands]
+
+
 def check_config(config, name: str) -> None:
     """Static checks run by jaxrag.main before any stage starts: agent names, unique methods, dataset files that
     exist and are not empty, their select specs, the rollout fields, the default loaders' paths."""
