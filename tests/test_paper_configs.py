@@ -197,3 +197,13 @@ def test_rag_gym_ppo_rewards_actions_with_the_critic(rag_gym_table3, tmp_path):
     c.ppo.train.loss = "grpo"
     with pytest.raises(StageError, match=r"config.ppo.prm: per-step PRM rewards need train.loss 'ppo'"):
         plan(c)
+    # the per-step rewards PPO gets: the critic's score of each executed action in its state, as best-of-N scores it
+    from jaxrag.env.mdp import read_episodes
+    from jaxrag.pipelines.eval import load_critic, load_prm
+
+    eps = read_episodes(t3 / "eval" / "re2search+dpo+critic__HotpotQA.episodes.jsonl")
+    rewards = load_prm(str(t3 / "critic" / "model"), "prm", t3, c.ppo.agent)(eps)
+    assert [len(r) for r in rewards] == [len(ep.steps) for ep in eps] and len(set(sum(rewards, []))) > 1
+    scorer = load_critic(str(t3 / "critic" / "model"), "critic", t3, "re2search", {"max_doc_chars": 60}).scorer
+    expect = [float(scorer.score_states([ep.state(0)], [[ep.steps[0].action.raw]])[0][0]) for ep in eps]
+    assert [r[0] for r in rewards] == pytest.approx(expect, abs=1e-5)
