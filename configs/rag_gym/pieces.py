@@ -45,7 +45,8 @@ def sft(base, data: str = "collect/sft.jsonl") -> ml_collections.ConfigDict:
     return s
 
 
-def critic_pairs(critic_base, records: str = "collect/records.jsonl", agent: str = "re2search") -> ml_collections.ConfigDict:
+def critic_pairs(critic_base, records: str = "collect/records.jsonl",
+                 agent: str = "re2search") -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict({"fn": "jaxrag.pipelines.collect:critic_pairs_stage", "records": records,
                                       "agent": {"name": agent, "opts": {"max_doc_chars": None}},
                                       "tokenizer": critic_base, "max_len": 4096})

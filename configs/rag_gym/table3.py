@@ -56,8 +56,8 @@ def get_config(variant: str = ""):
 
 
 def smoke(c) -> None:
-    """Tiny random checkpoints as actor and critic (setup, setup_critic), 4 collect questions, 2 steps each of DPO and critic, then both
-    evals on 2 questions per dataset with 2 candidates per step."""
+    """Tiny random checkpoints as actor and critic (setup, setup_critic), 4 collect questions, 2 steps each of DPO
+    and critic, then both evals on 2 questions per dataset with 2 candidates per step."""
     from jaxrag.pipelines.rl import tiny_checkpoint_config
 
     c.stages = ["setup", "setup_critic"] + list(c.stages)
