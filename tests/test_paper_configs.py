@@ -90,3 +90,121 @@ def test_tuned_rows_are_named_by_their_tuning(smoke_runs, tmp_path):
     assert run(c, tmp_path / "tuned") == ["eval"]
     rows = [json.loads(line) for line in (tmp_path / "tuned" / "eval" / "metrics.jsonl").read_text().splitlines()]
     assert [r["method"] for r in rows] == ["direct+dpo", "cot+dpo", "rag+dpo", "search_o1+dpo", "smartsearch+dpo"]
+
+
+# ---- RAG-Gym's tuned protocols: critic best-of-N (Table 3), SFT -------------------------------------------------
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def rag_gym_table3(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("rg_t3")
+    return run(load("rag_gym/table3", "smoke"), wd), wd
+
+
+def test_rag_gym_table3_smoke_trains_a_critic_and_selects_with_it(rag_gym_table3):
+    from jaxrag.pipelines.published import METHODS
+
+    ran, wd = rag_gym_table3
+    assert ran == ["setup", "setup_critic", "collect", "dpo", "critic_pairs", "critic", "eval_zs", "eval"]
+    collected = json.loads((wd / "collect" / "stats.json").read_text())["pairs"]
+    pairs = _rows(wd / "critic_pairs" / "pairs.jsonl")
+    assert len(pairs) == collected > 0                       # every collected pair fits the critic's 1,024 tokens
+    critic_cfg = json.loads((wd / "critic" / "model" / "config.json").read_text())
+    assert all(max(p["prompt_ids"] + p["chosen_ids"] + p["rejected_ids"]) < critic_cfg["vocab_size"] for p in pairs)
+    assert (wd / "critic" / "model" / "head.npz").is_file()
+    assert json.loads((wd / "critic" / "summary.json").read_text())["step"] == 2
+    rows = _rows(wd / "eval" / "metrics.jsonl")
+    assert [(r["method"], r["dataset"]) for r in rows] == \
+        [("re2search+dpo+critic", d) for d in ("HotpotQA", "2Wiki", "Bamboogle")]
+    assert all(r["n"] == 2 and r["n_candidates"] == 2 and r["temperature"] == 1.0 and "cem" in r for r in rows)
+    assert {r["method"] for r in _rows(wd / "eval_zs" / "metrics.jsonl")} == {"react", "search_o1"}
+    assert {r["method"] for r in rows} | {"react", "search_o1"} == \
+        {m for (p, t, _), m in METHODS.items() if (p, t) == ("rag_gym", "table3")}
+    from jaxrag.env.mdp import read_episodes
+    eps = read_episodes(wd / "eval" / "re2search+dpo+critic__HotpotQA.episodes.jsonl")
+    assert all(len(s.candidates) == 1 for ep in eps for s in ep.steps)   # the N - 1 candidates the critic passed over
+
+
+def test_rag_gym_fig4_rows_one_per_n_with_the_trained_critic(rag_gym_table3, tmp_path):
+    """fig4.py's smoke eval over table3's smoke actor and critic (shared, to keep CI short): one row per N."""
+    _, t3 = rag_gym_table3
+    c = load("rag_gym/fig4", "smoke")
+    c.stages = ["eval"]
+    c.base_model = str(t3 / "setup" / "model")
+    for a in c.eval.agents:
+        a["critic"] = str(t3 / "critic" / "model")
+    assert run(c, tmp_path / "fig4") == ["eval"]
+    rows = _rows(tmp_path / "fig4" / "eval" / "metrics.jsonl")
+    assert [(r["method"], r["n_candidates"]) for r in rows] == [("re2search+critic-n1", 1), ("re2search+critic-n2", 2)]
+    assert load("rag_gym/fig4").eval.agents[-1] == {"name": "re2search", "critic": "stage:critic", "n": 10,
+                                                    "temperature": 1.0, "variant": "n10"}
+
+
+def test_rag_gym_sft_trains_by_epochs_on_collected_rows(rag_gym_table3, tmp_path):
+    """sft.py's smoke sft + eval over table3's smoke collection: steps = ceil(1 epoch x rows / batch 2)."""
+    _, t3 = rag_gym_table3
+    c = load("rag_gym/sft", "smoke")
+    c.stages = ["sft", "eval"]
+    c.base_model = str(t3 / "setup" / "model")
+    c.sft.data = str(t3 / "collect" / "sft.jsonl")
+    assert run(c, tmp_path / "sft") == ["sft", "eval"]
+    n_rows = len((t3 / "collect" / "sft.jsonl").read_text().splitlines())
+    summary = json.loads((tmp_path / "sft" / "sft" / "summary.json").read_text())
+    assert (summary["epochs"], summary["rows"]) == (1, n_rows) and summary["step"] == summary["steps"] == -(-n_rows // 2)
+    assert [r["method"] for r in _rows(tmp_path / "sft" / "eval" / "metrics.jsonl")] == ["re2search+sft"]
+    p = load("rag_gym/sft")
+    assert (p.sft.epochs, p.sft.train.batch_size, p.sft.train.optimizer.lr, p.sft.train.lora.rank) == (3, 64, 5e-5, 256)
+
+
+def test_rag_gym_table4_rows_per_reward_source(rag_gym_table3, tmp_path):
+    """table4.py's smoke rollout values + eval over table3's smoke collection and critic (shared, to keep CI short):
+    one best-of-N row per reward source, named as published.METHODS; the rollout values' agreement table."""
+    from jaxrag.pipelines.published import METHODS
+
+    _, t3 = rag_gym_table3
+    c = load("rag_gym/table4", "smoke")
+    c.stages = ["rollout", "eval"]
+    c.base_model = str(t3 / "setup" / "model")
+    c.rollout.records = str(t3 / "collect" / "records.jsonl")
+    for a in c.eval.agents:
+        if isinstance(a["critic"], str):
+            a["critic"] = str(t3 / "critic" / "model")
+    assert run(c, tmp_path / "t4") == ["rollout", "eval"]
+    agree = json.loads((tmp_path / "t4" / "rollout" / "stats.json").read_text())["agreement"]
+    assert [(r["source"], r["reference"]) for r in agree] == [("rollout", "rank:shortest")] and agree[0]["pairs"] > 0
+    assert "no human annotations" in (tmp_path / "t4" / "rollout" / "agreement.md").read_text()
+    rows = _rows(tmp_path / "t4" / "eval" / "metrics.jsonl")
+    assert [r["method"] for r in rows] == ["re2search+critic", "re2search+critic-llama", "re2search+critic-random"]
+    assert all(r["n_candidates"] == 2 for r in rows)
+    full = load("rag_gym/table4")
+    methods = {a.get("variant", "") for a in full.eval.agents}
+    assert {f"re2search+critic-{v}" if v else "re2search+critic" for v in methods} == \
+        {m for (p, t, _), m in METHODS.items() if (p, t) == ("rag_gym", "table4")} - {"re2search+orm"}
+    assert full.stages[-1] == "eval" and {"critic", "critic_llama", "critic_rollout"} <= set(full.stages)
+
+
+def test_rag_gym_ppo_rewards_actions_with_the_critic(rag_gym_table3, tmp_path):
+    """ppo.py's smoke PPO (per-step rewards from table3's smoke critic) + eval: the tuned row "re2search+ppo"."""
+    _, t3 = rag_gym_table3
+    c = load("rag_gym/ppo", "smoke")
+    c.stages = ["ppo", "eval"]
+    c.base_model = str(t3 / "setup" / "model")
+    c.ppo.prm = str(t3 / "critic" / "model")
+    assert run(c, tmp_path / "ppo") == ["ppo", "eval"]
+    assert (tmp_path / "ppo" / "ppo" / "model" / "head.npz").is_file()     # PPO's value head beside the policy
+    assert [r["method"] for r in _rows(tmp_path / "ppo" / "eval" / "metrics.jsonl")] == ["re2search+ppo"]
+    c.ppo.train.loss = "grpo"
+    with pytest.raises(StageError, match=r"config.ppo.prm: per-step PRM rewards need train.loss 'ppo'"):
+        plan(c)
+    # the per-step rewards PPO gets: the critic's score of each executed action in its state, as best-of-N scores it
+    from jaxrag.env.mdp import read_episodes
+    from jaxrag.pipelines.eval import load_critic, load_prm
+
+    eps = read_episodes(t3 / "eval" / "re2search+dpo+critic__HotpotQA.episodes.jsonl")
+    rewards = load_prm(str(t3 / "critic" / "model"), "prm", t3, c.ppo.agent)(eps)
+    assert [len(r) for r in rewards] == [len(ep.steps) for ep in eps] and len(set(sum(rewards, []))) > 1
+    scorer = load_critic(str(t3 / "critic" / "model"), "critic", t3, "re2search", {"max_doc_chars": 60}).scorer
+    expect = [float(scorer.score_states([ep.state(0)], [[ep.steps[0].action.raw]])[0][0]) for ep in eps]
+    assert [r[0] for r in rewards] == pytest.approx(expect, abs=1e-5)

@@ -13,8 +13,8 @@ Stages:
            executed; 10 steps, 32 documents; trajectories kept iff their answer's F1 > 0.75; reward 1/(1+rank); pairs
            (reward > 0.75, reward < 0.5) at one state (jaxrag.pipelines.collect).
   dpo      β 0.1, LoRA r 256 / α 512 / dropout 0.05 on q, k, v (reference: the base with adapters off), lr 2e-6, batch
-           32 pairs (code: 1 x 32 accumulation), one epoch (`train.steps`: set it to ceil(pairs / 32) once collect has
-           run: its stats.json says how many), bf16 with remat, prompts up to 4,096 tokens.
+           32 pairs (code: 1 x 32 accumulation), one epoch (the stage's `epochs`: steps = ceil(pairs / 32), logged),
+           bf16 with remat, prompts up to 4,096 tokens.
   eval     configs/rag_gym/table2.py's protocol on the open-domain sets with the tuned actor ("<agent>+dpo"); the
            Search-o1 / Re²Search summaries from the untuned base model, as in RAG-Gym.
 `agent` picks the design (RAG-Gym tunes each of the six; Re²Search is its best). `base_model` is the one place the
@@ -61,6 +61,7 @@ def get_config(variant: str = ""):
                         compute_dtype="bfloat16", remat=True)
     c.dpo.init = base
     c.dpo.tokenizer = base
+    c.dpo.epochs = 1  # released dpo.py CLI: n_epochs 1
     t = c.dpo.train
     t.dpo.beta = 0.1
     t.lora.update(dict(enabled=True, rank=256, alpha=512.0, dropout=0.05, targets=("q", "k", "v")))
@@ -95,6 +96,7 @@ def smoke(c, agent: str) -> None:
     c.collect.judge = {"kind": "fn", "fn": "jaxrag.fakes:shortest_judge"}
     c.collect.ranking.update(dict(n_candidates=3, max_steps=2, k=2, batch_size=8, max_new_tokens=16,
                                   outcome_threshold=-1.0))
+    c.dpo.epochs = 0
     t = c.dpo.train
     t.update(dict(steps=2, batch_size=2, grad_accum=1, seq_buckets=(512,), compute_dtype="float32", remat=False))
     t.lora.rank, t.lora.alpha = 4, 8.0

@@ -165,3 +165,144 @@ def ranking_stage(config, workdir, name) -> None:
 
 
 ranking_stage.check_config = check_config
+
+
+# ------------------------------------------------------------------------------------------ critic training data
+def critic_pairs(records, agent, tokenizer, max_len: int, add_bos: bool = True) -> tuple[list[dict], int]:
+    """RAG-Gym's reward-model pairs (released rag_gym/algorithms/prm/reward/reward.py: every candidate with reward
+    > 0.75 against every one < 0.5 at the same state of a kept trajectory; supervision.ranking.ranking_pairs) with
+    each state re-rendered by `agent` (in the critic's own chat template) and tokenized with the critic's tokenizer
+    exactly as jaxrag.supervision.critic.CriticScorer reads it at inference: the prompt rendered within max_len
+    minus the state's longest action (the agent's shorter views), with BOS, each action on its own. A pair still
+    longer than max_len is dropped, as the released code drops examples over max_length (4,096).
+    -> ({prompt_ids, chosen_ids, rejected_ids, qid, step, margin} rows, pairs dropped)."""
+    from jaxrag.supervision.ranking import ranking_pairs
+
+    rows, dropped = [], 0
+    for rec in records:
+        pairs = ranking_pairs([rec])
+        if not pairs:
+            continue
+        acts = {t: tokenizer.encode(t) for p in pairs for t in (p.chosen, p.rejected)}
+        reserve = max(len(a) for a in acts.values())
+        fits = lambda prompt: len(tokenizer.encode(prompt, add_bos=add_bos)) + reserve <= max_len  # noqa: E731
+        prompt_ids = tokenizer.encode(agent.render(rec.state(), fits), add_bos=add_bos)
+        for p in pairs:
+            chosen, rejected = acts[p.chosen], acts[p.rejected]
+            if not chosen or not rejected or len(prompt_ids) + max(len(chosen), len(rejected)) > max_len:
+                dropped += 1
+                continue
+            rows.append({"prompt_ids": prompt_ids, "chosen_ids": chosen, "rejected_ids": rejected, "qid": p.qid,
+                         "step": p.step, "margin": p.margin})
+    return rows, dropped
+
+
+def critic_pairs_stage(config, workdir, name) -> None:
+    """config[name]: records (a collect stage's records.jsonl, relative to the workdir), agent ({name, opts}: the
+    design whose prompts the critic reads, as in the eval stage's critic entry), tokenizer (the critic's: a dir,
+    absolute, relative to the workdir or stage:<s>; RAG-Gym's critic is Llama-3.1-8B-Instruct), max_len (default
+    4,096: the released max_length). Writes
+    workdir/<name>/pairs.jsonl (ids in the critic's tokens, for the train stage with loss "bt") and stats.json."""
+    from jaxrag.env.agents import get_agent
+    from jaxrag.supervision.records import read_records
+    from jaxrag.tokenizer import load_tokenizer
+
+    sc = config[name]
+    out = stage_dir(workdir, name)
+    tok = load_tokenizer(resolve(sc.tokenizer, workdir))
+    opts = dict(_plain(sc.agent).get("opts", {}))
+    if opts.get("mode", "chat") == "chat":
+        opts["tokenizer"] = tok
+    agent = get_agent(sc.agent.name, **opts)
+    records = read_records(resolve(sc.records, workdir))
+    rows, dropped = critic_pairs(records, agent, tok, int(sc.get("max_len", 4096)))
+    _write_rows(out / "pairs.jsonl", rows)
+    stats = {"records": len(records), "pairs": len(rows), "dropped": dropped, "max_len": int(sc.get("max_len", 4096)),
+             "tokenizer": str(resolve(sc.tokenizer, workdir))}
+    write_json(out / "stats.json", stats)
+    log(name, f"{len(rows)} critic pairs from {len(records)} states ({dropped} dropped: an empty action or over max_len)")
+    if not rows:
+        raise RuntimeError(f"{name}: no critic pairs in {resolve(sc.records, workdir)}: nothing to train on")
+
+
+def check_critic_pairs(config, name: str) -> None:
+    from jaxrag.env.agents import agent_module
+
+    sc = config[name]
+    for key in ("records", "agent", "tokenizer"):
+        if not sc.get(key):
+            config_fail(f"{name}.{key}", "missing or empty")
+    try:
+        agent_module(sc.agent.get("name") or "")
+    except KeyError as e:
+        config_fail(f"{name}.agent.name", e.args[0])
+
+
+critic_pairs_stage.check_config = check_critic_pairs
+
+
+# ------------------------------------------------------------------------------------- rollout (Math-Shepherd) source
+def rollout_values_stage(config, workdir, name) -> None:
+    """RAG-Gym Table 4's "PRM (Rollout)" process source (001 §4.1; Math-Shepherd, METHODS.md §5): every candidate
+    of a collection's kept states re-scored by the mean outcome of M continuations from it
+    (jaxrag.supervision.rollout_values; the engine batches every continuation of every candidate together).
+    config[name]: records (a collect stage's records.jsonl, relative to the workdir), policy (a load_policy spec:
+    the actor that continues), retriever, agent ({name, opts}), rollouts (RolloutValueConfig fields), summarizer
+    (optional policy spec; default the policy). Writes workdir/<name>/records.jsonl (source "rollout"; pairs by the
+    same > 0.75 / < 0.5 rule via critic_pairs_stage), agreement.{md,csv}: pairwise ranking agreement of the rollout
+    values with the collection's judge ranks on the same states (jaxrag.supervision.agreement; the paper's Agree
+    column is against human annotators on MedQA, which jaxrag does not have), and stats.json."""
+    from jaxrag.env.agents import get_agent
+    from jaxrag.main import resolve_fn
+    from jaxrag.supervision.agreement import agreement_csv, agreement_markdown, agreement_table
+    from jaxrag.supervision.records import read_records, write_records
+    from jaxrag.supervision.rollout_values import RolloutValueConfig, rollout_values
+
+    sc = config[name]
+    out = stage_dir(workdir, name)
+    pcfg = _plain(sc.policy)
+    policy = resolve_fn(pcfg.get("fn", LOAD_POLICY), f"config.{name}.policy.fn")(pcfg, workdir)
+    retriever = load_retriever(_plain(sc.retriever), workdir)
+    opts = dict(_plain(sc.agent).get("opts", {}))
+    if opts.get("mode", "chat") == "chat":
+        opts.setdefault("tokenizer", getattr(policy, "tokenizer", None))
+    agent = get_agent(sc.agent.name, **opts)
+    scfg = _plain(sc.get("summarizer", None) or {})
+    summarizer = load_policy(scfg, workdir) if scfg.get("path") else None
+    records = read_records(resolve(sc.records, workdir))
+    stats: dict = {}
+    valued = rollout_values(policy, retriever, agent, records, RolloutValueConfig(**_plain(sc.rollouts)),
+                            summarizer=summarizer, stats=stats)
+    write_records(out / "records.jsonl", valued)
+    src = records[0].source if records else "judge"
+    rows = agreement_table({src: records, "rollout": valued}, reference=src)
+    (out / "agreement.md").write_text(f"Agreement of rollout values with {src} on the same {len(records)} states "
+                                      "(no human annotations: the paper's Agree column is not reproducible)\n\n"
+                                      + agreement_markdown(rows))
+    (out / "agreement.csv").write_text(agreement_csv(rows))
+    write_json(out / "stats.json", {"records": len(records), "agreement": rows,
+                                    **{k: v for k, v in stats.items() if isinstance(v, (int, float, str))}})
+    log(name, f"{len(valued)} states valued by rollouts; agreement with {src}: {rows[0]['agreement'] if rows else None}")
+
+
+def check_rollout_values(config, name: str) -> None:
+    from jaxrag.env.agents import agent_module
+    from jaxrag.supervision.rollout_values import RolloutValueConfig
+
+    sc = config[name]
+    for key in ("records", "policy", "retriever", "agent", "rollouts"):
+        if key not in sc or not sc[key]:
+            config_fail(f"{name}.{key}", "missing or empty")
+    if sc.policy.get("fn", LOAD_POLICY) == LOAD_POLICY and not sc.policy.get("path"):
+        config_fail(f"{name}.policy.path", "empty: set it to a Hugging Face checkpoint dir (or stage:<name>)")
+    try:
+        agent_module(sc.agent.get("name") or "")
+    except KeyError as e:
+        config_fail(f"{name}.agent.name", e.args[0])
+    try:
+        RolloutValueConfig(**_plain(sc.rollouts))
+    except (TypeError, ValueError) as e:
+        config_fail(f"{name}.rollouts", str(e))
+
+
+rollout_values_stage.check_config = check_rollout_values

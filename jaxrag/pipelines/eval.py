@@ -9,12 +9,21 @@ tokenizer, whose chat template renders its prompts) and max_doc_chars (every age
 unless its own opts set one; None: no cut, the papers' setting; absent: the agents' default, 1,000), tuning (e.g.
 "dpo": every method is named "<method>+dpo", a tuned row of the paper's table), index_recall
 (default True: each dataset's questions are also searched as they are, with no policy, and table.md reports beside
-EM how much of the gold the index holds and finds: evaluate.index_recall). Writes
+EM how much of the gold the index holds and finds: evaluate.index_recall). 
+An agent entry may carry a critic (PRM-guided best-of-N, RAG-Gym Alg. 1 / 001 App. E.3: N = 10 candidates at T = 1.0,
+execute argmax_a r_φ(s, a)): `critic` (a critic checkpoint: a dir, absolute or relative to the workdir, or
+"stage:<name>", holding a HF model + head.npz as pipelines/common.save_checkpoint writes and its own tokenizer, so the
+critic may be another model family: it scores text rendered with its own chat template; or {fn: "module:function"}:
+fn(section, workdir, agent) -> a rollout `select`, e.g. a scripted one in tests; optional batch_size, valid_only), `n`
+(candidates per step, default 10), `temperature` (default 1.0), `critic_tag` (default "critic"; "orm" for an outcome
+reward model) and `variant` (a "-<variant>" suffix: "re2search+critic-llama", "re2search+critic-n4"). The method is
+"<method>[+<tuning>]+<critic_tag>[-<variant>]" (published.METHODS: "re2search+dpo+critic", Table 4's rows). Writes
 `workdir/<name>/{method}__{dataset}.episodes.jsonl`, `metrics.jsonl` (with the episodes' answer_recall / gold_recall
 and the index's index_*), `index_recall.json`, `table.md`, `table.csv`.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -46,6 +55,123 @@ def _check_file(key: str, path: str) -> None:
         config_fail(key, f"{p}: empty file")
 
 
+def agent_entries(ec) -> list[dict]:
+    """The stage's agent entries as dicts (a bare name is {"name": name})."""
+    return [{"name": a} if isinstance(a, str) else dict(a) for a in _plain(ec.agents)]
+
+
+def method_name(a: dict, tuning: str = "") -> str:
+    """An agent entry's method: "<method>[+<tuning>][+<critic_tag>][-<variant>]" (see the module doc)."""
+    m = a.get("method", a["name"]) + (f"+{tuning}" if tuning else "")
+    if a.get("critic"):
+        m += "+" + (a.get("critic_tag") or "critic")
+    return m + (f"-{a['variant']}" if a.get("variant") else "")
+
+
+def _critic_dir(spec) -> str:
+    return spec if isinstance(spec, str) else (spec.get("path") or "")
+
+
+def _check_critic(config, name: str, i: int, a: dict) -> None:
+    """A critic entry's keys: n >= 1, temperature >= 0, and a critic that exists (an absolute dir now; "stage:<s>" an
+    earlier stage; a relative dir when the stage starts: `load_critic`)."""
+    where = f"{name}.agents[{i}]"
+    n = a.get("n", 10)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        config_fail(f"{where}.n", f"{n!r}: candidates per step must be an int >= 1")
+    t = a.get("temperature", 1.0)
+    if not isinstance(t, (int, float)) or t < 0:
+        config_fail(f"{where}.temperature", f"{t!r}: must be a number >= 0")
+    spec = a["critic"]
+    if isinstance(spec, dict) and spec.get("fn"):
+        return
+    path = _critic_dir(spec)
+    if not path:
+        config_fail(f"{where}.critic", "empty: a critic checkpoint dir (HF model + head.npz) or stage:<name>")
+    if path.startswith("stage:"):
+        stage = path.split(":", 1)[1]
+        stages = list(config.get("stages", []))
+        if stage not in stages or (name in stages and stages.index(stage) > stages.index(name)):
+            config_fail(f"{where}.critic", f"{path!r}: no stage '{stage}' runs before '{name}'")
+    elif Path(path).is_absolute():
+        _check_critic_dir(f"{where}.critic", Path(path))
+
+
+def _check_critic_dir(key: str, p: Path) -> None:
+    if not (p / "config.json").is_file():
+        config_fail(key, f"{p}: no critic checkpoint here (no config.json)")
+    if not (p / "head.npz").is_file():
+        config_fail(key, f"{p}: no head.npz (a policy checkpoint, not a critic?)")
+
+
+def load_critic(spec, key: str, workdir, agent_name: str, agent_opts: dict):
+    """The rollout `select` of a critic entry: CriticScorer over the checkpoint (its own tokenizer renders the
+    states with the same agent design) -> argmax_a r_φ(s, a) (jaxrag.supervision.critic.critic_select)."""
+    from jaxrag.pipelines.common import load_checkpoint, resolve
+    from jaxrag.supervision.critic import CriticScorer, critic_select
+    from jaxrag.tokenizer import load_tokenizer
+
+    spec = {"path": spec} if isinstance(spec, str) else dict(spec)
+    if spec.get("fn"):
+        from jaxrag.main import resolve_fn
+
+        return resolve_fn(spec["fn"], f"{key}.fn")(spec, workdir, agent_name)
+    path = resolve(spec["path"], workdir)
+    try:
+        _check_critic_dir(key, path)
+    except ValueError as e:
+        raise ValueError(f"{e} (has its stage run?)") from None
+    mcfg, params, head = load_checkpoint(path, with_head=True)
+    tok = load_tokenizer(path)
+    opts = dict(agent_opts)
+    if opts.get("mode", "chat") == "chat":
+        opts["tokenizer"] = tok  # the critic's own chat template renders its view of the state
+    scorer = CriticScorer(mcfg, params, head, tok, get_agent(agent_name, **opts),
+                          batch_size=spec.get("batch_size", 32))
+    return critic_select(scorer, valid_only=bool(spec.get("valid_only", False)))
+
+
+def load_prm(spec, key: str, workdir, agent_section):
+    """PPO's process rewards (RAG-Gym §2.3: "PPO then optimizes the agent to maximize the process reward of newly
+    generated actions"): episodes -> per-step rewards r_φ(s_t, a_t) from a critic checkpoint, each state rendered
+    by the agent design in the critic's own chat template, one batched pass over every step of every episode.
+    agent_section: the rl stage's agent section (name, mode, max_docs, max_doc_chars)."""
+    from jaxrag.pipelines.common import load_checkpoint, resolve
+    from jaxrag.pipelines.rl import load_agent
+    from jaxrag.supervision.critic import CriticScorer
+    from jaxrag.tokenizer import load_tokenizer
+
+    path = resolve(_critic_dir(spec), workdir)
+    try:
+        _check_critic_dir(key, path)
+    except ValueError as e:
+        raise ValueError(f"{e} (has its stage run?)") from None
+    mcfg, params, head = load_checkpoint(path, with_head=True)
+    tok = load_tokenizer(path)
+    scorer = CriticScorer(mcfg, params, head, tok, load_agent(agent_section, tok))
+
+    def step_rewards(episodes) -> list[list[float]]:
+        states = [ep.state(s) for ep in episodes for s in range(len(ep.steps))]
+        texts = [[st.action.raw] for ep in episodes for st in ep.steps]
+        flat = [float(x[0]) for x in scorer.score_states(states, texts)] if states else []
+        out, i = [], 0
+        for ep in episodes:
+            out.append(flat[i:i + len(ep.steps)])
+            i += len(ep.steps)
+        return out
+
+    return step_rewards
+
+
+def random_critic(spec, workdir, agent_name: str):
+    """RAG-Gym Table 4's "PRM (Random)": a `select` that executes one of the N candidates uniformly at random
+    (seeded by spec["seed"], default 0); use as an agent entry's critic: {"fn": "jaxrag.pipelines.eval:random_critic"}."""
+    import numpy as np
+
+    rng = np.random.default_rng(int(spec.get("seed", 0)))
+    return lambda states, cands: [int(rng.integers(len(cs))) for cs in cands]
+
+
 def check_config(config, name: str) -> None:
     """Static checks run by jaxrag.main before any stage starts: agent names, unique methods, dataset files that
     exist and are not empty, their select specs, the rollout fields, the default loaders' paths."""
@@ -57,13 +183,18 @@ def check_config(config, name: str) -> None:
         if key not in ec:
             config_fail(f"{name}.{key}", "missing")
     methods = set()
-    for i, a in enumerate(_plain(ec.agents)):
-        a = {"name": a} if isinstance(a, str) else dict(a)
+    for i, a in enumerate(agent_entries(ec)):
         try:
             agent_module(a.get("name") or "")
         except KeyError as e:
             config_fail(f"{name}.agents[{i}].name", e.args[0])
-        method = a.get("method", a["name"])
+        if a.get("critic") is not None:
+            _check_critic(config, name, i, a)
+        else:
+            for key in ("n", "temperature", "critic_tag"):
+                if key in a:
+                    config_fail(f"{name}.agents[{i}].{key}", f"only with a critic (set agents[{i}].critic)")
+        method = method_name(a)
         if method in methods:
             config_fail(f"{name}.agents[{i}]", f"duplicate method name {method!r} (give one a 'method')")
         methods.add(method)
@@ -151,19 +282,32 @@ def eval_stage(config, workdir: str | Path, name: str) -> dict:
         titles = corpus_titles(rcfg, workdir)
         recall = {dname: index_recall(retriever, exs, rc.k, titles) for dname, exs in examples.items()}
         write_json(out_dir / "index_recall.json", recall)
-    for a in _plain(ec.agents):
-        a = {"name": a} if isinstance(a, str) else dict(a)
+    entries = agent_entries(ec)
+    selects = {}  # every critic loads before any rollout: a missing one fails before compute
+    for i, a in enumerate(entries):
+        if a.get("critic") is not None:
+            opts = dict(a.get("opts", {}))
+            opts.pop("tokenizer", None)
+            if "max_doc_chars" in ec:
+                opts.setdefault("max_doc_chars", ec.max_doc_chars)
+            selects[i] = load_critic(a["critic"], f"config.{name}.agents[{i}].critic", workdir, a["name"], opts)
+    for i, a in enumerate(entries):
         opts = dict(a.get("opts", {}))
         if opts.get("mode", "chat") == "chat" and "tokenizer" not in opts:
             opts["tokenizer"] = getattr(policy, "tokenizer", None)
         if "max_doc_chars" in ec:
             opts.setdefault("max_doc_chars", ec.max_doc_chars)
         agent = get_agent(a["name"], **opts)
-        method = a.get("method", a["name"]) + (f"+{ec.tuning}" if ec.get("tuning") else "")
+        method = method_name(a, ec.get("tuning") or "")
+        arc = rc
+        if i in selects:  # best-of-N: N candidates per state at the sampling temperature, the critic's argmax runs
+            arc = dataclasses.replace(rc, n_candidates=a.get("n", 10), temperature=float(a.get("temperature", 1.0)))
         for dname, exs in examples.items():
             log.info("eval %s on %s (%d questions)", method, dname, len(exs))
-            _, m = evaluate(policy, retriever, agent, exs, cfg=rc, judge=judge, summarizer=summarizer,
-                            out_path=out_dir / f"{method}__{dname}.episodes.jsonl")
+            _, m = evaluate(policy, retriever, agent, exs, cfg=arc, judge=judge, summarizer=summarizer,
+                            select=selects.get(i), out_path=out_dir / f"{method}__{dname}.episodes.jsonl")
+            if i in selects:
+                m.update(n_candidates=arc.n_candidates, temperature=arc.temperature)
             if dname in recall:
                 m.update({f"index_{key}": v for key, v in recall[dname].items() if key not in ("k", "n")})
             results.setdefault(method, {})[dname] = m

@@ -11,6 +11,9 @@ config.<name> (configs/arena/grpo.py, configs/smartsearch/grpo.py):
   questions  path (QA JSONL, jaxrag.data.qa.load_qa), select ("all", "first:N", ...), limit (0 = no limit).
   agent      name (jaxrag.env.agents), mode (chat | plain), max_docs (0 = all), max_doc_chars (0 = no cut).
   reward     a reward spec (jaxrag.supervision.rewards.reward_fn): "em", "arena", "em+0.5*f1".
+  prm        optional ("" = none), loss ppo only: a critic checkpoint (HF dir + head.npz, or stage:<s>) whose score of
+             each executed action is that step's reward (RAG-Gym's PPO: rewards from the trained PRM;
+             jaxrag.pipelines.eval.load_prm) instead of `reward`'s outcome at the last token.
   rl         jaxrag.rl.RLConfig fields (steps, questions_per_step, group_size, inner_steps, temperature, ...).
   train      the trainer config (loss grpo | ppo; sampling_temperature, grpo.group_size, batch_size and steps are
              set from rl: see jaxrag.rl.rl_train_config).
@@ -63,6 +66,7 @@ def stage_config() -> "ml_collections.ConfigDict":
         "questions": {"path": "", "select": "all", "limit": 0},
         "agent": {"name": "react", "mode": "chat", "max_docs": 0, "max_doc_chars": 1000},
         "reward": "em",
+        "prm": "",  # a critic checkpoint (dir or stage:<s>): PPO's per-step rewards r_φ(s_t, a_t) (RAG-Gym §2.3)
         "rl": default_rl_config(),
         "train": train,
     })
@@ -115,6 +119,8 @@ def check_config(config, name: str) -> None:
         reward_fn(reward)
     except (KeyError, ValueError) as e:
         _fail(name, "reward", str(e))
+    if sc.get("prm") and sc.train.loss != "ppo":
+        _fail(name, "prm", f"per-step PRM rewards need train.loss 'ppo' (got {sc.train.loss!r})")
 
 
 def load_agent(ac, tokenizer):
@@ -145,7 +151,12 @@ def rl_stage(config, workdir: str, name: str | None = None) -> None:
     rc = RLConfig.from_dict(sc.rl.to_dict())
     reward = sc.reward.to_dict() if hasattr(sc.reward, "to_dict") else sc.reward
     common.log(name, f"{sc.train.loss} over {len(questions)} questions, agent {sc.agent.name}, reward {reward}")
-    result = train_rl(policy, retriever, agent, questions, reward, rc, sc.train, out)
+    step_rewards = None
+    if sc.get("prm"):
+        from jaxrag.pipelines.eval import load_prm
+
+        step_rewards = load_prm(sc.prm, f"config.{name}.prm", workdir, sc.agent)
+    result = train_rl(policy, retriever, agent, questions, reward, rc, sc.train, out, step_rewards=step_rewards)
     if jax.process_index() != 0:
         return
     common.save_checkpoint(common.model_dir(workdir, name), policy.cfg, result.params, policy.tokenizer_path,

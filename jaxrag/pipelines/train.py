@@ -7,6 +7,9 @@ config[name] (see configs/common/train.py: train_stage()):
   tokenizer  "" (records hold token ids) or a tokenizer path (records hold text; also copied beside the model):
              absolute, relative to the workdir, or "stage:<name>" (that stage's model dir)
   train   the trainer config (jaxrag.train.config.default_train_config()); its `loss` picks the record layout
+  epochs  optional, 0 = off: train for this many passes over the data instead of `train.steps`:
+          steps = ceil(epochs * rows / batch) (batch = train.batch_size examples; groups: batch_size / group_size),
+          logged and written to summary.json (the released RAG-Gym code trains by epochs: TRL num_train_epochs)
 Outputs: workdir/<name>/{checkpoints/, metrics.jsonl, tb/, train_config.json, model/ (HF checkpoint), summary.json}
 
 JSONL records (ids or text):
@@ -18,6 +21,7 @@ JSONL records (ids or text):
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import jax
@@ -121,6 +125,13 @@ def train_stage(config, workdir: str, name: str) -> None:
     examples = load_examples(kind, resolve(sc.data, workdir), tok, cfg.vocab_size)
     pad = cfg.pad_id if cfg.pad_id is not None else 0
     per_batch = tc.batch_size // tc.grpo.group_size if kind == "groups" else tc.batch_size
+    if sc.get("epochs"):
+        steps = epoch_steps(sc.epochs, len(examples), per_batch)
+        print(f"[{name}] epochs={sc.epochs}: steps = ceil({sc.epochs} * {len(examples)} rows / {per_batch}) = {steps} "
+              f"(train.steps={tc.steps} not used)", flush=True)
+        tc.steps = steps
+        tc.optimizer.warmup_steps = min(tc.optimizer.warmup_steps, steps)
+        tconfig.validate(tc)
     stream = BatchStream(examples, per_batch, lambda ex: make(ex, tuple(tc.seq_buckets), pad), seed=tc.seed)
     out = Path(workdir) / name
     result = fit(cfg, params, stream, None, tc, out)
@@ -128,6 +139,15 @@ def train_stage(config, workdir: str, name: str) -> None:
         tok_file = resolve(sc.tokenizer, workdir) if sc.get("tokenizer") else None
         save_checkpoint(model_dir(workdir, name), cfg, result.params, tok_file, head=result.head)
         save_summary(out / "summary.json", result)
+        if sc.get("epochs"):
+            summary = json.loads((out / "summary.json").read_text())
+            summary.update(epochs=sc.epochs, rows=len(examples), steps=tc.steps)
+            (out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+
+def epoch_steps(epochs: float, rows: int, batch: int) -> int:
+    """Optimizer steps for `epochs` passes over `rows` examples at `batch` per step: ceil(epochs * rows / batch)."""
+    return max(1, math.ceil(epochs * rows / batch - 1e-9))
 
 
 def check_config(config, stage: str) -> None:
@@ -140,6 +160,9 @@ def check_config(config, stage: str) -> None:
         tconfig.resolve(sc.train)
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"config.{stage}.{e}") from None
+    epochs = sc.get("epochs", 0)
+    if isinstance(epochs, bool) or not isinstance(epochs, (int, float)) or epochs < 0:
+        raise ValueError(f"config.{stage}.epochs: {epochs!r}: a number >= 0 (0: train.steps)")
     if sc.init == "random" and "model" not in config:
         raise ValueError(f"config.{stage}.init='random' needs config.model (ModelConfig fields)")
 

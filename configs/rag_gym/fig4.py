@@ -1,0 +1,62 @@
+"""RAG-Gym Figure 4 (001 §4.3, inference-time scaling): Re²Search with the trained critic choosing among N actions
+sampled per step (T = 1.0), for several N, on HotpotQA, 2WikiMultihopQA and Bamboogle.
+
+    python -m jaxrag.main --config=configs/rag_gym/fig4.py --workdir=runs/rag_gym_fig4 \
+        --config.base_model=/models/Llama-3.1-8B-Instruct --config.critic_model=/models/Llama-3.1-8B-Instruct \
+        --config.collect.judge.base_url=https://api.openai.com/v1
+    python -m jaxrag.main --config=configs/rag_gym/fig4.py:smoke --workdir=/tmp/rg_fig4_smoke   # CI
+
+Stages: collect (GPT-4o ranking, the first 1,000 HotpotQA dev questions) -> critic_pairs -> critic (the PRM of
+configs/rag_gym/pieces.py) -> eval: the zero-shot Re²Search actor (the base model) with the critic at each N in `NS`,
+one row per N named "re2search+critic-n<N>" (N = 1: one sample at T = 1.0, nothing to choose). The paper's text does
+not print the N values on the figure's axis: NS is a guess spanning the paper's N = 10 (set it to the figure's axis
+when known). MedQA (in the figure) needs its own collection and critic on MedQA train: not in this config.
+"""
+
+import ml_collections
+
+from configs.common import paper
+from configs.rag_gym import pieces
+from configs.rag_gym import table2 as t2_cfg
+
+NS = (1, 2, 4, 8, 10)
+DATASETS = ("HotpotQA", "2Wiki", "Bamboogle")
+
+
+def get_config(variant: str = ""):
+    paper.check_variant("configs/rag_gym/fig4.py", variant)
+    agent = "re2search"
+    t2 = t2_cfg.get_config("shared" if variant == "shared" else "")
+    base = ml_collections.FieldReference("", field_type=str)
+    critic_base = ml_collections.FieldReference("", field_type=str)
+    c = ml_collections.ConfigDict({"paper": "rag_gym", "table": "fig4", "model": "Llama-3.1-8B-Instruct"})
+    c.base_model, c.critic_model = base, critic_base
+    c.stages = ["collect", "critic_pairs", "critic", "eval"]
+    c.collect = pieces.collect(base, t2, agent)
+    c.critic_pairs = pieces.critic_pairs(critic_base, agent=agent)
+    c.critic = pieces.critic(critic_base)
+    c.eval = t2.eval
+    c.eval.datasets = [d for d in t2.eval.datasets if d["name"] in DATASETS]
+    c.eval.agents = [pieces.critic_entry(agent, n=n, variant=f"n{n}") for n in NS]
+    c.eval.policy.path = base
+    if variant == "shared":
+        c.collect.questions.path = t2.eval.datasets[0]["path"]   # the shared HotpotQA dev 500: first 250 collect,
+        c.collect.questions.select = "first:250"                  # last 250 eval (as configs/rag_gym/dpo.py)
+        c.eval.datasets = [dict(d, select="last:250") if d["name"] == "HotpotQA" else d for d in c.eval.datasets]
+    elif variant == "smoke":
+        smoke(c)
+    return c
+
+
+def smoke(c) -> None:
+    """Tiny random actor and critic, 4 collect questions, 2 critic steps, N in (1, 2) on 2 HotpotQA questions."""
+    from jaxrag.pipelines.rl import tiny_checkpoint_config
+
+    c.stages = ["setup", "setup_critic"] + list(c.stages)
+    c.setup = tiny_checkpoint_config(paper.SHARED_CORPUS)
+    c.model = "tiny-random"
+    c.base_model = "stage:setup"
+    pieces.smoke_collect(c)
+    pieces.smoke_critic(c)
+    pieces.smoke_eval(c.eval, ("HotpotQA",), "last:2")
+    c.eval.agents = [pieces.critic_entry("re2search", n=n, variant=f"n{n}") for n in (1, 2)]
