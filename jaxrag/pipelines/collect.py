@@ -24,11 +24,8 @@ import json
 from pathlib import Path
 
 from jaxrag.jsonl import write_atomic
-from jaxrag.pipelines.common import config_fail, load_policy, load_retriever, log, resolve, stage_dir, write_json
-
-
-def _plain(v):
-    return v.to_dict() if hasattr(v, "to_dict") else dict(v)
+from jaxrag.pipelines.common import (config_fail, load_policy, load_retriever, log, plain, resolve, stage_dir,
+                                     write_json)
 
 
 JUDGE_KINDS = ("http", "local", "fn")
@@ -77,10 +74,10 @@ def check_config(config, name: str) -> None:
     except KeyError as e:
         config_fail(f"{name}.agent.name", e.args[0])
     try:
-        RankingConfig(**_plain(sc.ranking))
+        RankingConfig(**plain(sc.ranking))
     except (TypeError, ValueError) as e:
         config_fail(f"{name}.ranking", str(e))
-    jc = _plain(sc.judge)
+    jc = plain(sc.judge)
     if jc.get("kind") not in JUDGE_KINDS:
         config_fail(f"{name}.judge.kind", f"{jc.get('kind')!r}: choose one of {JUDGE_KINDS}")
     if jc["kind"] == "http" and not (jc.get("base_url") and jc.get("model")):
@@ -136,16 +133,16 @@ def ranking_stage(config, workdir, name) -> None:
 
     sc = config[name]
     out = stage_dir(workdir, name)
-    pcfg = _plain(sc.policy)
+    pcfg = plain(sc.policy)
     policy = resolve_fn(pcfg.get("fn", LOAD_POLICY), f"config.{name}.policy.fn")(pcfg, workdir)
-    retriever = load_retriever(_plain(sc.retriever), workdir)
-    opts = dict(_plain(sc.agent).get("opts", {}))
+    retriever = load_retriever(plain(sc.retriever), workdir)
+    opts = dict(plain(sc.agent).get("opts", {}))
     if opts.get("mode", "chat") == "chat":
         opts.setdefault("tokenizer", getattr(policy, "tokenizer", None))
     agent = get_agent(sc.agent.name, **opts)
     questions = load_qa(resolve(sc.questions.path, workdir), sc.questions.get("select") or None)
-    judge = make_judge(_plain(sc.judge), workdir, policy)
-    rc = RankingConfig(**_plain(sc.ranking))
+    judge = make_judge(plain(sc.judge), workdir, policy)
+    rc = RankingConfig(**plain(sc.ranking))
     episodes: list = []
     records, stats = collect_ranking(policy, retriever, agent, judge, questions, rc, episodes=episodes)
     dpo, sft, pairs = training_rows(records, policy, rc.max_new_tokens)
@@ -210,7 +207,7 @@ def critic_pairs_stage(config, workdir, name) -> None:
     sc = config[name]
     out = stage_dir(workdir, name)
     tok = load_tokenizer(resolve(sc.tokenizer, workdir))
-    opts = dict(_plain(sc.agent).get("opts", {}))
+    opts = dict(plain(sc.agent).get("opts", {}))
     if opts.get("mode", "chat") == "chat":
         opts["tokenizer"] = tok
     agent = get_agent(sc.agent.name, **opts)
@@ -260,18 +257,18 @@ def rollout_values_stage(config, workdir, name) -> None:
 
     sc = config[name]
     out = stage_dir(workdir, name)
-    pcfg = _plain(sc.policy)
+    pcfg = plain(sc.policy)
     policy = resolve_fn(pcfg.get("fn", LOAD_POLICY), f"config.{name}.policy.fn")(pcfg, workdir)
-    retriever = load_retriever(_plain(sc.retriever), workdir)
-    opts = dict(_plain(sc.agent).get("opts", {}))
+    retriever = load_retriever(plain(sc.retriever), workdir)
+    opts = dict(plain(sc.agent).get("opts", {}))
     if opts.get("mode", "chat") == "chat":
         opts.setdefault("tokenizer", getattr(policy, "tokenizer", None))
     agent = get_agent(sc.agent.name, **opts)
-    scfg = _plain(sc.get("summarizer", None) or {})
+    scfg = plain(sc.get("summarizer", None) or {})
     summarizer = load_policy(scfg, workdir) if scfg.get("path") else None
     records = read_records(resolve(sc.records, workdir))
     stats: dict = {}
-    valued = rollout_values(policy, retriever, agent, records, RolloutValueConfig(**_plain(sc.rollouts)),
+    valued = rollout_values(policy, retriever, agent, records, RolloutValueConfig(**plain(sc.rollouts)),
                             summarizer=summarizer, stats=stats)
     write_records(out / "records.jsonl", valued)
     src = records[0].source if records else "judge"
@@ -300,7 +297,7 @@ def check_rollout_values(config, name: str) -> None:
     except KeyError as e:
         config_fail(f"{name}.agent.name", e.args[0])
     try:
-        RolloutValueConfig(**_plain(sc.rollouts))
+        RolloutValueConfig(**plain(sc.rollouts))
     except (TypeError, ValueError) as e:
         config_fail(f"{name}.rollouts", str(e))
 

@@ -36,6 +36,11 @@ def resolve(path: str, workdir) -> Path:
     return p if p.is_absolute() else Path(workdir) / p
 
 
+def plain(section):
+    """A config section as plain Python (ConfigDict.to_dict); anything else as it is (dicts, lists, None)."""
+    return section.to_dict() if hasattr(section, "to_dict") else section
+
+
 def write_json(path, obj) -> Path:
     """JSON written to a temp file and renamed into place (jsonl.write_atomic): a killed write never leaves a half
     file, a failed one names the file and keeps the old one."""

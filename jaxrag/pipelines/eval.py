@@ -32,15 +32,11 @@ from jaxrag.env.agents import get_agent
 from jaxrag.env.rollout import RolloutConfig
 from jaxrag.evaluate import evaluate, results_table
 from jaxrag.judge import judge_from_config
-from jaxrag.pipelines.common import config_fail, write_json
+from jaxrag.pipelines.common import config_fail, plain, write_json
 
 
 log = logging.getLogger(__name__)
 _LOAD_POLICY = "jaxrag.pipelines.common:load_policy"
-
-
-def _plain(v):
-    return v.to_dict() if hasattr(v, "to_dict") else v
 
 
 def _check_file(key: str, path: str) -> None:
@@ -57,7 +53,7 @@ def _check_file(key: str, path: str) -> None:
 
 def agent_entries(ec) -> list[dict]:
     """The stage's agent entries as dicts (a bare name is {"name": name})."""
-    return [{"name": a} if isinstance(a, str) else dict(a) for a in _plain(ec.agents)]
+    return [{"name": a} if isinstance(a, str) else dict(a) for a in plain(ec.agents)]
 
 
 def method_name(a: dict, tuning: str = "") -> str:
@@ -198,7 +194,7 @@ def check_config(config, name: str) -> None:
         if method in methods:
             config_fail(f"{name}.agents[{i}]", f"duplicate method name {method!r} (give one a 'method')")
         methods.add(method)
-    for j, d in enumerate(_plain(ec.datasets)):
+    for j, d in enumerate(plain(ec.datasets)):
         if not d.get("path"):
             config_fail(f"{name}.datasets[{j}].path", "missing")
         if Path(d["path"]).is_absolute():  # relative ones are relative to the workdir: checked when the stage starts
@@ -208,10 +204,10 @@ def check_config(config, name: str) -> None:
         except QADataError as e:
             config_fail(f"{name}.datasets[{j}].select", str(e))
     try:
-        RolloutConfig(**_plain(ec.get("rollout", {})))
+        RolloutConfig(**plain(ec.get("rollout", {})))
     except TypeError as e:
         config_fail(f"{name}.rollout", str(e))
-    pcfg, rcfg = _plain(ec.policy), _plain(ec.retriever)
+    pcfg, rcfg = plain(ec.policy), plain(ec.retriever)
     if pcfg.get("fn", "jaxrag.pipelines.common:load_policy") == "jaxrag.pipelines.common:load_policy" \
             and not pcfg.get("path"):
         config_fail(f"{name}.policy.path", "empty: set --config.{name}.policy.path=<a Hugging Face checkpoint dir>")
@@ -219,7 +215,7 @@ def check_config(config, name: str) -> None:
             and not rcfg.get("index_dir") and rcfg.get("corpus"):
         _check_file(f"{name}.retriever.corpus", rcfg["corpus"])
     try:
-        judge_from_config(_plain(ec.get("judge", None)))
+        judge_from_config(plain(ec.get("judge", None)))
     except ValueError as e:
         config_fail(f"{name}.judge", str(e))
 
@@ -256,21 +252,21 @@ def eval_stage(config, workdir: str | Path, name: str) -> dict:
     from jaxrag.pipelines.common import resolve
 
     ec = config[name]
-    datasets = [dict(d, path=str(resolve(d["path"], workdir))) for d in _plain(ec.datasets)]
+    datasets = [dict(d, path=str(resolve(d["path"], workdir))) for d in plain(ec.datasets)]
     for j, d in enumerate(datasets):
         _check_file(f"{name}.datasets[{j}].path", d["path"])
     out_dir = Path(workdir) / name
     out_dir.mkdir(parents=True, exist_ok=True)
-    pcfg, rcfg = _plain(ec.policy), _plain(ec.retriever)
+    pcfg, rcfg = plain(ec.policy), plain(ec.retriever)
     policy = resolve_fn(pcfg.get("fn", "jaxrag.pipelines.common:load_policy"), f"config.{name}.policy.fn")(pcfg, workdir)
     retriever = resolve_fn(rcfg.get("fn", "jaxrag.pipelines.common:load_retriever"), f"config.{name}.retriever.fn")(rcfg, workdir)
-    scfg = _plain(ec.get("summarizer", None))
+    scfg = plain(ec.get("summarizer", None))
     if scfg and scfg.get("fn", _LOAD_POLICY) == _LOAD_POLICY and not scfg.get("path"):
         scfg = None  # an empty path: the policy summarizes
     summarizer = (resolve_fn(scfg.get("fn", "jaxrag.pipelines.common:load_policy"), f"config.{name}.summarizer.fn")
                   (scfg, workdir) if scfg else None)
-    judge = judge_from_config(_plain(ec.get("judge", None)))
-    rc = RolloutConfig(**_plain(ec.get("rollout", {})))
+    judge = judge_from_config(plain(ec.get("judge", None)))
+    rc = RolloutConfig(**plain(ec.get("rollout", {})))
     results: dict[str, dict[str, dict]] = {}
     metrics_path = out_dir / "metrics.jsonl"
     metrics_path.write_text("")

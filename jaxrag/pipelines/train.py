@@ -29,7 +29,7 @@ import numpy as np
 
 from jaxrag.jsonl import iter_jsonl
 from jaxrag.models import ModelConfig, init_params
-from jaxrag.pipelines.common import load_checkpoint, model_dir, resolve, save_checkpoint
+from jaxrag.pipelines.common import load_checkpoint, model_dir, resolve, save_checkpoint, write_json
 from jaxrag.train import config as tconfig
 from jaxrag.train.batching import BatchStream, Group, PreferencePair, SFTExample, group_batch, pair_batch, sft_batch
 from jaxrag.train.loop import fit, save_summary
@@ -142,7 +142,7 @@ def train_stage(config, workdir: str, name: str) -> None:
         if sc.get("epochs"):
             summary = json.loads((out / "summary.json").read_text())
             summary.update(epochs=sc.epochs, rows=len(examples), steps=tc.steps)
-            (out / "summary.json").write_text(json.dumps(summary, indent=1))
+            write_json(out / "summary.json", summary)
 
 
 def epoch_steps(epochs: float, rows: int, batch: int) -> int:
