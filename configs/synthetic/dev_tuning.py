@@ -86,5 +86,9 @@ def get_config(which: str = "a"):
         c.grpo_t07_g8_lr1e4 = grpo(c, 1e-4, 0.7, q=4, g=8)
         c.eval_dev_c = ev(c, [dict(name="grpo_t07_g8_lr1e4", agent="react", model="grpo_t07_g8_lr1e4")])
         new = ["grpo_t07_g8_lr1e4", "eval_dev_c"]
+    elif which == "d":  # the lr alone: DPO at 3e-5 on the T 1 pairs (separates the two knobs of trial a)
+        c.dpo_t1_lr3e5 = dpo(c, "supervision", 3e-5)
+        c.eval_dev_d = ev(c, [dict(name="dpo_t1_lr3e5", agent="react", model="dpo_t1_lr3e5")])
+        new = ["dpo_t1_lr3e5", "eval_dev_d"]
     c.stages = st + new
     return c
