@@ -51,26 +51,31 @@ def get_config(preset: str = "demo"):
                                optimizer=dict(lr=2e-3, warmup_steps=50, min_lr_ratio=0.1, weight_decay=0.01)))
     # Process supervision: N candidates per state from the SFT policy, scored by the world's oracle (RAG-Gym
     # collection: execute the best, keep correct trajectories); pairs (score > 0.75, < 0.5) at the same state.
+    # T = 0.5, not RAG-Gym's T = 1 (8B policies): a 1M-parameter policy at T = 1 mostly misspells names, so its
+    # pairs teach "spell the name right"; chosen on the dev split (results/synthetic_dev_tuning.md).
     rollout_common = dict(max_steps=8, batch_size=64, max_new_tokens=40)
     c.supervision = dict(fn=f"{P}.supervise:supervision_stage", policy="sft", agent="react", max_questions=300,
-                         n_candidates=4, temperature=1.0, outcome_threshold=0.75, agreement_questions=50,
+                         n_candidates=4, temperature=0.5, outcome_threshold=0.75, agreement_questions=50,
                          rollout_m=2, http_judge=dict(base_url="", model=""), **rollout_common)
     pref_train = dict(steps=150, batch_size=8, seq_buckets=(128, 192, 256, 320),
                       optimizer=dict(lr=1e-4, warmup_steps=20, min_lr_ratio=0.1))
     c.dpo = dict(fn=f"{P}.preference:preference_stage", pairs="supervision", init="sft", max_len=320,
-                 train=trainer(loss="dpo", dpo=dict(beta=0.1), **pref_train))  # beta: RAG-Gym code
+                 train=trainer(loss="dpo", dpo=dict(beta=0.1), **{**pref_train, "optimizer": dict(
+                     lr=3e-5, warmup_steps=20, min_lr_ratio=0.1)}))  # beta: RAG-Gym code; lr: dev split
     c.critic = dict(fn=f"{P}.preference:preference_stage", pairs="supervision", init="sft", max_len=320,
                     train=trainer(loss="bt", bt=dict(center_coef=0.01), **{**pref_train, "optimizer": dict(
                         lr=3e-4, warmup_steps=20, min_lr_ratio=0.1)}))  # c = 0.01: RAG-Gym code
     # Outcome supervision at equal sampled data: SFT on the policy's own correct trajectories (rejection sampling).
+    # Same sampling temperature as the supervision stage: the two supervision kinds differ only in what they keep.
     c.outcome = dict(fn=f"{P}.outcome:outcome_stage", policy="sft", budget_from="supervision", agent="react",
-                     max_questions=300, keep_f1=1.0, temperature=1.0, max_len=256, **rollout_common,
+                     max_questions=300, keep_f1=1.0, temperature=c.supervision.temperature, max_len=256,
+                     **rollout_common,
                      train=trainer(loss="sft", steps=150, batch_size=16, seq_buckets=(64, 128, 192, 256),
                                    optimizer=dict(lr=1e-4, warmup_steps=20, min_lr_ratio=0.1)))
     c.grpo = grpo_section(c)
     c.agreement = dict(fn=f"{P}.analysis:agreement_stage", records="supervision", critic="critic", agent="react")
     c.bestofn = dict(fn=f"{P}.analysis:bestofn_stage", policy="sft", critic="critic", agent="react", ns=(1, 4),
-                     split="test", max_questions=100, temperature=1.0, **rollout_common)
+                     split="test", max_questions=100, temperature=0.5, **rollout_common)  # T: dev split
     c.eval = dict(
         fn=f"{P}.evaluate:eval_stage", splits=("test", "heldout"), max_questions=200, max_steps=8, max_new_tokens=40,
         batch_size=128,
@@ -80,8 +85,8 @@ def get_config(preset: str = "demo"):
             dict(name="sft_react", agent="react", model="sft"),
             dict(name="outcome_rs", agent="react", model="outcome"),
             dict(name="dpo", agent="react", model="dpo"),
-            dict(name="sft_critic_bo4", agent="react", model="sft", critic="critic", n=4, temperature=1.0),
-            dict(name="dpo_critic_bo4", agent="react", model="dpo", critic="critic", n=4, temperature=1.0),
+            dict(name="sft_critic_bo4", agent="react", model="sft", critic="critic", n=4, temperature=0.5),
+            dict(name="dpo_critic_bo4", agent="react", model="dpo", critic="critic", n=4, temperature=0.5),
             dict(name="grpo", agent="react", model="grpo"),
         ],
     )
@@ -123,6 +128,9 @@ def apply_tiny(c) -> None:
     c.sft.train.progress = False
     c.sft.train.steps = 150  # enough for some good queries, so the supervision stage finds preference pairs
     c.sft.train.optimizer.lr = 5e-3
+    # the tiny policy keeps the T = 1 sampling and DPO lr it was wired with (enough pairs and correct episodes)
+    c.supervision.temperature = c.outcome.temperature = 1.0
+    c.dpo.train.optimizer.lr = 1e-4
     for s in ("dpo", "critic", "outcome"):
         c[s].train.steps = 6
         c[s].train.batch_size = 4
@@ -133,7 +141,7 @@ def apply_tiny(c) -> None:
                               outcome_threshold=-1.0))
     # keep every sampled trajectory: a weak tiny policy may answer none right, and the wiring must still run
     c.outcome.update(dict(max_questions=16, max_steps=4, max_new_tokens=16, keep_f1=0.0))
-    c.bestofn.update(dict(ns=(1, 2), max_questions=8, max_steps=4, max_new_tokens=16))
+    c.bestofn.update(dict(ns=(1, 2), max_questions=8, max_steps=4, max_new_tokens=16, temperature=1.0))
     c.grpo.rl.update(dict(steps=2, questions_per_step=4, group_size=2, max_steps=4, max_new_tokens=16))
     c.grpo.train.progress = False
     c.eval.update(dict(max_questions=24, max_steps=4, max_new_tokens=16))
