@@ -46,7 +46,8 @@ def get_config(preset: str = "demo"):
     # ReasonRAG's search (its released code: 2 children per expansion, UCT "code", α = 0.9 in the preference
     # script), sized to the synthetic world: fewer rollouts per tree and depth = the demo's max_steps.
     c.mcts = dict(fn=f"{P}.mcts:mcts_stage", policy="sft", agent="react", budget_from="supervision",
-                  max_questions=c.supervision.max_questions, trees_per_round=16, temperature=1.0,
+                  max_questions=c.supervision.max_questions, trees_per_round=16,
+                  temperature=c.supervision.temperature,  # the ranking pairs' sampling: equal footing
                   max_new_tokens=c.supervision.max_new_tokens, batch_size=c.supervision.batch_size,
                   mcts=dict(uct="code", c=1.414, max_children=2, max_rollouts=16, max_iterations=16,
                             max_depth=c.supervision.max_steps, rollouts_per_node=1, alpha=0.9, min_margin=0.01))
@@ -63,7 +64,8 @@ def get_config(preset: str = "demo"):
     # refined -> stage 1 SFT (correct, every query good) -> stage 2 DPO on trajectory pairs -> stage 3 GRPO with the
     # composite reward (the paper's γ, φ and λ; step labels from novelty inside the reward, as the code's default)
     c.ss_data = dict(fn=f"{P}.smartsearch:curriculum_data_stage", policy="sft", agent="react",
-                     max_questions=c.supervision.max_questions, samples=4, temperature=1.0,
+                     max_questions=c.supervision.max_questions, samples=4,
+                     temperature=c.supervision.temperature,
                      max_steps=c.supervision.max_steps, batch_size=c.supervision.batch_size,
                      max_new_tokens=c.supervision.max_new_tokens,
                      smartsearch=dict(overlap_threshold=1, correct_f1=0.8, require_judged=True))
