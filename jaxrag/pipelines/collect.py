@@ -123,23 +123,31 @@ def _write_rows(path: Path, rows: list[dict]) -> None:
     write_atomic(path, lambda f: f.writelines(json.dumps(r) + "\n" for r in rows))
 
 
-def ranking_stage(config, workdir, name) -> None:
-    from jaxrag.data.qa import load_qa
+def _actor(sc, name: str, workdir):
+    """(policy, retriever, agent) of a collection stage's section: the policy loader (`policy.fn`, default
+    load_policy), the retriever, and the agent design rendered with the policy's chat template unless opts say
+    otherwise."""
     from jaxrag.env.agents import get_agent
-    from jaxrag.env.mdp import write_episodes
     from jaxrag.main import resolve_fn
-    from jaxrag.supervision.ranking import RankingConfig, collect_ranking
-    from jaxrag.supervision.records import write_pairs, write_records
 
-    sc = config[name]
-    out = stage_dir(workdir, name)
     pcfg = plain(sc.policy)
     policy = resolve_fn(pcfg.get("fn", LOAD_POLICY), f"config.{name}.policy.fn")(pcfg, workdir)
     retriever = load_retriever(plain(sc.retriever), workdir)
     opts = dict(plain(sc.agent).get("opts", {}))
     if opts.get("mode", "chat") == "chat":
         opts.setdefault("tokenizer", getattr(policy, "tokenizer", None))
-    agent = get_agent(sc.agent.name, **opts)
+    return policy, retriever, get_agent(sc.agent.name, **opts)
+
+
+def ranking_stage(config, workdir, name) -> None:
+    from jaxrag.data.qa import load_qa
+    from jaxrag.env.mdp import write_episodes
+    from jaxrag.supervision.ranking import RankingConfig, collect_ranking
+    from jaxrag.supervision.records import write_pairs, write_records
+
+    sc = config[name]
+    out = stage_dir(workdir, name)
+    policy, retriever, agent = _actor(sc, name, workdir)
     questions = load_qa(resolve(sc.questions.path, workdir), sc.questions.get("select") or None)
     judge = make_judge(plain(sc.judge), workdir, policy)
     rc = RankingConfig(**plain(sc.ranking))
@@ -249,21 +257,13 @@ def rollout_values_stage(config, workdir, name) -> None:
     same > 0.75 / < 0.5 rule via critic_pairs_stage), agreement.{md,csv}: pairwise ranking agreement of the rollout
     values with the collection's judge ranks on the same states (jaxrag.supervision.agreement; the paper's Agree
     column is against human annotators on MedQA, which jaxrag does not have), and stats.json."""
-    from jaxrag.env.agents import get_agent
-    from jaxrag.main import resolve_fn
     from jaxrag.supervision.agreement import agreement_csv, agreement_markdown, agreement_table
     from jaxrag.supervision.records import read_records, write_records
     from jaxrag.supervision.rollout_values import RolloutValueConfig, rollout_values
 
     sc = config[name]
     out = stage_dir(workdir, name)
-    pcfg = plain(sc.policy)
-    policy = resolve_fn(pcfg.get("fn", LOAD_POLICY), f"config.{name}.policy.fn")(pcfg, workdir)
-    retriever = load_retriever(plain(sc.retriever), workdir)
-    opts = dict(plain(sc.agent).get("opts", {}))
-    if opts.get("mode", "chat") == "chat":
-        opts.setdefault("tokenizer", getattr(policy, "tokenizer", None))
-    agent = get_agent(sc.agent.name, **opts)
+    policy, retriever, agent = _actor(sc, name, workdir)
     scfg = plain(sc.get("summarizer", None) or {})
     summarizer = load_policy(scfg, workdir) if scfg.get("path") else None
     records = read_records(resolve(sc.records, workdir))

@@ -100,25 +100,32 @@ def _check_critic_dir(key: str, p: Path) -> None:
         config_fail(key, f"{p}: no head.npz (a policy checkpoint, not a critic?)")
 
 
+def _critic_checkpoint(path: str, key: str, workdir):
+    """(model config, params, head, tokenizer) of the critic checkpoint at `path` (relative to the workdir, or
+    stage:<name>); a dir that is not a critic checkpoint is an error naming `key`."""
+    from jaxrag.pipelines.common import load_checkpoint, resolve
+    from jaxrag.tokenizer import load_tokenizer
+
+    path = resolve(path, workdir)
+    try:
+        _check_critic_dir(key, path)
+    except ValueError as e:
+        raise ValueError(f"{e} (has its stage run?)") from None
+    mcfg, params, head = load_checkpoint(path, with_head=True)
+    return mcfg, params, head, load_tokenizer(path)
+
+
 def load_critic(spec, key: str, workdir, agent_name: str, agent_opts: dict):
     """The rollout `select` of a critic entry: CriticScorer over the checkpoint (its own tokenizer renders the
     states with the same agent design) -> argmax_a r_φ(s, a) (jaxrag.supervision.critic.critic_select)."""
-    from jaxrag.pipelines.common import load_checkpoint, resolve
     from jaxrag.supervision.critic import CriticScorer, critic_select
-    from jaxrag.tokenizer import load_tokenizer
 
     spec = {"path": spec} if isinstance(spec, str) else dict(spec)
     if spec.get("fn"):
         from jaxrag.main import resolve_fn
 
         return resolve_fn(spec["fn"], f"{key}.fn")(spec, workdir, agent_name)
-    path = resolve(spec["path"], workdir)
-    try:
-        _check_critic_dir(key, path)
-    except ValueError as e:
-        raise ValueError(f"{e} (has its stage run?)") from None
-    mcfg, params, head = load_checkpoint(path, with_head=True)
-    tok = load_tokenizer(path)
+    mcfg, params, head, tok = _critic_checkpoint(spec["path"], key, workdir)
     opts = dict(agent_opts)
     if opts.get("mode", "chat") == "chat":
         opts["tokenizer"] = tok  # the critic's own chat template renders its view of the state
@@ -132,18 +139,10 @@ def load_prm(spec, key: str, workdir, agent_section):
     generated actions"): episodes -> per-step rewards r_φ(s_t, a_t) from a critic checkpoint, each state rendered
     by the agent design in the critic's own chat template, one batched pass over every step of every episode.
     agent_section: the rl stage's agent section (name, mode, max_docs, max_doc_chars)."""
-    from jaxrag.pipelines.common import load_checkpoint, resolve
     from jaxrag.pipelines.rl import load_agent
     from jaxrag.supervision.critic import CriticScorer
-    from jaxrag.tokenizer import load_tokenizer
 
-    path = resolve(_critic_dir(spec), workdir)
-    try:
-        _check_critic_dir(key, path)
-    except ValueError as e:
-        raise ValueError(f"{e} (has its stage run?)") from None
-    mcfg, params, head = load_checkpoint(path, with_head=True)
-    tok = load_tokenizer(path)
+    mcfg, params, head, tok = _critic_checkpoint(_critic_dir(spec), key, workdir)
     scorer = CriticScorer(mcfg, params, head, tok, load_agent(agent_section, tok))
 
     def step_rewards(episodes) -> list[list[float]]:
