@@ -1,5 +1,7 @@
 """The RAG-Gym training stages every tuned config shares (sft.py, ppo.py, table3.py, table4.py, fig4.py; `critic_head`:
-the opening of the four critic configs), with the (github RAG-Gym/RAG-Gym, rag_gym/algorithms/prm/{sft,dpo,reward}/*.py, their CLI defaults) and the smoke variant's tiny versions. `base` is the config's one FieldReference for the base checkpoint.
+the opening of the four critic configs), with the released code's settings (github RAG-Gym/RAG-Gym,
+rag_gym/algorithms/prm/{sft,dpo,reward}/*.py, their CLI defaults) and the smoke variant's tiny versions. `base` is the
+config's one FieldReference for the base checkpoint.
 
   collect       the process-reward collection (jaxrag.pipelines.collect:ranking_stage), as configs/rag_gym/dpo.py
   sft           LoRA r 256 / α 512 / dropout 0.05 on q, k, v, lr 5e-5, batch 4 x 16 accumulation = 64, 3 epochs
