@@ -310,8 +310,8 @@ def mcts_rows(trees, records, policy, min_margin: float, max_new_tokens: int) ->
     """(dpo rows, sft rows, pairs) of grown trees: sibling pairs with |ΔQ| >= min_margin (002 §2.2.3: different
     text, reward gap >= 0.01; jaxrag.supervision.mcts.tree_pairs); SFT rows = each distinct preferred response at its
     state (002 §3.4, "ReasonRAG (SFT)"). Ids: the prompt as the policy encodes it, an action's sampled ids; an evidence
-    extraction (its ids are not kept by the tree) and any text whose ids are unknown go as text, which the train stage
-    tokenizes with its `tokenizer`."""
+    extraction (its ids are not kept by the tree), and everything of a policy that does not encode its prompts, go as
+    text, which the train stage tokenizes with its `tokenizer`."""
     from jaxrag.supervision.mcts import tree_pairs
 
     ids = {(r.prompt, c.raw): c.token_ids for r in records for c in r.candidates if c.token_ids}
@@ -322,9 +322,10 @@ def mcts_rows(trees, records, policy, min_margin: float, max_new_tokens: int) ->
             pairs.append(p)
             if p.prompt not in enc:
                 enc[p.prompt] = _encode(policy, p.prompt, max_new_tokens)
-            row = {"prompt_ids": enc[p.prompt]} if enc[p.prompt] is not None else {"prompt": p.prompt}
+            known = enc[p.prompt] is not None   # ids only in the tokens of a policy that encodes its prompts
+            row = {"prompt_ids": enc[p.prompt]} if known else {"prompt": p.prompt}
             for key, text in (("chosen", p.chosen), ("rejected", p.rejected)):
-                row.update({f"{key}_ids": ids[(p.prompt, text)]} if ids.get((p.prompt, text)) else {key: text})
+                row.update({f"{key}_ids": ids[(p.prompt, text)]} if known and ids.get((p.prompt, text)) else {key: text})
             dpo.append({**row, "qid": p.qid, "step": p.step, "margin": p.margin})
             if (p.prompt, p.chosen) not in seen:
                 seen.add((p.prompt, p.chosen))
