@@ -1,4 +1,6 @@
-"""RAG-Gym process-reward collection on real data (a QA file, a retriever, an LLM judge): `ranking_stage`.
+"""Process-supervision collection on real data (QA files, a retriever, an LLM judge): RAG-Gym's `ranking_stage`
+(below), and further down critic_pairs_stage, rollout_values_stage (RAG-Gym's critics), mcts_stage (ReasonRAG's
+MCTS-SPRE pairs) and smartsearch_stage (SmartSearch's curriculum data), each documented where it is defined.
 
 config[name]:
   policy      a load_policy spec: the actor whose candidates are ranked ({path, max_prompt_tokens, ...}; or
