@@ -29,7 +29,9 @@ Stages and settings (the released code, github RUC-NLPIR/SmartSearch, README "Tr
                        eval_config.yaml: do_sample False), dual-level credit by the judge (the process-reward model:
                        the paper's Qwen2.5-3B student of Qwen3-32B, an OpenAI-compatible endpoint, `judge`; novelty:
                        more than 1 repeated document is redundant), s2_data with refinement of every S_t = 0 query
-                       and regeneration; s1_data from the base model, s2_data from the stage-1 model.
+                       and regeneration; s2_data from the stage-1 model (README), s1_data from the base model (the
+                       README's stage-1 sampler is an unnamed "policy model": set `s1_data.policy.path` if it is
+                       another).
   s2_data_nor          "directly generating full trajectories without query refinement" (004 §5.3): 4 trajectories
                        per question at T = 1.0 (the paper gives neither number), preference by the same rule.
   s1_sft*              qwen_full_sft.yaml: full fine-tuning, lr 7e-6 cosine, 3 epochs, sequences up to 16,384 tokens,
