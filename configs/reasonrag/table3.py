@@ -16,7 +16,7 @@ Rows (jaxrag.pipelines.published.METHODS) and the stages behind them:
   RL-ORL: 10k queries     orl_10k (the same on those + 5k more) -> eval_orl_10k                  "reasonrag+orl-10k"
 
 Stages and their settings:
-  mcts     RAG-ProGuide's construction (002 §2.2.3; jaxrag.pipelines.collect:mcts_stage): 3,000 questions sampled from
+  mcts     RAG-ProGuide's construction (002 §2.2.3; jaxrag.pipelines.collect_mcts:mcts_stage): 3,000 questions sampled from
            each of PopQA, HotpotQA and 2Wiki train; MCTS with SPRE over the ReasonRAG agent's Reasoning / Grounding
            steps, the released code's settings (data_generation.py: max_iter 7, max_children 2, max_rollouts 64,
            c 1.414, retrieval top 3; preference_data_generation.py: SPRE decay 0.9, pairs of siblings with a reward
@@ -55,7 +55,7 @@ ROWS = (("eval_base", "base", ""), ("eval_dpo", "stage:dpo", "dpo"), ("eval_sft"
 
 def mcts(base, t2) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict({
-        "fn": "jaxrag.pipelines.collect:mcts_stage",
+        "fn": "jaxrag.pipelines.collect_mcts:mcts_stage",
         "policy": {"path": base, "max_prompt_tokens": 8192},
         "retriever": t2.eval.retriever.to_dict(),
         "questions": [{"path": p, "select": "sample:3000:0"} for _, p in TRAIN],

@@ -24,7 +24,7 @@ paper's: the online "smartsearch" reward has no usefulness judge in the loop (S_
 smartsearch.step_labels), where the paper's process reward asks the judge for every query.
 
 Stages and settings (the released code, github RUC-NLPIR/SmartSearch, README "Training"):
-  s1_data / s2_data    jaxrag.pipelines.collect:smartsearch_stage: trajectories on the training questions (ASearcher-
+  s1_data / s2_data    jaxrag.pipelines.collect_smartsearch:smartsearch_stage: trajectories on the training questions (ASearcher-
                        Base-35k, `questions.path`: a QA JSONL to prepare) sampled as run_eval.py does (greedy,
                        eval_config.yaml: do_sample False), dual-level credit by the judge (the process-reward model:
                        the paper's Qwen2.5-3B student of Qwen3-32B, an OpenAI-compatible endpoint, `judge`; novelty:
@@ -68,7 +68,7 @@ ROWS = {
 
 def data_stage(policy, t1, judge, *, refine: bool, samples: int = 1, temperature: float = 0.0):
     return ml_collections.ConfigDict({
-        "fn": "jaxrag.pipelines.collect:smartsearch_stage",
+        "fn": "jaxrag.pipelines.collect_smartsearch:smartsearch_stage",
         "policy": {"path": policy, "max_prompt_tokens": 16384 - 1024},
         "retriever": t1.eval.retriever.to_dict(),
         "questions": {"path": "data/asearcher_base_35k.jsonl", "select": "all"},

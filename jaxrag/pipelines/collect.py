@@ -1,6 +1,6 @@
-"""Process-supervision collection on real data (QA files, a retriever, an LLM judge): RAG-Gym's `ranking_stage`
-(below), and further down critic_pairs_stage, rollout_values_stage (RAG-Gym's critics), mcts_stage (ReasonRAG's
-MCTS-SPRE pairs) and smartsearch_stage (SmartSearch's curriculum data), each documented where it is defined.
+"""RAG-Gym's process-supervision collection on real data (a QA file, a retriever, an LLM judge): `ranking_stage`
+(below), and further down critic_pairs_stage and rollout_values_stage (RAG-Gym's critics). ReasonRAG's MCTS-SPRE
+pairs: pipelines/collect_mcts.py; SmartSearch's curriculum data: pipelines/collect_smartsearch.py.
 
 config[name]:
   policy      a load_policy spec: the actor whose candidates are ranked ({path, max_prompt_tokens, ...}; or
@@ -88,7 +88,7 @@ def check_config(config, name: str) -> None:
         config_fail(f"{name}.judge.fn", "empty: 'module:function'")
 
 
-def _encode(policy, prompt: str, max_new_tokens: int) -> list[int] | None:
+def encode_prompt(policy, prompt: str, max_new_tokens: int) -> list[int] | None:
     enc = getattr(policy, "encode_prompt", None)
     return enc(prompt, max_new_tokens) if enc is not None else None
 
@@ -101,7 +101,7 @@ def training_rows(records, policy, max_new_tokens: int) -> tuple[list[dict], lis
     dpo, sft, pairs = [], [], []
     for rec in records:
         ids = {c.raw: c.token_ids for c in rec.candidates}
-        prompt_ids = _encode(policy, rec.prompt, max_new_tokens)
+        prompt_ids = encode_prompt(policy, rec.prompt, max_new_tokens)
         rec_pairs = ranking_pairs([rec])
         pairs += rec_pairs
         for p in rec_pairs:
@@ -121,11 +121,11 @@ def training_rows(records, policy, max_new_tokens: int) -> tuple[list[dict], lis
     return dpo, sft, pairs
 
 
-def _write_rows(path: Path, rows: list[dict]) -> None:
+def write_rows(path: Path, rows: list[dict]) -> None:
     write_atomic(path, lambda f: f.writelines(json.dumps(r) + "\n" for r in rows))
 
 
-def _actor(sc, name: str, workdir):
+def actor(sc, name: str, workdir):
     """(policy, retriever, agent) of a collection stage's section: the policy loader (`policy.fn`, default
     load_policy), the retriever, and the agent design rendered with the policy's chat template unless opts say
     otherwise."""
@@ -149,7 +149,7 @@ def ranking_stage(config, workdir, name) -> None:
 
     sc = config[name]
     out = stage_dir(workdir, name)
-    policy, retriever, agent = _actor(sc, name, workdir)
+    policy, retriever, agent = actor(sc, name, workdir)
     questions = load_qa(resolve(sc.questions.path, workdir), sc.questions.get("select") or None)
     judge = make_judge(plain(sc.judge), workdir, policy)
     rc = RankingConfig(**plain(sc.ranking))
@@ -158,8 +158,8 @@ def ranking_stage(config, workdir, name) -> None:
     dpo, sft, pairs = training_rows(records, policy, rc.max_new_tokens)
     write_records(out / "records.jsonl", records)
     write_pairs(out / "pairs.jsonl", pairs)
-    _write_rows(out / "dpo.jsonl", dpo)
-    _write_rows(out / "sft.jsonl", sft)
+    write_rows(out / "dpo.jsonl", dpo)
+    write_rows(out / "sft.jsonl", sft)
     write_episodes(out / "episodes.jsonl", episodes)
     stats.update(pairs=len(pairs), sft_rows=len(sft), judge=judge.name)
     write_json(out / "stats.json", stats)
@@ -223,7 +223,7 @@ def critic_pairs_stage(config, workdir, name) -> None:
     agent = get_agent(sc.agent.name, **opts)
     records = read_records(resolve(sc.records, workdir))
     rows, dropped = critic_pairs(records, agent, tok, int(sc.get("max_len", 4096)))
-    _write_rows(out / "pairs.jsonl", rows)
+    write_rows(out / "pairs.jsonl", rows)
     stats = {"records": len(records), "pairs": len(rows), "dropped": dropped, "max_len": int(sc.get("max_len", 4096)),
              "tokenizer": str(resolve(sc.tokenizer, workdir))}
     write_json(out / "stats.json", stats)
@@ -265,7 +265,7 @@ def rollout_values_stage(config, workdir, name) -> None:
 
     sc = config[name]
     out = stage_dir(workdir, name)
-    policy, retriever, agent = _actor(sc, name, workdir)
+    policy, retriever, agent = actor(sc, name, workdir)
     scfg = plain(sc.get("summarizer", None) or {})
     summarizer = load_policy(scfg, workdir) if scfg.get("path") else None
     records = read_records(resolve(sc.records, workdir))
@@ -305,266 +305,3 @@ def check_rollout_values(config, name: str) -> None:
 
 
 rollout_values_stage.check_config = check_rollout_values
-
-
-# -------------------------------------------------------------------------------------- ReasonRAG MCTS on a QA file
-def mcts_rows(trees, records, policy, min_margin: float, max_new_tokens: int) -> tuple[list[dict], list[dict], list]:
-    """(dpo rows, sft rows, pairs) of grown trees: sibling pairs with |ΔQ| >= min_margin (002 §2.2.3: different
-    text, reward gap >= 0.01; jaxrag.supervision.mcts.tree_pairs); SFT rows = each distinct preferred response at its
-    state (002 §3.4, "ReasonRAG (SFT)"). Ids: the prompt as the policy encodes it, an action's sampled ids; an evidence
-    extraction (its ids are not kept by the tree), and everything of a policy that does not encode its prompts, go as
-    text, which the train stage tokenizes with its `tokenizer`."""
-    from jaxrag.supervision.mcts import tree_pairs
-
-    ids = {(r.prompt, c.raw): c.token_ids for r in records for c in r.candidates if c.token_ids}
-    enc: dict = {}
-    dpo, sft, pairs, seen = [], [], [], set()
-    for t in trees:
-        for p in tree_pairs(t, min_margin):
-            pairs.append(p)
-            if p.prompt not in enc:
-                enc[p.prompt] = _encode(policy, p.prompt, max_new_tokens)
-            known = enc[p.prompt] is not None   # ids only in the tokens of a policy that encodes its prompts
-            row = {"prompt_ids": enc[p.prompt]} if known else {"prompt": p.prompt}
-            for key, text in (("chosen", p.chosen), ("rejected", p.rejected)):
-                row.update({f"{key}_ids": ids[(p.prompt, text)]} if known and ids.get((p.prompt, text)) else {key: text})
-            dpo.append({**row, "qid": p.qid, "step": p.step, "margin": p.margin})
-            if (p.prompt, p.chosen) not in seen:
-                seen.add((p.prompt, p.chosen))
-                s = {k: v for k, v in row.items() if k.startswith("prompt")}
-                s.update({"completion_ids": row["chosen_ids"]} if "chosen_ids" in row else {"completion": p.chosen})
-                sft.append({**s, "qid": p.qid, "step": p.step})
-    return dpo, sft, pairs
-
-
-def _question_sets(sc) -> list[dict]:
-    q = plain(sc.questions)
-    return list(q) if isinstance(q, (list, tuple)) else [q]
-
-
-def mcts_stage(config, workdir, name) -> None:
-    """ReasonRAG's process-supervised data (002 §2.2, RAG-ProGuide; METHODS.md §5) on real QA files: MCTS with SPRE
-    over the policy's Reasoning / Grounding steps (jaxrag.supervision.mcts + mcts_env.PolicyTreeEnv), `trees_per_round`
-    trees grown together, then sibling preference pairs.
-    config[name]: policy, retriever, agent ({name, opts}, as ranking_stage), questions ({path, select} or a list of
-    them: ReasonRAG samples 3,000 each of PopQA, HotpotQA and 2Wiki train), mcts (MCTSConfig fields), env
-    (PolicyTreeEnv settings: k, temperature, rollout_temperature, max_new_tokens, summary_max_new_tokens, batch_size,
-    seed), trees_per_round, judge (optional, as ranking_stage's; scores new intermediate nodes with ReasonRAG's
-    step prompt, 002 Fig. 14, when mcts.judge_weight > 0 or mcts.rollouts_per_node == 0).
-    Outputs under workdir/<name>/: trees.jsonl, records.jsonl, pairs.jsonl, dpo.jsonl and sft.jsonl (rows for
-    jaxrag.pipelines.train: `mcts_rows`), questions.jsonl (the questions whose trees gave a pair: the training
-    questions of the outcome-RL rows, "the same queries as RL-PRL", 002 §3.4), stats.json."""
-    from jaxrag.data.qa import load_qa
-    from jaxrag.supervision.mcts import MCTSConfig, run_mcts, tree_records, write_trees
-    from jaxrag.supervision.mcts_env import PolicyTreeEnv
-    from jaxrag.supervision.records import write_pairs, write_records
-
-    sc = config[name]
-    out = stage_dir(workdir, name)
-    policy, retriever, agent = _actor(sc, name, workdir)
-    questions = [q for qs in _question_sets(sc) for q in load_qa(resolve(qs["path"], workdir), qs.get("select"))]
-    judge = make_judge(plain(sc.judge), workdir, policy) if sc.get("judge") else None
-    cfg = MCTSConfig(**plain(sc.mcts))
-    env = PolicyTreeEnv(policy, retriever, agent, **plain(sc.env))
-    trees, st = [], {}
-    for start in range(0, len(questions), int(sc.trees_per_round)):
-        round_st: dict = {}
-        trees += run_mcts(env, questions[start:start + int(sc.trees_per_round)], cfg, judge=judge, stats=round_st)
-        for k, v in round_st.items():
-            st[k] = st.get(k, 0) + v if isinstance(v, (int, float)) else v
-        log(name, f"{len(trees)}/{len(questions)} trees, {env.sampled_actions} sampled outputs")
-    records = [r for t in trees for r in tree_records(t, agent.name)]
-    dpo, sft, pairs = mcts_rows(trees, records, policy, cfg.min_margin, env.max_new_tokens)
-    write_trees(out / "trees.jsonl", trees)
-    write_records(out / "records.jsonl", records)
-    write_pairs(out / "pairs.jsonl", pairs)
-    _write_rows(out / "dpo.jsonl", dpo)
-    _write_rows(out / "sft.jsonl", sft)
-    with_pairs = {p.qid for p in pairs}
-    _write_rows(out / "questions.jsonl", [{"id": q.id, "question": q.question, "golden_answers": list(q.golden_answers),
-                                           "dataset": q.dataset} for q in questions if q.id in with_pairs])
-    stats = {**{k: v for k, v in st.items() if isinstance(v, (int, float))}, "questions": len(questions),
-             "trees": len(trees), "states": len(records), "pairs": len(pairs), "sft_rows": len(sft),
-             "questions_with_pairs": len(with_pairs), "sampled": dict(env.sampled),
-             "sampled_actions_all": env.sampled_actions, "judge": judge.name if judge else None}
-    write_json(out / "stats.json", stats)
-    log(name, f"{len(trees)} trees, {len(records)} expanded states, {len(pairs)} pairs from {len(with_pairs)} questions")
-    if not pairs:
-        raise RuntimeError(f"{name}: no preference pairs from {len(trees)} trees (see {out}/stats.json): nothing for a "
-                           "DPO stage to train on")
-
-
-def check_mcts(config, name: str) -> None:
-    from jaxrag.data.qa import QADataError, parse_select
-    from jaxrag.env.agents import agent_module
-    from jaxrag.supervision.mcts import MCTSConfig
-    from jaxrag.supervision.mcts_env import PolicyTreeEnv
-
-    sc = config[name]
-    for key in ("policy", "retriever", "questions", "agent", "mcts", "env", "trees_per_round"):
-        if key not in sc:
-            config_fail(f"{name}.{key}", "missing")
-    if sc.policy.get("fn", LOAD_POLICY) == LOAD_POLICY and not sc.policy.get("path"):
-        config_fail(f"{name}.policy.path", "empty: set it to a Hugging Face checkpoint dir (or stage:<name>)")
-    for i, qs in enumerate(_question_sets(sc)):
-        key = f"{name}.questions" + (f"[{i}]" if isinstance(plain(sc.questions), (list, tuple)) else "")
-        if not isinstance(qs, dict) or not qs.get("path"):
-            config_fail(f"{key}.path", "empty: a QA JSONL file")
-        try:
-            parse_select(qs.get("select"), 1)
-        except QADataError as e:
-            config_fail(f"{key}.select", str(e))
-    try:
-        agent_module(sc.agent.get("name") or "")
-    except KeyError as e:
-        config_fail(f"{name}.agent.name", e.args[0])
-    try:
-        cfg = MCTSConfig(**plain(sc.mcts))
-        cfg.validate()
-    except (TypeError, ValueError) as e:
-        config_fail(f"{name}.mcts", str(e))
-    fields = set(PolicyTreeEnv.__dataclass_fields__) - {"policy", "retriever", "agent", "calls", "sampled", "_draws",
-                                                        "summarizer"}
-    unknown = sorted(set(plain(sc.env)) - fields)
-    if unknown:
-        config_fail(f"{name}.env", f"unknown keys {unknown} (known: {sorted(fields)})")
-    if int(sc.trees_per_round) < 1:
-        config_fail(f"{name}.trees_per_round", f"{sc.trees_per_round}: must be >= 1")
-    needs_judge = cfg.judge_weight > 0 or cfg.rollouts_per_node == 0
-    if needs_judge and not sc.get("judge"):
-        config_fail(f"{name}.judge", "mcts.judge_weight > 0 (or rollouts_per_node 0) needs a judge")
-    if sc.get("judge"):
-        jc = plain(sc.judge)
-        if jc.get("kind") not in JUDGE_KINDS:
-            config_fail(f"{name}.judge.kind", f"{jc.get('kind')!r}: choose one of {JUDGE_KINDS}")
-
-
-mcts_stage.check_config = check_mcts
-
-
-# ------------------------------------------------------------------------------ SmartSearch curriculum on a QA file
-def outcome_pairs(episodes, agent, cfg) -> list:
-    """Stage 2 "w/o process rewards" (004 §5.3: preference "based exclusively on the final answer correctness"): per
-    question, the first correct trajectory ≻ the first incorrect one (input order: sampled, then refined); margin 1."""
-    from jaxrag.supervision import smartsearch as SS
-    from jaxrag.supervision.records import Pair
-
-    groups: dict = {}
-    for ep in episodes:
-        groups.setdefault(ep.qid, []).append(ep)
-    out = []
-    for qid, group in groups.items():
-        right = [ep for ep in group if SS.is_correct(ep, cfg)]
-        wrong = [ep for ep in group if not SS.is_correct(ep, cfg)]
-        if right and wrong:
-            out.append(Pair(agent.render(group[0].state(0)), SS.trajectory_text(right[0], agent),
-                            SS.trajectory_text(wrong[0], agent), 1.0, "outcome", qid, 0))
-    return out
-
-
-def smartsearch_stage(config, workdir, name) -> None:
-    """SmartSearch's curriculum data (004 §4.2-4.4; released scripts/data_construction) on a real QA file: the
-    policy's trajectories, dual-level credit (novelty by rule + usefulness by the judge, 004 App. A), and with
-    `refine` every S_t = 0 query rewritten by the judge and the trajectory regenerated from it
-    (jaxrag.supervision.smartsearch: assess, refine, sft_filter, dpo_pairs).
-    config[name]: policy, retriever, agent, questions ({path, select}), judge (as ranking_stage's: it scores
-    usefulness and refines; the paper's is a Qwen2.5-3B student of Qwen3-32B), rollout (RolloutConfig fields: the
-    sampling of the `samples` trajectories per question), refine (bool), smartsearch (SmartSearchConfig fields).
-    Writes under workdir/<name>/ text rows for jaxrag.pipelines.train (prompt = the agent's first prompt, completion /
-    chosen / rejected = the trajectory as the agent renders it, results included, as the released transfer_*.py
-    take the whole response): sft.jsonl (stage 1: correct, well formed, every S_t = 1), sft_outcome.jsonl (stage 1
-    "w/o process rewards": correct and well formed), dpo.jsonl (stage 2: dpo_pairs over the sampled and refined
-    trajectories), dpo_outcome.jsonl (stage 2 "w/o process rewards": `outcome_pairs`), episodes.jsonl,
-    records.jsonl (per-step credit), stats.json."""
-    import dataclasses
-
-    from jaxrag.data.qa import load_qa
-    from jaxrag.env.mdp import write_episodes
-    from jaxrag.env.rollout import RolloutConfig, rollout
-    from jaxrag.supervision import smartsearch as SS
-    from jaxrag.supervision.records import write_records
-
-    sc = config[name]
-    out = stage_dir(workdir, name)
-    policy, retriever, agent = _actor(sc, name, workdir)
-    questions = load_qa(resolve(sc.questions.path, workdir), sc.questions.get("select") or None)
-    judge = make_judge(plain(sc.judge), workdir, policy)
-    cfg = SS.SmartSearchConfig(**plain(sc.smartsearch)).validate()
-    rc = RolloutConfig(**plain(sc.rollout))
-    episodes = rollout(policy, retriever, agent, [q for q in questions for _ in range(int(sc.samples))], rc)
-    SS.assess(episodes, judge, cfg)
-    refined = SS.Refinement([], [], 0)
-    if sc.refine:
-        refined = SS.refine(episodes, judge, policy, retriever, agent, dataclasses.replace(rc, seed=rc.seed + 37))
-        SS.assess(refined.episodes, judge, cfg)
-    every = episodes + refined.episodes
-
-    def rows(eps, key: str) -> list[dict]:
-        return [{"prompt": agent.render(ep.state(0)), key: SS.trajectory_text(ep, agent), "qid": ep.qid} for ep in eps]
-
-    def pair_rows(pairs) -> list[dict]:
-        return [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected, "qid": p.qid, "margin": p.margin}
-                for p in pairs]
-
-    sft = SS.sft_filter(every, cfg)
-    sft_outcome = [ep for ep in every if SS.is_correct(ep, cfg) and SS.format_check(ep)[0]]
-    pairs, pairs_outcome = SS.dpo_pairs(every, agent, cfg), outcome_pairs(every, agent, cfg)
-    _write_rows(out / "sft.jsonl", rows(sft, "completion"))
-    _write_rows(out / "sft_outcome.jsonl", rows(sft_outcome, "completion"))
-    _write_rows(out / "dpo.jsonl", pair_rows(pairs))
-    _write_rows(out / "dpo_outcome.jsonl", pair_rows(pairs_outcome))
-    write_episodes(out / "episodes.jsonl", every)
-    write_records(out / "records.jsonl", SS.credit_records(every, agent))
-    stats = {"questions": len(questions), "sampled": len(episodes), "refine_requests": refined.requests,
-             "refined": len(refined.episodes), "refine_failures": len(refined.failures), "sft": len(sft),
-             "sft_outcome": len(sft_outcome), "pairs": len(pairs), "pairs_outcome": len(pairs_outcome),
-             "correct_sampled": sum(SS.is_correct(e, cfg) for e in episodes),
-             "search_quality_sampled": SS.search_quality(episodes, cfg), "judge": judge.name}
-    write_json(out / "stats.json", stats)
-    log(name, f"{len(episodes)} trajectories ({stats['correct_sampled']} correct), {refined.requests} queries refined "
-              f"into {len(refined.episodes)} trajectories; rows: sft {len(sft)}, sft_outcome {len(sft_outcome)}, "
-              f"dpo {len(pairs)}, dpo_outcome {len(pairs_outcome)}")
-
-
-def check_smartsearch(config, name: str) -> None:
-    from jaxrag.data.qa import QADataError, parse_select
-    from jaxrag.env.agents import agent_module
-    from jaxrag.env.rollout import RolloutConfig
-    from jaxrag.supervision.smartsearch import SmartSearchConfig
-
-    sc = config[name]
-    for key in ("policy", "retriever", "questions", "agent", "judge", "rollout", "samples", "refine", "smartsearch"):
-        if key not in sc:
-            config_fail(f"{name}.{key}", "missing")
-    if sc.policy.get("fn", LOAD_POLICY) == LOAD_POLICY and not sc.policy.get("path"):
-        config_fail(f"{name}.policy.path", "empty: set it to a Hugging Face checkpoint dir (or stage:<name>)")
-    if not sc.questions.get("path"):
-        config_fail(f"{name}.questions.path", "empty: a QA JSONL file")
-    try:
-        parse_select(sc.questions.get("select"), 1)
-    except QADataError as e:
-        config_fail(f"{name}.questions.select", str(e))
-    try:
-        agent_module(sc.agent.get("name") or "")
-    except KeyError as e:
-        config_fail(f"{name}.agent.name", e.args[0])
-    for key, cls in (("rollout", RolloutConfig), ("smartsearch", SmartSearchConfig)):
-        try:
-            obj = cls(**plain(sc[key]))
-        except (TypeError, ValueError) as e:
-            config_fail(f"{name}.{key}", str(e))
-        if key == "smartsearch":
-            try:
-                obj.validate()
-            except ValueError as e:
-                config_fail(f"{name}.{key}", str(e))
-    if int(sc.samples) < 1:
-        config_fail(f"{name}.samples", f"{sc.samples}: must be >= 1")
-    jc = plain(sc.judge)
-    if jc.get("kind") not in JUDGE_KINDS:
-        config_fail(f"{name}.judge.kind", f"{jc.get('kind')!r}: choose one of {JUDGE_KINDS}")
-    if jc["kind"] == "http" and not (jc.get("base_url") and jc.get("model")):
-        config_fail(f"{name}.judge", "an http judge needs base_url and model (the process-reward model's endpoint)")
-
-
-smartsearch_stage.check_config = check_smartsearch
