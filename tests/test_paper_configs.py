@@ -208,3 +208,130 @@ def test_rag_gym_ppo_rewards_actions_with_the_critic(rag_gym_table3, tmp_path):
     scorer = load_critic(str(t3 / "critic" / "model"), "critic", t3, "re2search", {"max_doc_chars": 60}).scorer
     expect = [float(scorer.score_states([ep.state(0)], [[ep.steps[0].action.raw]])[0][0]) for ep in eps]
     assert [r[0] for r in rewards] == pytest.approx(expect, abs=1e-5)
+
+
+# ---- the training-row configs: ReasonRAG Table 3, SmartSearch Table 3 -------------------------------------------
+def _eval_methods(c) -> set[str]:
+    from jaxrag.pipelines.eval import method_name
+
+    return {method_name(dict(a), c[s].tuning) for s in c.stages if c[s].fn.endswith(":eval_stage") for a in c[s].agents}
+
+
+def _published(paper: str, table: str) -> set[str]:
+    from jaxrag.pipelines.published import METHODS
+
+    return {m for (p, t, _), m in METHODS.items() if (p, t) == (paper, table)}
+
+
+def test_training_row_configs_pass_the_static_checks_and_name_the_published_rows():
+    rr = load("reasonrag/table3", "smoke")
+    assert [n for n, _ in plan(rr)] == ["setup", "mcts", "dpo", "sft", "orl_5k", "orl_10k", "eval_base", "eval_dpo",
+                                        "eval_sft", "eval_orl_5k", "eval_orl_10k"]
+    assert _eval_methods(rr) == _published("reasonrag", "table3")
+    ss = load("smartsearch/table3", "smoke")
+    assert len(plan(ss)) == 1 + 10 + 7
+    # the two Stage-3 rows that roll out with query refinement are not built (the module doc says why)
+    assert _eval_methods(ss) == _published("smartsearch", "table3") - {
+        "smartsearch+sft+dpo+grpo", "smartsearch+sft+dpo+grpo-no_process_reward"}
+    for name in ("reasonrag/table3", "smartsearch/table3"):
+        for variant in ("", "shared"):
+            c = load(name, variant)
+            c.base_model = "/models/base"
+            if "judge" in c:
+                with pytest.raises(StageError, match=r"config.s1_data.judge: an http judge needs base_url and model"):
+                    plan(c)
+                c.judge.update(dict(base_url="http://localhost:8001/v1", model="prm"))
+            assert len(plan(c)) == len(c.stages)
+            assert c.eval_base.policy.path == "/models/base" if name.startswith("reasonrag") else \
+                c.s1_data.policy.path == "/models/base"
+
+
+def test_training_row_configs_carry_the_released_settings():
+    c = load("reasonrag/table3")
+    assert [q["select"] for q in c.mcts.questions] == ["sample:3000:0"] * 3 and c.mcts.env.k == 3
+    assert (c.mcts.mcts.max_depth, c.mcts.mcts.max_children, c.mcts.mcts.max_rollouts, c.mcts.mcts.alpha,
+            c.mcts.mcts.min_margin) == (7, 2, 64, 0.9, 0.01)
+    assert (c.dpo.train.dpo.beta, c.dpo.train.optimizer.lr, c.dpo.epochs, c.dpo.train.lora.enabled) == (0.3, 1e-6, 1, False)
+    o = c.orl_5k
+    assert (o.reward, o.rl.group_size, o.rl.questions_per_step, o.rl.minibatches, o.rl.steps) == ("em", 5, 512, 2, 1005)
+    assert (o.train.grpo.beta, o.train.grpo.kl_estimator, o.questions.path) == (0.001, "k3", "mcts/questions.jsonl")
+    assert (o.rl.max_steps, o.rl.k, o.agent.name) == (4, 3, "reasonrag")   # Table 2's protocol
+    assert [d["name"] for d in c.eval_orl_10k.datasets] == ["PopQA", "HotpotQA", "2Wiki", "Bamboogle", "MuSiQue"]
+    s = load("smartsearch/table3")
+    assert (s.s1_sft.train.optimizer.lr, s.s1_sft.epochs, s.s1_sft.train.lora.enabled) == (7e-6, 3, False)
+    d = s.s2_dpo.train
+    assert (d.dpo.beta, d.lora.rank, d.lora.alpha, len(d.lora.targets), s.s2_dpo.init) == (0.1, 8, 16.0, 7, "stage:s1_sft")
+    assert (s.s2_data.refine, s.s2_data_nor.refine, s.s2_data_nor.samples, s.s1_data.rollout.temperature) == \
+        (True, False, 4, 0.0)
+    assert (s.s3_nor.reward, s.s3_std.reward, s.s3_nor.policy.path, s.s3_nor.rl.group_size) == \
+        ("smartsearch", "f1", "stage:s2_dpo", 8)
+    assert s.s3_nor.retriever.index_dir == s.eval_s1.retriever.index_dir == "indexes/wiki18_e5"
+    s.judge.base_url = "http://prm"   # one judge section for every data stage
+    assert s.s1_data.judge.base_url == s.s2_data_nor.judge.base_url == "http://prm"
+
+
+@pytest.mark.parametrize("name, key, value, message", [
+    ("reasonrag/table3", "mcts.env.bogus", 1, r"config.mcts.env: unknown keys \['bogus'\]"),
+    ("reasonrag/table3", "mcts.mcts.uct", "x", r"config.mcts.mcts: MCTSConfig.uct: must be one of"),
+    ("reasonrag/table3", "mcts.mcts.judge_weight", 0.5, r"config.mcts.judge: mcts.judge_weight > 0 .* needs a judge"),
+    ("reasonrag/table3", "mcts.trees_per_round", 0, r"config.mcts.trees_per_round: 0: must be >= 1"),
+    ("smartsearch/table3", "s2_data.smartsearch.pairs", "some", r"config.s2_data.smartsearch: .*pairs must be"),
+    ("smartsearch/table3", "s1_data.rollout.bogus", 1, r"config.s1_data.rollout: .*bogus"),
+    ("smartsearch/table3", "s1_data.samples", 0, r"config.s1_data.samples: 0: must be >= 1"),
+])
+def test_training_row_config_errors_name_the_key(name, key, value, message):
+    c = load(name, "smoke")
+    *parents, leaf = key.split(".")
+    node = c
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+    with pytest.raises(StageError, match=message):
+        plan(c)
+
+
+def test_reasonrag_mcts_stage_turns_trees_into_training_rows(tmp_path):
+    """reasonrag/table3's smoke mcts stage (its scripted actor: a query, or the question's last two words as the
+    answer; questions 6-7 of the shared HotpotQA): Q6's gold "Terry Richardson" is those words, so its root's answer
+    child (F1 1) beats its query sibling (whose rollouts answer the same, discounted by 0.9 per step); Q7's answer
+    "metropolitan area" scores 0 like its sibling: no pair."""
+    from jaxrag.supervision.mcts import read_trees
+
+    c = load("reasonrag/table3", "smoke")
+    c.stages = ["mcts"]
+    assert run(c, tmp_path) == ["mcts"]
+    out = tmp_path / "mcts"
+    stats = json.loads((out / "stats.json").read_text())
+    assert (stats["trees"], stats["questions_with_pairs"], stats["pairs"]) == (2, 1, 1)
+    assert len(read_trees(out / "trees.jsonl")) == 2 and len(_rows(out / "records.jsonl")) == stats["states"]
+    [row] = _rows(out / "dpo.jsonl")
+    assert row["chosen"] == "So the answer is <answer>Terry Richardson</answer>"
+    assert row["rejected"].startswith("So the next query is <query>") and 0 < row["margin"] < 1
+    assert "Question: Who is older, Annie Morton or Terry Richardson?" in row["prompt"]   # text: a scripted actor
+    assert _rows(out / "sft.jsonl") == [{"prompt": row["prompt"], "completion": row["chosen"], "qid": row["qid"],
+                                         "step": 0}]
+    assert [(q["question"], q["golden_answers"]) for q in _rows(out / "questions.jsonl")] == \
+        [("Who is older, Annie Morton or Terry Richardson?", ["Terry Richardson"])]
+
+
+def test_smartsearch_curriculum_data_stages_credit_refine_and_pair(tmp_path):
+    """smartsearch/table3's smoke data stages (scripted actor: one search of 3 or 5 words, alternating per call,
+    then the question's last two words if a query had more than 3 words, else its first two; stand-in judge: a query
+    is useful iff it has more than 3 words, a refinement appends "biography") on shared HotpotQA questions 6-9, of
+    which only Q6's last two words are its gold."""
+    c = load("smartsearch/table3", "smoke")
+    c.stages = ["s1_data", "s2_data"]
+    assert run(c, tmp_path) == ["s1_data", "s2_data"]
+    s1 = json.loads((tmp_path / "s1_data" / "stats.json").read_text())
+    assert (s1["sampled"], s1["refine_requests"], s1["correct_sampled"], s1["sft"], s1["sft_outcome"]) == (8, 0, 1, 1, 1)
+    [sft] = _rows(tmp_path / "s1_data" / "sft.jsonl")
+    assert sft["completion"].endswith("\\boxed{Terry Richardson} </answer>")
+    # s2 samples once a question: Q6 and Q8 search with 3 words (not useful: refined), Q7 and Q9 with 5
+    s2 = json.loads((tmp_path / "s2_data" / "stats.json").read_text())
+    assert (s2["sampled"], s2["refine_requests"], s2["refined"], s2["pairs"], s2["pairs_outcome"]) == (4, 2, 2, 2, 1)
+    pairs = _rows(tmp_path / "s2_data" / "dpo.jsonl")
+    assert all("biography </search>" in p["chosen"] and "biography" not in p["rejected"] for p in pairs)
+    [outcome] = _rows(tmp_path / "s2_data" / "dpo_outcome.jsonl")
+    assert "\\boxed{Terry Richardson}" in outcome["chosen"] and "\\boxed{Who is}" in outcome["rejected"]
+    records = _rows(tmp_path / "s2_data" / "records.jsonl")
+    assert len(records) == 6   # one credited search step per trajectory: 4 sampled + 2 refined

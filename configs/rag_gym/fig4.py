@@ -13,11 +13,8 @@ not print the N values on the figure's axis: NS is a guess spanning the paper's 
 when known). MedQA (in the figure) needs its own collection and critic on MedQA train: not in this config.
 """
 
-import ml_collections
-
 from configs.common import paper
 from configs.rag_gym import pieces
-from configs.rag_gym import table2 as t2_cfg
 
 NS = (1, 2, 4, 8, 10)
 DATASETS = ("HotpotQA", "2Wiki", "Bamboogle")
@@ -26,22 +23,12 @@ DATASETS = ("HotpotQA", "2Wiki", "Bamboogle")
 def get_config(variant: str = ""):
     paper.check_variant("configs/rag_gym/fig4.py", variant)
     agent = "re2search"
-    t2 = t2_cfg.get_config("shared" if variant == "shared" else "")
-    base = ml_collections.FieldReference("", field_type=str)
-    critic_base = ml_collections.FieldReference("", field_type=str)
-    c = ml_collections.ConfigDict({"paper": "rag_gym", "table": "fig4", "model": "Llama-3.1-8B-Instruct"})
-    c.base_model, c.critic_model = base, critic_base
-    c.stages = ["collect", "critic_pairs", "critic", "eval"]
-    c.collect = pieces.collect(base, t2, agent)
-    c.critic_pairs = pieces.critic_pairs(critic_base, agent=agent)
-    c.critic = pieces.critic(critic_base)
+    c, t2, base, _ = pieces.critic_head("fig4", ["collect", "critic_pairs", "critic", "eval"], agent, variant)
     c.eval = t2.eval
     c.eval.datasets = [d for d in t2.eval.datasets if d["name"] in DATASETS]
     c.eval.agents = [pieces.critic_entry(agent, n=n, variant=f"n{n}") for n in NS]
     c.eval.policy.path = base
-    if variant == "shared":
-        c.collect.questions.path = t2.eval.datasets[0]["path"]   # the shared HotpotQA dev 500: first 250 collect,
-        c.collect.questions.select = "first:250"                  # last 250 eval (as configs/rag_gym/dpo.py)
+    if variant == "shared":   # collect on the first 250 shared HotpotQA questions (pieces.critic_head), eval the last
         c.eval.datasets = [dict(d, select="last:250") if d["name"] == "HotpotQA" else d for d in c.eval.datasets]
     elif variant == "smoke":
         smoke(c)

@@ -1,6 +1,7 @@
-"""The RAG-Gym training stages every tuned config shares (sft.py, ppo.py, table3.py, table4.py, fig4.py), with the
-released code's settings (github RAG-Gym/RAG-Gym, rag_gym/algorithms/prm/{sft,dpo,reward}/*.py, their CLI defaults)
-and the smoke variant's tiny versions. `base` is the config's one FieldReference for the base checkpoint.
+"""The RAG-Gym training stages every tuned config shares (sft.py, ppo.py, table3.py, table4.py, fig4.py; `critic_head`:
+the opening of the four critic configs), with the released code's settings (github RAG-Gym/RAG-Gym,
+rag_gym/algorithms/prm/{sft,dpo,reward}/*.py, their CLI defaults) and the smoke variant's tiny versions. `base` is the
+config's one FieldReference for the base checkpoint.
 
   collect       the process-reward collection (jaxrag.pipelines.collect:ranking_stage), as configs/rag_gym/dpo.py
   sft           LoRA r 256 / α 512 / dropout 0.05 on q, k, v, lr 5e-5, batch 4 x 16 accumulation = 64, 3 epochs
@@ -15,6 +16,29 @@ import ml_collections
 
 from configs.common import paper
 from configs.common.train import train_stage
+
+
+def critic_head(table: str, stages, agent: str = "re2search", variant: str = ""):
+    """The opening every critic config shares (fig4.py, ppo.py, table3.py, table4.py): Table 2's protocol (its "shared"
+    variant for "shared"), the FieldReferences `base` (the base checkpoint) and `critic_base` (the critic's), and a
+    config with paper/table/model, base_model/critic_model bound to them, `stages`, and collect -> critic_pairs ->
+    critic (this module's sections; in "shared", collect on the first 250 shared HotpotQA questions). Returns
+    (config, t2, base, critic_base)."""
+    from configs.rag_gym import table2 as t2_cfg
+
+    t2 = t2_cfg.get_config("shared" if variant == "shared" else "")
+    base = ml_collections.FieldReference("", field_type=str)
+    critic_base = ml_collections.FieldReference("", field_type=str)
+    c = ml_collections.ConfigDict({"paper": "rag_gym", "table": table, "model": "Llama-3.1-8B-Instruct"})
+    c.base_model, c.critic_model = base, critic_base
+    c.stages = list(stages)
+    c.collect = collect(base, t2, agent)
+    c.critic_pairs = critic_pairs(critic_base, agent=agent)
+    c.critic = critic(critic_base)
+    if variant == "shared":  # the shared HotpotQA dev 500: the first 250 collect, the eval takes the last 250
+        c.collect.questions.path = t2.eval.datasets[0]["path"]
+        c.collect.questions.select = "first:250"
+    return c, t2, base, critic_base
 
 
 def collect(base, t2, agent: str, judge: dict | None = None) -> ml_collections.ConfigDict:

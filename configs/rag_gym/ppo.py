@@ -15,26 +15,15 @@ hyperparameters: the PPO settings below are OpenRLHF's defaults where it has the
 number this config produces.
 """
 
-import ml_collections
-
 from configs.common import paper
 from configs.rag_gym import pieces
-from configs.rag_gym import table2 as t2_cfg
 from jaxrag.pipelines.rl import stage_config
 
 
 def get_config(variant: str = ""):
     paper.check_variant("configs/rag_gym/ppo.py", variant)
     agent = "re2search"
-    t2 = t2_cfg.get_config("shared" if variant == "shared" else "")
-    base = ml_collections.FieldReference("", field_type=str)
-    critic_base = ml_collections.FieldReference("", field_type=str)
-    c = ml_collections.ConfigDict({"paper": "rag_gym", "table": "table2", "model": "Llama-3.1-8B-Instruct"})
-    c.base_model, c.critic_model = base, critic_base
-    c.stages = ["collect", "critic_pairs", "critic", "ppo", "eval"]
-    c.collect = pieces.collect(base, t2, agent)
-    c.critic_pairs = pieces.critic_pairs(critic_base, agent=agent)
-    c.critic = pieces.critic(critic_base)
+    c, t2, base, _ = pieces.critic_head("table2", ["collect", "critic_pairs", "critic", "ppo", "eval"], agent, variant)
     c.ppo = s = stage_config()
     s.policy.path = base
     s.policy.max_prompt_tokens = 4096
@@ -55,9 +44,7 @@ def get_config(variant: str = ""):
     c.eval.policy.path = "stage:ppo"
     c.eval.summarizer.path = base
     c.eval.tuning = "ppo"
-    if variant == "shared":
-        c.collect.questions.path = s.questions.path = t2.eval.datasets[0]["path"]
-        c.collect.questions.select = s.questions.select = "first:250"
+    if variant == "shared":   # collect and PPO on the first 250 shared HotpotQA questions, eval on the last 250
         c.eval.datasets = [dict(d, select="last:250") if d["name"] == "HotpotQA" else d for d in c.eval.datasets]
     elif variant == "smoke":
         smoke(c)

@@ -27,18 +27,11 @@ DATASETS = ("HotpotQA", "2Wiki", "Bamboogle")
 def get_config(variant: str = ""):
     paper.check_variant("configs/rag_gym/table3.py", variant)
     d = dpo_cfg.get_config("shared" if variant == "shared" else "")
-    base = ml_collections.FieldReference("", field_type=str)
-    critic_base = ml_collections.FieldReference("", field_type=str)
-    c = ml_collections.ConfigDict({"paper": "rag_gym", "table": "table3", "model": "Llama-3.1-8B-Instruct"})
-    c.base_model, c.critic_model = base, critic_base
-    c.stages = ["collect", "dpo", "critic_pairs", "critic", "eval_zs", "eval"]
-    c.collect = d.collect
-    c.collect.policy.path = base
+    c, _, base, _ = pieces.critic_head("table3", ["collect", "dpo", "critic_pairs", "critic", "eval_zs", "eval"],
+                                       variant=variant)
     c.dpo = d.dpo
     c.dpo.init, c.dpo.tokenizer = base, base
     c.dpo.epochs = 1                       # dpo.py CLI: n_epochs 1 (steps = ceil(pairs / 32))
-    c.critic_pairs = pieces.critic_pairs(critic_base)
-    c.critic = pieces.critic(critic_base)
     keep = [x for x in d.eval.datasets if x["name"] in DATASETS]
     c.eval_zs = ml_collections.ConfigDict(d.eval.to_dict())
     c.eval_zs.update(dict(agents=[{"name": "react"}, {"name": "search_o1"}], datasets=keep, tuning=""))

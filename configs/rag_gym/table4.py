@@ -25,7 +25,6 @@ import ml_collections
 
 from configs.common import paper
 from configs.rag_gym import pieces
-from configs.rag_gym import table2 as t2_cfg
 
 DATASETS = ("HotpotQA", "2Wiki", "Bamboogle")
 SOURCES = ("", "llama", "rollout")   # "" = GPT-4o: stages collect / critic_pairs / critic
@@ -38,12 +37,7 @@ def _sfx(src: str) -> str:
 def get_config(variant: str = ""):
     paper.check_variant("configs/rag_gym/table4.py", variant)
     agent = "re2search"
-    t2 = t2_cfg.get_config("shared" if variant == "shared" else "")
-    base = ml_collections.FieldReference("", field_type=str)
-    critic_base = ml_collections.FieldReference("", field_type=str)
-    c = ml_collections.ConfigDict({"paper": "rag_gym", "table": "table4", "model": "Llama-3.1-8B-Instruct"})
-    c.base_model, c.critic_model = base, critic_base
-    c.collect = pieces.collect(base, t2, agent)
+    c, t2, base, critic_base = pieces.critic_head("table4", (), agent, variant)   # stages: set below
     c.collect_llama = pieces.collect(base, t2, agent, judge={"kind": "local", "path": base, "name": "llama",
                                                             "max_prompt_tokens": 8192})
     c.rollout = ml_collections.ConfigDict({
@@ -56,8 +50,9 @@ def get_config(variant: str = ""):
     records = {"": "collect/records.jsonl", "llama": "collect_llama/records.jsonl", "rollout": "rollout/records.jsonl"}
     stages = ["collect", "collect_llama", "rollout"]
     for src in SOURCES:
-        c[f"critic_pairs{_sfx(src)}"] = pieces.critic_pairs(critic_base, records[src], agent)
-        c[f"critic{_sfx(src)}"] = pieces.critic(critic_base, f"critic_pairs{_sfx(src)}/pairs.jsonl")
+        if src:   # "": critic_pairs and critic from pieces.critic_head
+            c[f"critic_pairs_{src}"] = pieces.critic_pairs(critic_base, records[src], agent)
+            c[f"critic_{src}"] = pieces.critic(critic_base, f"critic_pairs_{src}/pairs.jsonl")
         stages += [f"critic_pairs{_sfx(src)}", f"critic{_sfx(src)}"]
     c.stages = stages + ["eval"]
     c.eval = t2.eval
@@ -67,10 +62,8 @@ def get_config(variant: str = ""):
     c.eval.agents.append(pieces.critic_entry(agent, {"fn": "jaxrag.pipelines.eval:random_critic", "seed": 0},
                                              variant="random"))
     c.eval.policy.path = base
-    if variant == "shared":
-        for name in ("collect", "collect_llama"):
-            c[name].questions.path = t2.eval.datasets[0]["path"]   # the shared HotpotQA dev 500: first 250
-            c[name].questions.select = "first:250"
+    if variant == "shared":   # both collections on the first 250 shared HotpotQA questions (as pieces.critic_head)
+        c.collect_llama.questions.update(dict(path=c.collect.questions.path, select=c.collect.questions.select))
         c.eval.datasets = [dict(d, select="last:250") if d["name"] == "HotpotQA" else d for d in c.eval.datasets]
     elif variant == "smoke":
         smoke(c)

@@ -1,4 +1,6 @@
-"""RAG-Gym process-reward collection on real data (a QA file, a retriever, an LLM judge): `ranking_stage`.
+"""RAG-Gym's process-supervision collection on real data (a QA file, a retriever, an LLM judge): `ranking_stage`
+(below), and further down critic_pairs_stage and rollout_values_stage (RAG-Gym's critics). ReasonRAG's MCTS-SPRE
+pairs: pipelines/collect_mcts.py; SmartSearch's curriculum data: pipelines/collect_smartsearch.py.
 
 config[name]:
   policy      a load_policy spec: the actor whose candidates are ranked ({path, max_prompt_tokens, ...}; or
@@ -86,7 +88,7 @@ def check_config(config, name: str) -> None:
         config_fail(f"{name}.judge.fn", "empty: 'module:function'")
 
 
-def _encode(policy, prompt: str, max_new_tokens: int) -> list[int] | None:
+def encode_prompt(policy, prompt: str, max_new_tokens: int) -> list[int] | None:
     enc = getattr(policy, "encode_prompt", None)
     return enc(prompt, max_new_tokens) if enc is not None else None
 
@@ -99,7 +101,7 @@ def training_rows(records, policy, max_new_tokens: int) -> tuple[list[dict], lis
     dpo, sft, pairs = [], [], []
     for rec in records:
         ids = {c.raw: c.token_ids for c in rec.candidates}
-        prompt_ids = _encode(policy, rec.prompt, max_new_tokens)
+        prompt_ids = encode_prompt(policy, rec.prompt, max_new_tokens)
         rec_pairs = ranking_pairs([rec])
         pairs += rec_pairs
         for p in rec_pairs:
@@ -119,11 +121,11 @@ def training_rows(records, policy, max_new_tokens: int) -> tuple[list[dict], lis
     return dpo, sft, pairs
 
 
-def _write_rows(path: Path, rows: list[dict]) -> None:
+def write_rows(path: Path, rows: list[dict]) -> None:
     write_atomic(path, lambda f: f.writelines(json.dumps(r) + "\n" for r in rows))
 
 
-def _actor(sc, name: str, workdir):
+def actor(sc, name: str, workdir):
     """(policy, retriever, agent) of a collection stage's section: the policy loader (`policy.fn`, default
     load_policy), the retriever, and the agent design rendered with the policy's chat template unless opts say
     otherwise."""
@@ -147,7 +149,7 @@ def ranking_stage(config, workdir, name) -> None:
 
     sc = config[name]
     out = stage_dir(workdir, name)
-    policy, retriever, agent = _actor(sc, name, workdir)
+    policy, retriever, agent = actor(sc, name, workdir)
     questions = load_qa(resolve(sc.questions.path, workdir), sc.questions.get("select") or None)
     judge = make_judge(plain(sc.judge), workdir, policy)
     rc = RankingConfig(**plain(sc.ranking))
@@ -156,8 +158,8 @@ def ranking_stage(config, workdir, name) -> None:
     dpo, sft, pairs = training_rows(records, policy, rc.max_new_tokens)
     write_records(out / "records.jsonl", records)
     write_pairs(out / "pairs.jsonl", pairs)
-    _write_rows(out / "dpo.jsonl", dpo)
-    _write_rows(out / "sft.jsonl", sft)
+    write_rows(out / "dpo.jsonl", dpo)
+    write_rows(out / "sft.jsonl", sft)
     write_episodes(out / "episodes.jsonl", episodes)
     stats.update(pairs=len(pairs), sft_rows=len(sft), judge=judge.name)
     write_json(out / "stats.json", stats)
@@ -221,7 +223,7 @@ def critic_pairs_stage(config, workdir, name) -> None:
     agent = get_agent(sc.agent.name, **opts)
     records = read_records(resolve(sc.records, workdir))
     rows, dropped = critic_pairs(records, agent, tok, int(sc.get("max_len", 4096)))
-    _write_rows(out / "pairs.jsonl", rows)
+    write_rows(out / "pairs.jsonl", rows)
     stats = {"records": len(records), "pairs": len(rows), "dropped": dropped, "max_len": int(sc.get("max_len", 4096)),
              "tokenizer": str(resolve(sc.tokenizer, workdir))}
     write_json(out / "stats.json", stats)
@@ -263,7 +265,7 @@ def rollout_values_stage(config, workdir, name) -> None:
 
     sc = config[name]
     out = stage_dir(workdir, name)
-    policy, retriever, agent = _actor(sc, name, workdir)
+    policy, retriever, agent = actor(sc, name, workdir)
     scfg = plain(sc.get("summarizer", None) or {})
     summarizer = load_policy(scfg, workdir) if scfg.get("path") else None
     records = read_records(resolve(sc.records, workdir))
