@@ -54,6 +54,43 @@ def test_world_teacher_and_model_outputs_agree(run):
         assert os.path.exists(os.path.join(workdir, stage, "model", "tokenizer.model"))
 
 
+def test_later_stages_sample_only_questions_sft_never_trained_on(run):
+    """The unseen pool (config.unseen_questions): the seeded head of the train order, kept out of SFT; the
+    supervision, outcome, GRPO, MCTS and SmartSearch stages sample only from it."""
+    from jaxrag.supervision.mcts import read_trees
+    from jaxrag.supervision.records import read_records
+
+    config, workdir, _ = run
+    pool = {q["id"] for q in read_jsonl(os.path.join(workdir, "sft", "pool_questions.jsonl"))}
+    train = {q["id"] for q in read_jsonl(os.path.join(workdir, "world", "questions_train.jsonl"))}
+    assert len(pool) == config.unseen_questions and pool < train
+    assert json.load(open(os.path.join(workdir, "sft", "summary.json")))["unseen_kept_out"] == len(pool)
+    sampled = {
+        "supervision": {r.qid for r in read_records(os.path.join(workdir, "supervision", "records_oracle.jsonl"))}
+        | {e.qid for e in read_episodes(os.path.join(workdir, "supervision", "episodes.jsonl"))},
+        "outcome": {e.qid for e in read_episodes(os.path.join(workdir, "outcome", "episodes.jsonl"))},
+        "grpo": {e.qid for e in read_episodes(os.path.join(workdir, "grpo", "episodes.jsonl"))},
+        "mcts": {t.qid for t in read_trees(os.path.join(workdir, "mcts", "trees.jsonl"))},
+    }
+    for stage, qids in sampled.items():
+        assert qids and qids <= pool, (stage, sorted(qids - pool)[:3])
+
+
+def test_a_sampling_stage_beyond_the_unseen_pool_is_refused_before_any_stage(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "synthetic" / "pipeline.py"
+    spec = importlib.util.spec_from_file_location("pipeline_config", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    c = mod.get_config("tiny")
+    c.outcome.max_questions = c.unseen_questions + 1
+    with pytest.raises(jmain.StageError, match=r"outcome\.max_questions: 41 would sample train questions SFT trained on"):
+        jmain.run(c, tmp_path)
+    assert not os.listdir(tmp_path) or not os.path.exists(tmp_path / "world" / "DONE")
+
+
 def test_eval_results_match_episode_files(run):
     config, workdir, _ = run
     s = config.eval
@@ -237,6 +274,27 @@ def test_findings_stages_and_report(run):
     assert "| dpo_mcts | mcts | " in md and f"{test_em:.3f} /" in md
     with open(os.path.join(workdir, "findings", "grpo_curves.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_big_supervision_study_feeds_its_own_critic_and_dpo(run):
+    """findings' supervision_big: 4x the demo's unseen questions (within the pool), its pairs train dpo_big and
+    critic_big, whose agreement row (on the demo supervision's dev states) is the one findings.md shows."""
+    from jaxrag.supervision.records import read_pairs
+
+    config, workdir, _ = run
+    stats = json.load(open(os.path.join(workdir, "supervision_big", "stats.json")))
+    assert stats["questions"] == 4 * config.supervision.max_questions <= config.unseen_questions
+    pairs = read_pairs(os.path.join(workdir, "supervision_big", "pairs.jsonl"))
+    for stage in ("dpo_big", "critic_big"):
+        assert json.load(open(os.path.join(workdir, stage, "summary.json")))["pairs"] == len(pairs) == stats["pairs"]
+    assert os.path.exists(os.path.join(workdir, "critic_big", "model", "head.npz"))
+    big = [r for r in json.load(open(os.path.join(workdir, "agreement_big", "agreement.json"))) if r["source"] == "critic"]
+    demo = [r for r in json.load(open(os.path.join(workdir, "agreement", "agreement.json"))) if r["source"] == "critic"]
+    assert big[0]["pairs"] == demo[0]["pairs"]  # the same dev states, another critic
+    md = open(os.path.join(workdir, "findings", "findings.md")).read()
+    cell = "–" if big[0]["agreement"] is None else f"{big[0]['agreement']:.3f}"
+    assert f"| critic_big ({stats['questions']} questions' pairs) | {cell} | {big[0]['pairs']} |" in md
+    assert "| dpo_big | supervision_big |" in md and "ReAct, critic on 4x the questions" in md
 
 
 def test_smartsearch_curriculum_stages(run):

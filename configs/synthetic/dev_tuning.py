@@ -36,6 +36,7 @@ def critic(c, pairs, lr=3e-4, steps=150):
 
 def grpo(c, lr, temperature, steps=30, q=8, g=4):
     d = pl.grpo_section(c)
+    d.questions.path = "world/questions_train.jsonl"  # these trials predate the unseen pool
     d.train.optimizer.lr = lr
     d.rl.update(dict(temperature=temperature, steps=steps, questions_per_step=q, group_size=g))
     return d
@@ -51,6 +52,8 @@ def ev(c, systems, n=200):
 
 def as_tuned_from(c) -> None:
     """The demo settings at effe013 that the chosen ones replaced (results/synthetic_dev_tuning.md)."""
+    del c["unseen_questions"]  # every trial here ran before the unseen pool (SFT on every train question)
+    c.grpo.questions.path = "world/questions_train.jsonl"
     c.supervision.temperature = c.outcome.temperature = c.bestofn.temperature = 1.0
     c.dpo.train.optimizer.lr = 1e-4
     for system in c.eval.systems:
@@ -58,9 +61,18 @@ def as_tuned_from(c) -> None:
             system["temperature"] = 1.0
 
 
+def agreement(critic_stage, records):
+    return ml_collections.ConfigDict(dict(fn=f"{P}.analysis:agreement_stage", records=records, critic=critic_stage,
+                                          agent="react"))
+
+
 def get_config(which: str = "a"):
     c = pl.get_config("demo")
-    as_tuned_from(c)
+    if which in ("a", "b", "c", "d"):
+        as_tuned_from(c)
+    else:  # e, f: from the demo at 459de0f (its T 0.5 settings; SFT on every train question)
+        del c["unseen_questions"]
+        c.grpo.questions.path = "world/questions_train.jsonl"
     st = list(c.stages)
     if which == "a":  # process supervision at lower collection temperature
         c.supervision_t05 = ml_collections.ConfigDict(c.supervision.to_dict())
@@ -90,5 +102,30 @@ def get_config(which: str = "a"):
         c.dpo_t1_lr3e5 = dpo(c, "supervision", 3e-5)
         c.eval_dev_d = ev(c, [dict(name="dpo_t1_lr3e5", agent="react", model="dpo_t1_lr3e5")])
         new = ["dpo_t1_lr3e5", "eval_dev_d"]
+    elif which == "e":  # the critic (from the demo at 459de0f, T 0.5 settings): more pairs, lower lr
+        c.supervision_big = ml_collections.ConfigDict(c.supervision.to_dict())
+        c.supervision_big.update(dict(max_questions=1200, agreement_questions=200, rollout_m=0))
+        trials = {"critic_lr1e4": ("supervision", 1e-4), "critic_big": ("supervision_big", 3e-4),
+                  "critic_big_lr1e4": ("supervision_big", 1e-4)}
+        new = ["supervision_big"]
+        for t, (pairs, lr) in trials.items():
+            c[t] = critic(c, pairs, lr)
+            new.append(t)
+        for t in ["critic", *trials]:  # agreement with the oracle on 200 dev questions' states
+            c[f"agree_{t}"] = agreement(t, "supervision_big")
+            new.append(f"agree_{t}")
+        c.eval_dev_e = ev(c, [dict(name=f"sft_{t}_bo4", agent="react", model="sft", critic=t, n=4, temperature=0.5)
+                              for t in ["critic", *trials]])
+        new.append("eval_dev_e")
+        # f (a diagnostic): pairs collected on dev[300:1500], questions the SFT policy never trained on, written as
+        # workdir/supervision_dev by a script (results/synthetic_dev_tuning.md); agreement on dev[:200] as in e
+        c.supervision_dev = ml_collections.ConfigDict(c.supervision.to_dict())  # placeholder: made by the script
+        c.critic_devpairs = critic(c, "supervision_dev", 3e-4)
+        c.agree_critic_devpairs = agreement("critic_devpairs", "supervision_big")
+        c.supervision_dev300 = ml_collections.ConfigDict(c.supervision.to_dict())  # dev[300:600]'s pairs of it
+        c.critic_devpairs300 = critic(c, "supervision_dev300", 3e-4)
+        c.agree_critic_devpairs300 = agreement("critic_devpairs300", "supervision_big")
+        new += ["supervision_dev", "critic_devpairs", "agree_critic_devpairs", "supervision_dev300",
+                "critic_devpairs300", "agree_critic_devpairs300"]
     c.stages = st + new
     return c

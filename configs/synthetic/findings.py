@@ -10,6 +10,11 @@ this runs them too), and the studies' stages follow:
                     equal compute
   grpo_k3           GRPO from the SFT policy with the k3 KL estimator (`grpo` uses ARENA's k2), same seed and budget
   bestofn_transfer  the critic (trained on the ReAct policy's pairs) guiding the Re²Search policy: another format
+  ss_data, ss_sft, ss_dpo, ss_grpo
+                    SmartSearch's curriculum from the SFT policy (credited, refined data -> SFT -> DPO -> GRPO)
+  supervision_big, dpo_big, critic_big, agreement_big, bestofn_big
+                    the demo's process supervision on 4x the unseen questions: DPO, the critic, its agreement
+                    with the oracle and best-of-N (is the demo's critic short of data?)
   eval_findings     the new systems on the demo's eval splits and question subset
   findings          findings.md + grpo_curves.png
 The tiny preset (`findings.py:tiny`) runs the same stages in a minute or two (tests).
@@ -33,7 +38,7 @@ pipeline = _load_pipeline()
 
 P = "jaxrag.pipelines.synthetic"
 STUDIES = ["sft_re2search", "mcts", "dpo_mcts", "grpo_k3", "bestofn_transfer", "ss_data", "ss_sft", "ss_dpo", "ss_grpo",
-           "eval_findings", "findings"]
+           "supervision_big", "dpo_big", "critic_big", "agreement_big", "bestofn_big", "eval_findings", "findings"]
 
 
 def get_config(preset: str = "demo"):
@@ -78,19 +83,41 @@ def get_config(preset: str = "demo"):
     c.ss_grpo.reward = "smartsearch"
     c.ss_grpo.rl.update({k: v for k, v in c.grpo.rl.to_dict().items() if k not in ("k", "seed")})
     c.ss_grpo.train.progress = c.grpo.train.progress
+    # Process supervision at 4x the questions (the demo's 300 unseen questions give a critic no better than chance on
+    # dev; 1,200 gave one well above it: results/synthetic_dev_tuning.md, trial f): the same collection on 1,200
+    # unseen questions -> DPO and a critic with the demo's trainer settings; agreement on the demo's dev states
+    c.supervision_big = ml_collections.ConfigDict(c.supervision.to_dict())
+    c.supervision_big.update(dict(max_questions=4 * c.supervision.max_questions, agreement_questions=0, rollout_m=0))
+    c.dpo_big = ml_collections.ConfigDict(c.dpo.to_dict())
+    c.dpo_big.pairs = "supervision_big"
+    c.critic_big = ml_collections.ConfigDict(c.critic.to_dict())
+    c.critic_big.pairs = "supervision_big"
+    c.agreement_big = ml_collections.ConfigDict(c.agreement.to_dict())
+    c.agreement_big.critic = "critic_big"
+    c.bestofn_big = ml_collections.ConfigDict(c.bestofn.to_dict())
+    c.bestofn_big.critic = "critic_big"
     c.eval_findings = ml_collections.ConfigDict(c.eval.to_dict())
     c.eval_findings.systems = [dict(name="sft_re2search", agent="re2search", model="sft_re2search"),
                                dict(name="dpo_mcts", agent="react", model="dpo_mcts"),
                                dict(name="grpo_k3", agent="react", model="grpo_k3"),
                                dict(name="ss_sft", agent="react", model="ss_sft"),
                                dict(name="ss_dpo", agent="react", model="ss_dpo"),
-                               dict(name="ss_grpo", agent="react", model="ss_grpo")]
+                               dict(name="ss_grpo", agent="react", model="ss_grpo"),
+                               dict(name="dpo_big", agent="react", model="dpo_big"),
+                               dict(name="sft_critic_big_bo4", agent="react", model="sft", critic="critic_big", n=4,
+                                    temperature=c.bestofn.temperature)]
     c.findings = dict(fn=f"{P}.findings:findings_stage", eval="eval", eval_findings="eval_findings",
                       sources=[dict(system="sft_react", pairs_from=""), dict(system="dpo", pairs_from="supervision"),
-                               dict(system="dpo_mcts", pairs_from="mcts")],
+                               dict(system="dpo_mcts", pairs_from="mcts"),
+                               dict(system="dpo_big", pairs_from="supervision_big")],
                       grpo=[dict(system="grpo", stage="grpo"), dict(system="grpo_k3", stage="grpo_k3")],
                       bestofn=[dict(label="ReAct (the critic's own policy)", stage="bestofn"),
-                               dict(label="Re²Search (transfer)", stage="bestofn_transfer")],
+                               dict(label="Re²Search (transfer)", stage="bestofn_transfer"),
+                               dict(label="ReAct, critic on 4x the questions", stage="bestofn_big")],
+                      agreement=[dict(label=f"critic ({c.supervision.max_questions} questions' pairs)",
+                                      stage="agreement"),
+                                 dict(label=f"critic_big ({c.supervision_big.max_questions} questions' pairs)",
+                                      stage="agreement_big")],
                       smartsearch=dict(data="ss_data", systems=["sft_react", "ss_sft", "ss_dpo", "ss_grpo"]))
     if preset == "tiny":
         c.sft_re2search.train.steps = 20

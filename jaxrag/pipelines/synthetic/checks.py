@@ -40,6 +40,16 @@ def check_stage(config, name: str) -> None:
         _agent(f"{name}.agent", s.agent)
 
 
+def check_sampling(config, name: str) -> None:
+    """check_stage, and a stage that samples train questions draws them from the unseen pool when there is one:
+    max_questions (its seeded subset, the head of the pool's order) must fit in config.unseen_questions."""
+    check_stage(config, name)
+    pool, n = int(config.get("unseen_questions", 0)), int(config[name].get("max_questions", 0))
+    if pool and not 0 < n <= pool:
+        config_fail(f"{name}.max_questions", f"{n}{' (all)' if n == 0 else ''} would sample train questions SFT "
+                    f"trained on: at most unseen_questions={pool} (raise it, or set it to 0 to sample any)")
+
+
 def check_eval(config, name: str) -> None:
     """The eval stage's systems: unique names, known agents, models and critics that are earlier stages, n >= 1;
     splits among the world's."""

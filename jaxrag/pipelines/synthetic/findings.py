@@ -4,7 +4,8 @@ config[name]: eval (the main eval stage's name: its results.json holds the demo'
 findings' own eval stage), sources (rows of the supervision-source study: {"system", "pairs_from"}: a DPO system and
 the stage whose pairs and stats.json it trained on; pairs_from "" = the policy it starts from), grpo (GRPO stages
 to compare, e.g. k2 vs k3 KL estimators: {"system", "stage"}), bestofn (best-of-N stages: {"label", "stage"}),
-smartsearch ({"data": the curriculum's data stage, "systems": the systems whose test episodes get SQ}; optional).
+smartsearch ({"data": the curriculum's data stage, "systems": the systems whose test episodes get SQ}; optional),
+agreement (agreement stages whose critic row to show: {"label", "stage"}; optional).
 Outputs under workdir/<name>/: findings.md, grpo_curves.png.
 """
 
@@ -94,6 +95,16 @@ def findings_stage(config, workdir, name) -> None:
         if p.exists():
             md += [f"| {b['label']} | {r['n']} | {r['selector']} | {r['em']:.3f} | {r['f1']:.3f} |"
                    for r in read_json(p)["rows"]]
+    if s.get("agreement"):
+        md += ["", "## The critic's agreement with the oracle", "",
+               "Pairwise ranking agreement on the supervision stage's held-out dev states (candidate pairs the oracle "
+               "scores apart; a tie under the critic counts as disagreement).", "",
+               "| critic | agreement | pairs |", "|---|---|---|"]
+        for a in s.agreement:
+            p = Path(workdir) / a["stage"] / "agreement.json"
+            rows = [r for r in read_json(p) if r["source"] == "critic"] if p.exists() else []
+            md += [f"| {a['label']} | {r['agreement']:.3f} | {r['pairs']} |" if r["agreement"] is not None
+                   else f"| {a['label']} | – | {r['pairs']} |" for r in rows]
     if s.get("smartsearch"):
         md += smartsearch_section(config, workdir, s.smartsearch, systems, (s.eval, s.eval_findings))
     (out / "findings.md").write_text("\n".join(md) + "\n")

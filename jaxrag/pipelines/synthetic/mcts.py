@@ -71,4 +71,4 @@ def mcts_stage(config, workdir, name) -> None:
 
 
 # jaxrag.main checks the config before any stage runs
-mcts_stage.check_config = checks.check_stage
+mcts_stage.check_config = checks.check_sampling

@@ -46,4 +46,4 @@ def outcome_stage(config, workdir, name) -> None:
 
 
 # jaxrag.main checks the config before any stage runs
-outcome_stage.check_config = checks.check_stage
+outcome_stage.check_config = checks.check_sampling

@@ -3,7 +3,9 @@
 config[name]: agent, init_from ("" = a fresh model from config.model, else a stage whose model/ to start from),
 only_correct, pack, max_len, eval_every (steps), eval_max_sequences, and `train` (the trainer config: steps,
 batch_size, optimizer, ...). Outputs under workdir/<name>/: model/ (HF checkpoint + tokenizer), checkpoints/,
-metrics.jsonl (train rows and teacher-forced eval rows on dev/heldout), tb/, summary.json.
+metrics.jsonl (train rows and teacher-forced eval rows on dev/heldout), tb/, summary.json, pool_questions.jsonl (the
+train questions later stages sample from: the unseen pool, config.unseen_questions, which SFT does not train on; or
+every train question when that is 0).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import numpy as np
 from jaxrag.data.synthetic import sft_data
 from jaxrag.pipelines.common import load_checkpoint, log, model_dir, save_checkpoint, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
-from jaxrag.pipelines.synthetic.world import load_teacher_episodes, load_tokenizer, tokenizer_path
+from jaxrag.jsonl import write_jsonl
+from jaxrag.pipelines.synthetic.world import (load_questions, load_teacher_episodes, load_tokenizer, tokenizer_path,
+                                              unseen_pool)
 
 
 def model_config(config, tok):
@@ -86,6 +90,10 @@ def sft_stage(config, workdir, name) -> None:
     tok = load_tokenizer(workdir)
     agent = get_agent(s.agent, mode="plain")
     train_eps = load_teacher_episodes(workdir, "train")
+    unseen = unseen_pool(config, workdir)
+    held = {q["id"] for q in unseen}
+    train_eps = [e for e in train_eps if e.qid not in held]  # kept for the later stages (world.unseen_pool)
+    write_jsonl(stage_dir(workdir, name) / "pool_questions.jsonl", unseen or load_questions(workdir, "train"))
     if s.only_correct:
         train_eps = [e for e in train_eps if e.reward > 0]
     train, train_info = sft_arrays(train_eps, agent, tok, s.max_len, pack=s.pack)
@@ -97,7 +105,8 @@ def sft_stage(config, workdir, name) -> None:
         mcfg = model_config(config, tok)
         params = init_params(mcfg, jax.random.PRNGKey(config.seed))
     n_params = int(sum(np.size(x) for x in jax.tree.leaves(params)))
-    log(name, f"agent={s.agent} params={n_params} train={train_info} steps={tc.steps}")
+    log(name, f"agent={s.agent} params={n_params} train={train_info} steps={tc.steps} "
+              f"(train questions kept out for later stages: {len(held)})")
     buckets = tuple(tc.seq_buckets)
     eval_fn = make_eval_fn(mcfg.replace(dtype=tc.compute_dtype))
     result = fit(
@@ -110,7 +119,8 @@ def sft_stage(config, workdir, name) -> None:
     from jaxrag.train.metrics_log import read_eval_metrics
 
     last = {r["split"]: r for r in read_eval_metrics(stage_dir(workdir, name) / "metrics.jsonl")}
-    summary = {"agent": s.agent, "params": n_params, "train": train_info, "steps": result.step,
+    summary = {"agent": s.agent, "params": n_params, "train": train_info, "unseen_kept_out": len(held),
+               "steps": result.step,
                "final_loss": result.metrics.get("loss"), "final_teacher_forced": last}
     write_json(stage_dir(workdir, name) / "summary.json", summary)
     log(name, str(summary))

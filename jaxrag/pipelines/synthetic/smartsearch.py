@@ -80,5 +80,5 @@ def episodes_sft_stage(config, workdir, name) -> None:
 
 
 # jaxrag.main checks the config before any stage runs
-curriculum_data_stage.check_config = checks.check_stage
+curriculum_data_stage.check_config = checks.check_sampling
 episodes_sft_stage.check_config = checks.check_stage

@@ -17,18 +17,10 @@ import dataclasses
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
-
 from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
-from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
-
-
-def train_subset(workdir, n: int, seed: int, offset: int = 0) -> list[dict]:
-    """A seeded subset of the train questions (the same for every stage that asks with the same seed/offset)."""
-    qs = load_questions(workdir, "train")
-    order = np.random.default_rng(seed).permutation(len(qs))
-    return [qs[i] for i in order[offset:offset + n]] if n else [qs[i] for i in order]
+from jaxrag.pipelines.synthetic.world import (load_questions, load_tokenizer, make_retriever, stage_policy,
+                                              train_subset)
 
 
 class Sampling(NamedTuple):
@@ -100,4 +92,4 @@ def supervision_stage(config, workdir, name) -> None:
 
 
 # jaxrag.main checks the config before any stage runs
-supervision_stage.check_config = checks.check_stage
+supervision_stage.check_config = checks.check_sampling

@@ -24,6 +24,23 @@ def load_questions(workdir, split: str) -> list[dict]:
     return rows
 
 
+def train_subset(workdir, n: int, seed: int, offset: int = 0) -> list[dict]:
+    """A seeded subset of the train questions (the same for every stage that asks with the same seed/offset)."""
+    qs = load_questions(workdir, "train")
+    order = np.random.default_rng(seed).permutation(len(qs))
+    return [qs[i] for i in order[offset:offset + n]] if n else [qs[i] for i in order]
+
+
+def unseen_pool(config, workdir) -> list[dict]:
+    """The train questions kept out of SFT: the first `config.unseen_questions` of the seeded train order. Every later
+    stage that samples from a trained policy on train questions (supervision, outcome, GRPO, MCTS, SmartSearch) draws
+    from them, so its process rewards, rejection sampling and RL see questions the policy was not fine-tuned on, as
+    RAG-Gym collects on questions its actor was not tuned on. [] when unseen_questions is 0 (then they sample
+    questions SFT trained on, whose answers a small policy has partly memorized)."""
+    n = int(config.get("unseen_questions", 0))
+    return train_subset(workdir, n, config.seed) if n else []
+
+
 def corpus_path(workdir) -> Path:
     return Path(workdir) / "world" / "corpus.jsonl"
 
