@@ -124,6 +124,17 @@ def test_refinement_regenerates_only_from_the_bad_step():
         ss.refine([episode("q3", [("a", [1])], "x")], refiner, pol, OverlapRetriever(PASSAGES), AGENT)
 
 
+def test_a_refinement_that_keeps_the_query_is_a_failure_not_a_trajectory():
+    """A refiner may hand back the bad query itself (the synthetic oracle does when BM25 missed the hop's passage):
+    regenerating from it would not be a refinement, so it is recorded as a failure and nothing is rolled out."""
+    pol = ScriptedPolicy(lambda prompt, j: "answer: gold\n")
+    ep = episode("q1", [("topic1", [1]), ("topic2", [2])], "wrong", goods=[1, 0])
+    refiner = FakeJudge(lambda r: JudgeResult([1.0], texts=[f" {r.candidates[0].text} "]))
+    out = ss.refine([ep], refiner, pol, OverlapRetriever(PASSAGES), AGENT, RolloutConfig(k=2, max_steps=6))
+    assert out.episodes == [] and out.requests == 1 and pol.calls == []
+    assert out.failures == [{"qid": "q1", "step": 1, "failure": "refined query equals the original"}]
+
+
 # ---- curriculum -----------------------------------------------------------------------------------------------------
 def test_sft_filter_hand_cases():
     keep = episode("a", [("x", [1]), ("y", [2])], "gold", goods=[1, 1])

@@ -86,7 +86,8 @@ def test_a_sampling_stage_beyond_the_unseen_pool_is_refused_before_any_stage(tmp
     spec.loader.exec_module(mod)
     c = mod.get_config("tiny")
     c.outcome.max_questions = c.unseen_questions + 1
-    with pytest.raises(jmain.StageError, match=r"outcome\.max_questions: 41 would sample train questions SFT trained on"):
+    with pytest.raises(jmain.StageError, match=rf"outcome\.max_questions: {c.unseen_questions + 1} would sample train "
+                       "questions SFT trained on"):
         jmain.run(c, tmp_path)
     assert not os.listdir(tmp_path) or not os.path.exists(tmp_path / "world" / "DONE")
 

@@ -320,6 +320,9 @@ def refine(episodes: Sequence[Episode], refiner: Judge, policy, retriever, agent
                              "failure": res.failure or ("empty refined query" if res.ok else "refiner failed")})
             continue
         orig = ep.steps[c.step].action
+        if text == orig.text.strip():  # nothing to regenerate from: the refiner kept the query (not a refinement)
+            failures.append({"qid": ep.qid, "step": c.step, "failure": "refined query equals the original"})
+            continue
         extra = {k: v for k, v in orig.extra.items() if k not in ("useful",)}
         action = Action(QUERY, text, "", extra)
         action = dataclasses.replace(action, raw=agent.format(action),
