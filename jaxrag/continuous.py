@@ -126,7 +126,7 @@ class SlotPool:
 
     def __init__(self, cfg: ModelConfig, params, slots: int, max_len: int, sp: SamplingParams, key: jax.Array,
                  stop_strings: Sequence[str] | None = None, tokenizer=None, chunk: int = 16,
-                 setting: str = "max_len"):
+                 refill: float = 0.25, setting: str = "max_len"):
         if slots < 1 or max_len < 1 or chunk < 1:
             raise ValueError(f"SlotPool: slots={slots}, max_len={max_len}, chunk={chunk}; each must be >= 1")
         if stop_strings and tokenizer is None:
@@ -135,6 +135,7 @@ class SlotPool:
             raise RequestTooLong(f"max_new_tokens={sp.max_new_tokens} leaves no room for a prompt in the slot pool's "
                                  f"{max_len} tokens per slot; raise {setting}")
         self.cfg, self.params, self.sp, self.chunk, self.setting = cfg, params, sp, chunk, setting
+        self.refill = 0 if refill <= 0 else max(1, int(np.ceil(refill * slots)))   # rows done that end a chunk
         self.slots, self.max_len, self.base_key = slots, max_len, key
         self.stop_strings, self.tokenizer = list(stop_strings or []), tokenizer
         self.true_eos, self.stop_ids = stop_ids_of(cfg, sp, tokenizer)
@@ -143,7 +144,8 @@ class SlotPool:
         self.state = {"logits": jnp.zeros((B, cfg.vocab_size), jnp.float32), "tokens": jnp.zeros((B, N), jnp.int32),
                       "logprobs": jnp.zeros((B, N), jnp.float32), "lengths": jnp.zeros((B,), jnp.int32),
                       "position": jnp.zeros((B,), jnp.int32), "done": jnp.ones((B,), bool),
-                      "stopped": jnp.zeros((B,), bool), "t": jnp.zeros((), jnp.int32)}
+                      "stopped": jnp.zeros((B,), bool), "t": jnp.zeros((), jnp.int32),
+                      "exit_done": jnp.asarray(B, jnp.int32)}
         self.keys = jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(B))   # placeholders until an insert
         self.index, self.t = 0, 0                       # host mirrors of cache["index"] and state["t"]
         self.owner: list[_Request | None] = [None] * B
@@ -185,29 +187,31 @@ class SlotPool:
         self.stats["shifts"] += 1
 
     def _insert(self) -> None:
+        """Waiting requests into free slots, in groups of power-of-two sizes (no padding rows; a group of n
+        prompts shares one prefill of n x P tokens, P = its longest prompt's bucket), longest prompts first."""
         free = [b for b, o in enumerate(self.owner) if o is None]
         reqs = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
         if not reqs:
             return
         t0 = time.perf_counter()
-        slots = free[:len(reqs)]
-        P = min(bucket(max(len(r.ids) for r in reqs), 16), self.max_len)
-        if self.index < P:
-            self._shift(P - self.index)
-        n_pad = bucket(len(reqs), 1)
-        tokens, positions, valid = left_pad([r.ids for r in reqs], n_pad, P)
-        rows = np.full(n_pad, self.slots, np.int32)
-        rows[:len(reqs)] = slots
-        folds = np.zeros((n_pad, 2), np.int32)
-        folds[:len(reqs)] = [r.fold for r in reqs]
-        self.cache, self.state, self.keys = insert(self.cfg, self.params, self.cache, self.state, self.keys,
-                                                   self.base_key, jnp.asarray(tokens), jnp.asarray(positions),
-                                                   jnp.asarray(valid), jnp.asarray(rows), jnp.asarray(folds),
-                                                   self.sp.max_new_tokens)
-        for b, r in zip(slots, reqs):
-            self.owner[b], self.start[b], self.checked[b], self.seen[b] = r, self.index - len(r.ids), 0, 0
-        self.stats["inserts"] += 1
-        self.stats["prefill_tokens"] += n_pad * P
+        pairs = sorted(zip(free, reqs), key=lambda br: -len(br[1].ids))
+        room = self.max_len - self.sp.max_new_tokens    # every prompt fits it (submit); a bucket past it is cut to it
+        P_max = min(bucket(len(pairs[0][1].ids), 16), room)
+        if self.index < P_max:
+            self._shift(P_max - self.index)
+        while pairs:
+            group, pairs = pairs[:1 << (len(pairs).bit_length() - 1)], pairs[1 << (len(pairs).bit_length() - 1):]
+            slots, group_reqs = [b for b, _ in group], [r for _, r in group]
+            P = min(bucket(len(group_reqs[0].ids), 16), room)
+            tokens, positions, valid = left_pad([r.ids for r in group_reqs], len(group), P)
+            self.cache, self.state, self.keys = insert(
+                self.cfg, self.params, self.cache, self.state, self.keys, self.base_key, jnp.asarray(tokens),
+                jnp.asarray(positions), jnp.asarray(valid), jnp.asarray(slots, jnp.int32),
+                jnp.asarray([r.fold for r in group_reqs], jnp.int32), self.sp.max_new_tokens)
+            for b, r in group:
+                self.owner[b], self.start[b], self.checked[b], self.seen[b] = r, self.index - len(r.ids), 0, 0
+            self.stats["inserts"] += 1
+            self.stats["prefill_tokens"] += len(group) * P
         self.timing["insert_s"] += time.perf_counter() - t0
 
     def launch(self) -> bool:
@@ -222,6 +226,8 @@ class SlotPool:
         if self.index + self.chunk > self.cache["valid"].shape[1]:   # no room for a whole chunk: shift left
             self._shift(-int(min(self.start[b] for b in held)))
         t0 = time.perf_counter()
+        if self.refill:
+            self.state["exit_done"] = jnp.asarray(min(self.slots, self.slots - len(held) + self.refill), jnp.int32)
         self.cache, self.state = _decode_chunk(self.cfg, self.sp, self.chunk, self.params, self.cache, self.state,
                                                self.stop_ids, self.keys)
         self.timing["decode_s"] += time.perf_counter() - t0

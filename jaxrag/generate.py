@@ -107,13 +107,17 @@ def _decode_chunk(cfg: ModelConfig, sp: SamplingParams, chunk: int, params, cach
     Each row runs its own step count: row b writes its next token at column lengths[b] and draws with
     fold_in(keys[b], lengths[b]), and is done at a stop id or once it holds max_new_tokens (the token buffer's
     width). In one `sample` batch every live row is at step t (the same values as a shared step counter); the slot
-    pool (jaxrag.continuous) runs rows inserted at different times through this same loop."""
+    pool (jaxrag.continuous) runs rows inserted at different times through this same loop, and with
+    state["exit_done"] (an int32 scalar) the loop also ends once that many rows are done."""
     n_max = state["tokens"].shape[1]
     t_end = state["t"] + chunk
     rows = jnp.arange(state["tokens"].shape[0])
 
     def cond(s):
-        return (s["t"] < t_end) & ~jnp.all(s["done"])
+        go = (s["t"] < t_end) & ~jnp.all(s["done"])
+        if "exit_done" in s:   # the slot pool: hand back once this many rows are done (their slots take new work)
+            go &= jnp.sum(s["done"]) < s["exit_done"]
+        return go
 
     def body(s):
         cache, st = s["cache"], dict(s)

@@ -172,12 +172,13 @@ class JaxPolicy:
                               stop_ids=self.stop_token_ids(stop_strings) if self.device_stops else ())
 
     def continuous(self, slots: int, *, temperature=0.0, max_new_tokens=128, stop=None, seed=0,
-                   chunk: int = 16) -> "ContinuousSession":
-        """A continuous-batching session: `slots` decode slots of `pool_tokens` tokens each (module doc)."""
+                   chunk: int = 16, refill: float = 0.25) -> "ContinuousSession":
+        """A continuous-batching session: `slots` decode slots of `pool_tokens` tokens each (module doc); a decode
+        chunk runs up to `chunk` steps and ends early once `refill` x slots more rows are done (SlotPool)."""
         stop_strings = list(stop) if stop else None
         pool = SlotPool(self.cfg, self._sample_params, slots, self.pool_tokens,
                         self._sampling(temperature, max_new_tokens, stop_strings), jax.random.PRNGKey(seed),
-                        stop_strings=stop_strings, tokenizer=self.tokenizer, chunk=chunk,
+                        stop_strings=stop_strings, tokenizer=self.tokenizer, chunk=chunk, refill=refill,
                         setting="JaxPolicy(pool_tokens=...)")
         return ContinuousSession(self, pool)
 
@@ -233,20 +234,27 @@ class ContinuousSession:
         """Queue `prompt` as request `rid`; its sampling key folds in `fold` (e.g. (episode index, step))."""
         self.pool.submit(rid, self.policy.encode_prompt(prompt, self.pool.sp.max_new_tokens), fold)
 
+    def _count(self) -> None:
+        """The pool's counters since the last call added to the policy's (prefill_tokens, decode_slots, timing)."""
+        now = {"prefill_tokens": self.pool.stats["prefill_tokens"], "slot_steps": self.pool.stats["slot_steps"],
+               "insert_s": self.pool.timing["insert_s"], "decode_s": self.pool.timing["decode_s"]}
+        last, self._last = getattr(self, "_last", dict.fromkeys(now, 0)), now
+        pol = self.policy
+        pol.prefill_tokens += now["prefill_tokens"] - last["prefill_tokens"]
+        pol.decode_slots += now["slot_steps"] - last["slot_steps"]
+        pol.timing["prefill_s"] += now["insert_s"] - last["insert_s"]
+        pol.timing["decode_s"] += now["decode_s"] - last["decode_s"]
+
     def launch(self) -> bool:
-        return self.pool.launch()
+        launched = self.pool.launch()
+        self._count()
+        return launched
 
     def collect(self) -> list[tuple[object, Completion]]:
-        before = dict(self.pool.stats)
-        t0 = dict(self.pool.timing)
         done = self.pool.collect()
-        pol, st = self.policy, self.pool.stats
-        pol.prefill_tokens += st["prefill_tokens"] - before.get("prefill_tokens", 0)
-        pol.decode_slots += st["slot_steps"] - before.get("slot_steps", 0)
-        pol.decode_tokens += sum(len(f.tokens) for f in done)
-        pol.timing["decode_s"] += self.pool.timing["decode_s"] - t0["decode_s"]
-        pol.timing["prefill_s"] += self.pool.timing["insert_s"] - t0["insert_s"]
-        dec = pol.tokenizer.decode
+        self._count()
+        self.policy.decode_tokens += sum(len(f.tokens) for f in done)
+        dec = self.policy.tokenizer.decode
         return [(f.rid, Completion(dec(f.tokens), f.tokens, f.logprobs, f.finish_reason, f.prompt_ids)) for f in done]
 
     def step(self) -> list[tuple[object, Completion]]:
