@@ -3,10 +3,12 @@
 `SlotPool(cfg, params, slots=B, max_len=T, sp)` holds one cache [B, T + chunk] (memory fixed when the pool is built:
 `nbytes`) and per-slot sampler state (the generate.decode state: logits, token buffer, lengths, positions, done).
 Requests (token-id prompts, each with its own key) queue on the host; `launch()` writes waiting prompts into the free
-slots (`insert`: one prefill pass of the new prompts, `transformer.prefill`, scattered into their cache rows on
-device by `place`, no host round trip of the cache) and dispatches one jitted decode chunk over all slots (generate's
-`_decode_chunk`: every row at its own step); `collect()` reads the chunk back and returns the rows that finished
-(stop id on device, stop string on the host, or max_new_tokens), whose slots are then free. `step()` is both.
+slots (`insert`: a prefill pass per power-of-two group of new prompts, generate's jitted `transformer.prefill`,
+scattered into their cache rows on device by `place`, no host round trip of the cache) and dispatches one jitted
+decode chunk over all slots (generate's `_decode_chunk`: every row at its own step; the chunk ends after `chunk`
+steps, when every row is done, or once `refill` x slots more rows are done than at its start, so freed slots do not
+idle to the chunk's end); `collect()` reads the chunk back and returns the rows that finished (stop id on device,
+stop string on the host, or max_new_tokens), whose slots are then free. `step()` is both.
 
 Layout: the cache's write index is shared by all rows (what `forward_cached` takes), and a row's tokens lie right-
 aligned before it: a prompt inserted when the index is i fills slots [i - P, i) of its row (P its padded length,

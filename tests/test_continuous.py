@@ -1,24 +1,38 @@
 """Continuous batching (jaxrag.continuous + RolloutConfig(continuous=True)): a slot pool smaller than the work gives
 the lock-step sampler's tokens per request / per episode, keys that do not depend on the slots, bounded memory."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fakes import ScriptedPolicy, tiny_jax_policy
+from fakes import ByteTokenizer, OverlapRetriever, Passage, ScriptedPolicy, completion, cut_at_stop
+from jaxrag.env.agents import get_agent
 from rl_world import PASSAGES, QUESTIONS, EchoAgent, HashRetriever
 from jaxrag.continuous import RequestTooLong, SlotPool
 from jaxrag.env.rollout import RolloutConfig, rollout
 from jaxrag.generate import SamplingParams, sample
+from jaxrag.models.config import ModelConfig
+from jaxrag.models.transformer import param_shapes
+from jaxrag.policy import JaxPolicy
 
 
 @pytest.fixture(scope="module")
 def pol():
-    return tiny_jax_policy(0, 128, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2)
+    """tests/fakes.tiny_jax_policy's model (1 layer, d_model 32, std 0.5) with numpy-drawn weights: no jitted
+    initializer to compile per weight shape."""
+    cfg = ModelConfig(vocab_size=259, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
+                      max_seq_len=64, bos_id=1, eos_ids=(2,), pad_id=0)
+    rng = np.random.default_rng(0)
+    make = lambda name, shape: np.ones(shape, np.float32) if "norm" in name else rng.normal(0, 0.5, shape).astype(np.float32)
+    shapes = param_shapes(cfg)
+    params = {n: make(n, sh) for n, sh in shapes.items() if n != "layers"}
+    params["layers"] = {n: make(n, sh) for n, sh in shapes["layers"].items()}
+    return JaxPolicy(cfg, jax.tree.map(jnp.asarray, params), ByteTokenizer())
 
 
 def _prompts(n, seed=0):
     rng = np.random.default_rng(seed)
-    return [[1] + rng.integers(3, 250, size=int(k)).tolist() for k in rng.integers(20, 60, size=n)]
+    return [[1] + rng.integers(3, 250, size=int(k)).tolist() for k in rng.integers(10, 40, size=n)]
 
 
 def _drain(pool):
@@ -34,7 +48,7 @@ def test_slot_pool_equals_lockstep_sampler_with_reused_slots_and_stop_strings(po
     cfg, params, tok = pol.cfg, pol._sample_params, pol.tokenizer
     prompts = _prompts(7)
     sp = SamplingParams(max_new_tokens=20)
-    probe = sample(cfg, params, prompts, sp, jax.random.PRNGKey(0), chunk=16)
+    probe = sample(cfg, params, prompts, sp, jax.random.PRNGKey(0), tokenizer=tok, chunk=16)   # ref's shapes
     # a stop string (a printable byte) that some rows generate and others do not: ragged finishes
     rows = [set(probe.row(i)[0]) for i in range(len(prompts))]
     t = next(t for t in range(35, 130) if 2 <= sum(t in r for r in rows) <= len(rows) - 2)
@@ -77,10 +91,11 @@ def test_too_long_request_and_bad_pool_are_clear_errors(pol):
         pol.pool_tokens = pol.cfg.max_seq_len
 
 
-def _episodes(policy, batch, n=6, **kw):
+def _episodes(policy, batch, n=6, answer_char="4", **kw):
     cfg = RolloutConfig(k=1, batch_size=batch, max_steps=4, max_new_tokens=12, **kw)
     st = {}
-    eps = rollout(policy, HashRetriever(PASSAGES), EchoAgent(answer_char="~", mode="plain"), QUESTIONS[:n], cfg, stats=st)
+    agent = EchoAgent(answer_char=answer_char, mode="plain")
+    eps = rollout(policy, HashRetriever(PASSAGES), agent, QUESTIONS[:n], cfg, stats=st)
     return eps, st
 
 
@@ -108,7 +123,7 @@ def test_continuous_rollout_equals_lockstep_at_temperature_zero(pol):
 def test_continuous_samples_do_not_depend_on_the_batch(pol):
     a, _ = _episodes(pol, 2, 4, continuous=True, temperature=1.0, seed=5)
     b, _ = _episodes(pol, 4, 4, continuous=True, temperature=1.0, seed=5)
-    _same_episodes(a, b, atol=1e-5)
+    _same_episodes(a, b, atol=1e-4)
     c, _ = _episodes(pol, 2, 4, continuous=True, temperature=1.0, seed=6)
     assert [s.token_ids for e in a for s in e.steps] != [s.token_ids for e in c for s in e.steps]
 
@@ -119,3 +134,63 @@ def test_scripted_policy_and_candidates_keep_the_lockstep_path():
                   RolloutConfig(k=1, batch_size=3, continuous=True))
     assert len(pol.calls) == 2 and [len(c["prompts"]) for c in pol.calls] == [3, 3]   # one call per engine step
     assert all(len(e.steps) == 2 for e in eps)
+
+
+class SlotScripted(ScriptedPolicy):
+    """A scripted policy with the continuous protocol: a pool of `slots`; each collect finishes the request that has
+    been in a slot longest whose (scripted) length is up, so turns end out of order while others keep decoding."""
+
+    def continuous(self, slots, *, temperature=0.0, max_new_tokens=128, stop=None, seed=0):
+        pol = self
+
+        class Session:
+            def __init__(self):
+                self.queue, self.running, self.most = [], [], 0
+
+            @property
+            def busy(self):
+                return len(self.queue) + len(self.running)
+
+            def submit(self, rid, prompt, fold):
+                self.queue.append([rid, prompt, 1 + len(prompt) % 3])    # chunks this turn decodes for
+
+            def launch(self):
+                while self.queue and len(self.running) < slots:
+                    self.running.append(self.queue.pop(0))
+                self.most = max(self.most, len(self.running))
+                for r in self.running:
+                    r[2] -= 1
+                return bool(self.running)
+
+            def collect(self):
+                out = [r for r in self.running if r[2] <= 0]
+                self.running = [r for r in self.running if r[2] > 0]
+                return [(rid, completion(cut_at_stop(pol.respond(p, 0), stop))) for rid, p, _ in out]
+
+        self.session = Session()
+        return self.session
+
+
+@pytest.mark.parametrize("agent, overlap", [("react", False), ("rag", True)])
+def test_engine_over_the_continuous_protocol_equals_lockstep(agent, overlap):
+    """Turns finishing out of order, RAG's scripted first search, refill: the same episodes as the lock-step engine."""
+    def respond(prompt, j):
+        n = prompt.count("search: ")
+        return f"search: fact {n}\n" if n < len(prompt.split("?")[0]) % 4 else "answer: x\n"
+
+    questions = [{"id": f"q{i}", "question": f"question {'n' * i}?", "golden_answers": ["x"]} for i in range(7)]
+    ret = OverlapRetriever([Passage(f"p{i}", f"T{i}", f"fact {i}") for i in range(9)])
+    lock = rollout(ScriptedPolicy(respond), ret, get_agent(agent, mode="plain"), questions, RolloutConfig(k=2, batch_size=3))
+    pol = SlotScripted(respond)
+    st = {}
+    cont = rollout(pol, ret, get_agent(agent, mode="plain"), questions,
+                   RolloutConfig(k=2, batch_size=3, continuous=True, overlap=overlap), stats=st)
+    assert not pol.calls and pol.session.most == 3 and not pol.session.busy   # all through the pool, 3 slots full
+    if agent == "react":
+        assert len({len(e.steps) for e in lock}) > 1              # episodes of different lengths
+    else:
+        assert all(e.steps[0].prompt == "" and e.steps[0].action.extra.get("scripted") for e in cont)   # RAG's search
+    view = lambda eps: [(e.qid, e.done, e.answer, e.reward, [(s.action, s.prompt, [d.doc_id for d in s.docs])
+                                                            for s in e.steps]) for e in eps]
+    assert view(cont) == view(lock)
+    assert st["generations"] == sum(1 for e in lock for s in e.steps if s.prompt)
