@@ -100,7 +100,8 @@ def place(cache: dict, state: dict, keys, base_key, logits, small: dict, valid, 
     set_rows = lambda a, x: a.at[slots].set(x, mode="drop")
     state = dict(state, logits=set_rows(state["logits"], logits),
                  tokens=set_rows(state["tokens"], 0), logprobs=set_rows(state["logprobs"], 0.0),
-                 lengths=set_rows(state["lengths"], 0), position=set_rows(state["position"], valid.sum(1).astype(jnp.int32)),
+                 lengths=set_rows(state["lengths"], 0),
+                 position=set_rows(state["position"], valid.sum(1).astype(jnp.int32)),
                  done=set_rows(state["done"], False), stopped=set_rows(state["stopped"], False))
     fold = jax.vmap(lambda f: jax.random.fold_in(jax.random.fold_in(base_key, f[0]), f[1]))(folds)
     return cache, state, set_rows(keys, fold)
@@ -123,7 +124,7 @@ class SlotPool:
     """B decode slots over one cache of T tokens per slot (+ `chunk` slots of headroom); see the module doc.
 
     stats: chunks, slot_steps (slots x decode steps run), busy_steps (steps a slot held a live row: the tokens
-    generated), prefill_tokens (token slots the inserts computed), inserts, shifts, finished; timing: insert_s,
+    generated), prefill_tokens (token slots the inserts computed), inserts, shifts (_left / _right), finished; timing: insert_s,
     decode_s (dispatch + wait for the chunk), host_s (stop strings, results). idle_share = 1 - busy / slot steps."""
 
     def __init__(self, cfg: ModelConfig, params, slots: int, max_len: int, sp: SamplingParams, key: jax.Array,
@@ -187,6 +188,7 @@ class SlotPool:
         self.index += d
         self.start += d
         self.stats["shifts"] += 1
+        self.stats["shifts_right" if d > 0 else "shifts_left"] += 1
 
     def _insert(self) -> None:
         """Waiting requests into free slots, in groups of power-of-two sizes (no padding rows; a group of n

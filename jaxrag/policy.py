@@ -80,8 +80,8 @@ class JaxPolicy:
     request whose prompt + max_new_tokens exceeds it is refused with an error naming this setting."""
 
     def __init__(self, cfg: ModelConfig, params, tokenizer, *, top_k: int = 0, top_p: float = 1.0, add_bos: bool = True, max_prompt_tokens: int | None = None,
-                 share_prefix: bool = True, unstack: bool = True, session_slots: int = 0, session_tokens: int | None = None,
-                 pool_tokens: int | None = None):
+                 share_prefix: bool = True, unstack: bool = True, session_slots: int = 0,
+                 session_tokens: int | None = None, pool_tokens: int | None = None):
         self.cfg, self.tokenizer, self.unstack = cfg, tokenizer, unstack
         self.pool_tokens = pool_tokens or cfg.max_seq_len
         self.sessions = SessionPool(cfg, session_slots, session_tokens or cfg.max_seq_len) if session_slots else None

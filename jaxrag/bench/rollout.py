@@ -205,7 +205,8 @@ def main(argv=None):
         r.update({f"{k}%": 100 * r[f"{k}_share"] for k in ("generate", "tokenizer", "retrieve", "host")
                   if f"{k}_share" in r})
     cols = ["policy", "batch", "episodes_per_s", "speedup_vs_smallest_batch", "vs_lock_step", "generate%", "tokenizer%",
-            "retrieve%", "host%", "idle%", "retrieve_ms_per_query", "prompt_tokens_per_s", "new_tokens_per_s", "policy_calls"]
+            "retrieve%", "host%", "idle%", "retrieve_ms_per_query", "prompt_tokens_per_s", "new_tokens_per_s",
+            "policy_calls"]
     print(table(rows, cols))
     out = write_result("rollout", {"episodes": len(examples), "agent": "react/plain", "k": K,
                                    "searches_per_episode": SEARCHES, "new_tokens": args.new_tokens,

@@ -14,16 +14,18 @@ finish: an episode's KV cache then lives across its turns and only what its prom
 
 Continuous batching (RolloutConfig(continuous=True), a policy with `continuous`: JaxPolicy): instead of one
 generate call per engine step, the episodes' turns go through a slot pool of batch_size decode slots
-(jaxrag.continuous): after every decode chunk (16 steps) the turns that finished are parsed, their retrieval run
-(batched over the turns that finished in the same chunk), their next prompts rendered and queued, and finished
-episodes replaced by pending ones, while the other slots' turns keep decoding; a slot idles only until the next
-chunk. With overlap=True that host work runs while the next chunk decodes (the device runs asynchronously): a
-finished slot then idles one chunk, the host's time hides behind the device's. Request keys fold in (episode
-index, step), so at T > 0 the samples do not depend on the batch size (they differ from the lock-step path's
-per-call keys); at T = 0 every episode gets the lock-step path's actions and token ids. Falls back to lock-step
-(this first version): a policy without `continuous` (scripted fakes), n_candidates > 1, agents that summarize
-(Search-o1 / Re²Search summaries, ReasonRAG grounding: a second policy call per turn), and no KV sessions (each
-turn's prompt is prefilled in full into its slot).
+(jaxrag.continuous): after every decode chunk (up to 16 steps; it ends sooner once a quarter of the slots are done)
+the turns that finished are parsed, their retrieval run (batched over the turns that finished in the same chunk),
+their next prompts rendered and queued, and finished episodes replaced by pending ones, while the other slots'
+turns keep decoding; a freed slot idles only until the chunk ends. With overlap=True that host work runs while the
+next chunk decodes (the device runs asynchronously): a freed slot then idles one more chunk, and the host's time
+hides behind the device's (worth it only where the host's work per chunk is long, e.g. a remote retriever: on a
+2-core CPU with local BM25 it was ~1.8x slower). Request keys fold in (episode index, step), so at T > 0 the
+samples do not depend on the batch size (they differ from the lock-step path's per-call keys); at T = 0 every
+episode gets the lock-step path's actions and token ids. Falls back to lock-step (this first version): a policy
+without `continuous` (scripted fakes), n_candidates > 1, agents that summarize (Search-o1 / Re²Search summaries,
+ReasonRAG grounding: a second policy call per turn); and the pool keeps no KV sessions (each turn's prompt is
+prefilled in full into its slot).
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ class RolloutConfig:
     seed: int = 0
     progress: bool = False
     continuous: bool = False         # keep the decode batch full (policy.continuous; see the module doc)
-    overlap: bool = False            # continuous: the host's parse/retrieval of finished turns runs during the next chunk
+    overlap: bool = False            # continuous: the host's work on finished turns runs during the next chunk
 
 
 @dataclass
