@@ -77,7 +77,9 @@ class JaxPolicy:
     session_slots / session_tokens: the session pool (module doc; 0 slots = off); session_tokens defaults to
     max_seq_len, the longest prompt + completion the policy can take anyway.
     pool_tokens: the tokens per slot of the continuous-batching pool (`continuous`; default max_seq_len): a
-    request whose prompt + max_new_tokens exceeds it is refused with an error naming this setting."""
+    request whose prompt + max_new_tokens exceeds it is refused with an error naming this setting. Every decode
+    step attends over all of a slot's tokens (the lock-step sampler over its batch's bucketed prompt + new tokens),
+    so size it to the prompt budget + max_new_tokens, not beyond."""
 
     def __init__(self, cfg: ModelConfig, params, tokenizer, *, top_k: int = 0, top_p: float = 1.0, add_bos: bool = True, max_prompt_tokens: int | None = None,
                  share_prefix: bool = True, unstack: bool = True, session_slots: int = 0,
