@@ -130,12 +130,18 @@ def test_continuous_samples_do_not_depend_on_the_batch(pol):
     assert [s.token_ids for e in a for s in e.steps] != [s.token_ids for e in c for s in e.steps]
 
 
-def test_scripted_policy_and_candidates_keep_the_lockstep_path():
+def test_scripted_policy_candidates_and_summaries_keep_the_lockstep_path():
     pol = ScriptedPolicy(lambda p, j: "go" if len(pol.calls) == 1 else "~done")   # search, then answer
     eps = rollout(pol, HashRetriever(PASSAGES), EchoAgent(mode="plain"), QUESTIONS[:3],
                   RolloutConfig(k=1, batch_size=3, continuous=True))
     assert len(pol.calls) == 2 and [len(c["prompts"]) for c in pol.calls] == [3, 3]   # one call per engine step
     assert all(len(e.steps) == 2 for e in eps)
+    # a policy with the protocol still goes lock-step for n candidates and for an agent that summarizes
+    for agent, n in [("react", 2), ("search_o1", 1)]:
+        slot = SlotScripted(lambda p, j: "search: fact\n" if "search" not in p.split("?", 1)[-1] else "answer: x\n")
+        eps = rollout(slot, HashRetriever(PASSAGES), get_agent(agent, mode="plain"), QUESTIONS[:2],
+                      RolloutConfig(k=1, batch_size=2, n_candidates=n, continuous=True))
+        assert slot.calls and not hasattr(slot, "session") and all(e.done for e in eps)
 
 
 class SlotScripted(ScriptedPolicy):
