@@ -102,27 +102,37 @@ def row_keys(key: jax.Array, n_rows: int) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4, 5))
 def _decode_chunk(cfg: ModelConfig, sp: SamplingParams, chunk: int, params, cache, state, stop_ids, keys):
-    """Up to `chunk` decode steps for every row not done; stops early once all rows are done. keys [B,2]."""
+    """Up to `chunk` decode steps for every row not done; stops early once all rows are done. keys [B,2].
+
+    Each row runs its own step count: row b writes its next token at column lengths[b] and draws with
+    fold_in(keys[b], lengths[b]), and is done at a stop id or once it holds max_new_tokens (the token buffer's
+    width). In one `sample` batch every live row is at step t (the same values as a shared step counter); the slot
+    pool (jaxrag.continuous) runs rows inserted at different times through this same loop, and with
+    state["exit_done"] (an int32 scalar) the loop also ends once that many rows are done."""
     n_max = state["tokens"].shape[1]
-    t_end = jnp.minimum(state["t"] + chunk, n_max)
+    t_end = state["t"] + chunk
+    rows = jnp.arange(state["tokens"].shape[0])
 
     def cond(s):
-        return (s["t"] < t_end) & ~jnp.all(s["done"])
+        go = (s["t"] < t_end) & ~jnp.all(s["done"])
+        if "exit_done" in s:   # the slot pool: hand back once this many rows are done (their slots take new work)
+            go &= jnp.sum(s["done"]) < s["exit_done"]
+        return go
 
     def body(s):
         cache, st = s["cache"], dict(s)
-        logits = st["logits"]
-        tok = _pick(logits, jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, st["t"]), sp)
+        logits, step = st["logits"], st["lengths"]
+        tok = _pick(logits, jax.vmap(jax.random.fold_in)(keys, step), sp)
         t_logp = sp.temperature if sp.temperature > 0 else 1.0  # behaviour log-prob at the sampling temperature
         logp = jnp.take_along_axis(jax.nn.log_softmax(logits / t_logp, axis=-1), tok[:, None], axis=-1)[:, 0]
         live = ~st["done"]
         tok = jnp.where(live, tok, 0)
-        st["tokens"] = st["tokens"].at[:, st["t"]].set(tok)
-        st["logprobs"] = st["logprobs"].at[:, st["t"]].set(jnp.where(live, logp, 0.0))
-        st["lengths"] = st["lengths"] + live.astype(jnp.int32)
+        st["tokens"] = st["tokens"].at[rows, step].set(tok, mode="drop")
+        st["logprobs"] = st["logprobs"].at[rows, step].set(jnp.where(live, logp, 0.0), mode="drop")
+        st["lengths"] = step + live.astype(jnp.int32)
         hit_eos = live & jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
         st["stopped"] = st["stopped"] | hit_eos
-        st["done"] = st["done"] | hit_eos
+        st["done"] = st["done"] | hit_eos | (st["lengths"] >= n_max)
         logits, cache = forward_cached(cfg, params, tok[:, None], st["position"][:, None], live[:, None], cache)
         st["logits"] = logits[:, 0]
         st["position"] = st["position"] + 1
@@ -220,6 +230,26 @@ def sample(
     return completions
 
 
+def finish_row(cfg: ModelConfig, sp: SamplingParams, true_eos, toks, length: int, stopped: bool, cut: int | None):
+    """A finished row's kept length and finish reason: a host stop-string cut (`cut`: tokens up to and including
+    the stop string) shortens it ("stop", or "eos" when the cut ends at an EOS id the device also stopped at); a
+    device stop id is "stop" for the sampler's extra stop ids, "eos" for the model's; else "length"."""
+    if cut is not None:
+        length = min(length, cut)
+        return length, ("eos" if stopped and length == cut and toks[length - 1] in true_eos else "stop")
+    if stopped:
+        last = toks[length - 1]
+        return length, ("stop" if last in sp.stop_ids and last not in cfg.eos_ids else "eos")
+    return length, "length"
+
+
+def stop_ids_of(cfg: ModelConfig, sp: SamplingParams, tokenizer=None) -> tuple[tuple[int, ...], jax.Array]:
+    """(the model's + tokenizer's EOS ids, the device stop-id array: those and sp.stop_ids; [-1] when none)."""
+    true_eos = tuple(cfg.eos_ids) + tuple(getattr(tokenizer, "eos_ids", ()) or ())
+    eos = true_eos + tuple(sp.stop_ids)
+    return true_eos, jnp.asarray(eos if eos else (-1,), jnp.int32)
+
+
 def decode(cfg: ModelConfig, params: Params, cache, logits, position, n_rows: int, sp: SamplingParams, key: jax.Array,
            stop_strings: Sequence[str] | None = None, tokenizer=None, chunk: int | None = None):
     """The decode loop after a prefill: rows [0, n_rows) of the padded batch (`logits` [B_pad,V], `position` [B_pad],
@@ -227,9 +257,7 @@ def decode(cfg: ModelConfig, params: Params, cache, logits, position, n_rows: in
     Returns (Completions, the cache after decode: every generated token's keys/values written at slots
     [index0, index0 + t), including tokens a host stop-string check later cut off)."""
     B, B_pad, N = n_rows, logits.shape[0], sp.max_new_tokens
-    true_eos = tuple(cfg.eos_ids) + tuple(getattr(tokenizer, "eos_ids", ()) or ())
-    eos = true_eos + tuple(sp.stop_ids)
-    stop_ids = jnp.asarray(eos if eos else (-1,), jnp.int32)
+    true_eos, stop_ids = stop_ids_of(cfg, sp, tokenizer)
     key = row_keys(key, B_pad)
     state = {
         "logits": logits,
@@ -266,14 +294,9 @@ def decode(cfg: ModelConfig, params: Params, cache, logits, position, n_rows: in
     stopped = np.asarray(state["stopped"])[:B]
     reasons = []
     for i in range(B):
-        if string_stopped[i]:
-            lens[i] = min(lens[i], cut[i])
-            stopped_by_id = stopped[i] and lens[i] == cut[i] and toks[i, lens[i] - 1] in true_eos
-            reasons.append("eos" if stopped_by_id else "stop")
-        elif stopped[i]:
-            reasons.append("stop" if toks[i, lens[i] - 1] in sp.stop_ids and toks[i, lens[i] - 1] not in cfg.eos_ids else "eos")
-        else:
-            reasons.append("length")
+        lens[i], reason = finish_row(cfg, sp, true_eos, toks[i], int(lens[i]), bool(stopped[i]),
+                                     int(cut[i]) if string_stopped[i] else None)
+        reasons.append(reason)
         toks[i, lens[i]:] = 0
         logps[i, lens[i]:] = 0.0
     return Completions(toks, logps, lens.astype(np.int32), reasons, decode_slots=B_pad * t), cache

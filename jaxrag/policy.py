@@ -13,6 +13,12 @@ Sessions (optional, off by default): a JaxPolicy built with `session_slots > 0` 
 between turns (jaxrag.kv_sessions): `generate(..., sessions=[key per prompt])` prefills only what a prompt
 appends to its session's last prompt + completion (else the whole prompt, counted as a fallback), and
 `release(keys)` frees finished episodes' slots. `keeps_sessions` tells the rollout engine to pass keys.
+
+Continuous batching (optional part of the protocol): `policy.continuous(slots, temperature=, max_new_tokens=, stop=,
+seed=)` returns a `ContinuousSession` over a jaxrag.continuous.SlotPool of `slots` decode slots x `pool_tokens`
+tokens: `submit(rid, prompt, fold)`, `launch()` / `collect() -> [(rid, Completion)]` (or `step()`), so a finished
+request's slot takes the next waiting prompt. The rollout engine uses it with RolloutConfig(continuous=True);
+a policy without the method (the scripted fakes) keeps the lock-step path.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Protocol, Sequence
 
 import jax
 
+from jaxrag.continuous import SlotPool
 from jaxrag.generate import SamplingParams, sample
 from jaxrag.kv_sessions import SessionPool, sample_sessions
 from jaxrag.models.config import ModelConfig
@@ -68,11 +75,17 @@ class JaxPolicy:
     `decode_slots` / `decode_tokens` the decode row-steps run / the tokens kept (their ratio: how full the decode
     batch was), `timing` the seconds in prefill (with the host's batch preparation) and in decode.
     session_slots / session_tokens: the session pool (module doc; 0 slots = off); session_tokens defaults to
-    max_seq_len, the longest prompt + completion the policy can take anyway."""
+    max_seq_len, the longest prompt + completion the policy can take anyway.
+    pool_tokens: the tokens per slot of the continuous-batching pool (`continuous`; default max_seq_len): a
+    request whose prompt + max_new_tokens exceeds it is refused with an error naming this setting. Every decode
+    step attends over all of a slot's tokens (the lock-step sampler over its batch's bucketed prompt + new tokens),
+    so size it to the prompt budget + max_new_tokens, not beyond."""
 
     def __init__(self, cfg: ModelConfig, params, tokenizer, *, top_k: int = 0, top_p: float = 1.0, add_bos: bool = True, max_prompt_tokens: int | None = None,
-                 share_prefix: bool = True, unstack: bool = True, session_slots: int = 0, session_tokens: int | None = None):
+                 share_prefix: bool = True, unstack: bool = True, session_slots: int = 0,
+                 session_tokens: int | None = None, pool_tokens: int | None = None):
         self.cfg, self.tokenizer, self.unstack = cfg, tokenizer, unstack
+        self.pool_tokens = pool_tokens or cfg.max_seq_len
         self.sessions = SessionPool(cfg, session_slots, session_tokens or cfg.max_seq_len) if session_slots else None
         self.timing = {"prefill_s": 0.0, "decode_s": 0.0}
         self.params = params
@@ -155,14 +168,29 @@ class JaxPolicy:
         if self.sessions is not None:
             self.sessions.release(keys)
 
+    def _sampling(self, temperature: float, max_new_tokens: int, stop_strings) -> SamplingParams:
+        return SamplingParams(temperature=float(temperature), top_k=self.top_k, top_p=self.top_p,
+                              max_new_tokens=max_new_tokens,
+                              stop_ids=self.stop_token_ids(stop_strings) if self.device_stops else ())
+
+    def continuous(self, slots: int, *, temperature=0.0, max_new_tokens=128, stop=None, seed=0,
+                   chunk: int = 16, refill: float = 0.25) -> "ContinuousSession":
+        """A continuous-batching session: `slots` decode slots of `pool_tokens` tokens each (module doc); a decode
+        chunk runs up to `chunk` steps and ends early once `refill` x slots more rows are done (SlotPool)."""
+        stop_strings = list(stop) if stop else None
+        pool = SlotPool(self.cfg, self._sample_params, slots, self.pool_tokens,
+                        self._sampling(temperature, max_new_tokens, stop_strings), jax.random.PRNGKey(seed),
+                        stop_strings=stop_strings, tokenizer=self.tokenizer, chunk=chunk, refill=refill,
+                        setting="JaxPolicy(pool_tokens=...)")
+        return ContinuousSession(self, pool)
+
     def generate(self, prompts, *, n=1, temperature=0.0, max_new_tokens=128, stop=None, seed=0, sessions=None):
         """sessions: one key per prompt (needs session_slots > 0 and n == 1): continue each key's KV cache."""
         if not prompts:
             return []
         encoded = [self.encode_prompt(p, max_new_tokens) for p in prompts]
         stop_strings, key = (list(stop) if stop else None), jax.random.PRNGKey(seed)
-        sp = SamplingParams(temperature=float(temperature), top_k=self.top_k, top_p=self.top_p, max_new_tokens=max_new_tokens,
-                            stop_ids=self.stop_token_ids(stop_strings) if self.device_stops else ())
+        sp = self._sampling(temperature, max_new_tokens, stop_strings)
         if sessions is not None:
             if self.sessions is None or n != 1 or len(sessions) != len(prompts):
                 raise ValueError(f"generate(sessions=...): needs a policy built with session_slots > 0, n == 1 "
@@ -185,3 +213,52 @@ class JaxPolicy:
                 row.append(Completion(self.tokenizer.decode(ids), ids, logps, out.finish_reason[i * n + j], prompt_ids))
             results.append(row)
         return results
+
+
+class ContinuousSession:
+    """JaxPolicy's text-level view of a SlotPool: prompts are encoded as `generate` encodes them (one BOS, the
+    prompt budget), completions decoded into `Completion`s; the policy's counters (prefill_tokens, decode_slots,
+    decode_tokens, timing) grow as with `generate`."""
+
+    def __init__(self, policy: JaxPolicy, pool: SlotPool):
+        self.policy, self.pool = policy, pool
+
+    @property
+    def busy(self) -> int:
+        return self.pool.busy
+
+    @property
+    def idle_share(self) -> float:
+        """Slot-steps run with no live row in the slot / all slot-steps so far."""
+        return self.pool.idle_share
+
+    def submit(self, rid, prompt: str, fold: tuple[int, int]) -> None:
+        """Queue `prompt` as request `rid`; its sampling key folds in `fold` (e.g. (episode index, step))."""
+        self.pool.submit(rid, self.policy.encode_prompt(prompt, self.pool.sp.max_new_tokens), fold)
+
+    def _count(self) -> None:
+        """The pool's counters since the last call added to the policy's (prefill_tokens, decode_slots, timing)."""
+        now = {"prefill_tokens": self.pool.stats["prefill_tokens"], "slot_steps": self.pool.stats["slot_steps"],
+               "insert_s": self.pool.timing["insert_s"], "decode_s": self.pool.timing["decode_s"]}
+        last, self._last = getattr(self, "_last", dict.fromkeys(now, 0)), now
+        pol = self.policy
+        pol.prefill_tokens += now["prefill_tokens"] - last["prefill_tokens"]
+        pol.decode_slots += now["slot_steps"] - last["slot_steps"]
+        pol.timing["prefill_s"] += now["insert_s"] - last["insert_s"]
+        pol.timing["decode_s"] += now["decode_s"] - last["decode_s"]
+
+    def launch(self) -> bool:
+        launched = self.pool.launch()
+        self._count()
+        return launched
+
+    def collect(self) -> list[tuple[object, Completion]]:
+        done = self.pool.collect()
+        self._count()
+        self.policy.decode_tokens += sum(len(f.tokens) for f in done)
+        dec = self.policy.tokenizer.decode
+        return [(f.rid, Completion(dec(f.tokens), f.tokens, f.logprobs, f.finish_reason, f.prompt_ids)) for f in done]
+
+    def step(self) -> list[tuple[object, Completion]]:
+        self.launch()
+        return self.collect()

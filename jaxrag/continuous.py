@@ -1,0 +1,283 @@
+"""Continuous batching: a fixed pool of decode slots over one KV cache; a finished row's slot takes the next request.
+
+`SlotPool(cfg, params, slots=B, max_len=T, sp)` holds one cache [B, T + chunk] (memory fixed when the pool is built:
+`nbytes`) and per-slot sampler state (the generate.decode state: logits, token buffer, lengths, positions, done).
+Requests (token-id prompts, each with its own key) queue on the host; `launch()` writes waiting prompts into the free
+slots (`insert`: a prefill pass per power-of-two group of new prompts, generate's jitted `transformer.prefill`,
+scattered into their cache rows on device by `place`, no host round trip of the cache) and dispatches one jitted
+decode chunk over all slots (generate's `_decode_chunk`: every row at its own step; the chunk ends after `chunk`
+steps, when every row is done, or once `refill` x slots more rows are done than at its start, so freed slots do not
+idle to the chunk's end); `collect()` reads the chunk back and returns the rows that finished (stop id on device,
+stop string on the host, or max_new_tokens), whose slots are then free. `step()` is both.
+
+Layout: the cache's write index is shared by all rows (what `forward_cached` takes), and a row's tokens lie right-
+aligned before it: a prompt inserted when the index is i fills slots [i - P, i) of its row (P its padded length,
+left padding not valid), and each decode step writes every row at the index. RoPE reads each token's own position
+(per-row, from 0), and attention masks by slot order and validity, so a row's values do not depend on where in the
+cache it lies: when the index would run past the end the host shifts every row left by the oldest live row's start
+(`shift`, a roll of the cache: rare, one copy), and before an insert whose prompts are longer than the index it
+shifts right. The `chunk` slots beyond T are headroom: after a left shift the longest live row holds < T tokens,
+so a whole chunk always fits.
+
+Keys: request r draws its token t with fold_in(fold_in(fold_in(key, a), b), t) for its fold = (a, b) (the rollout
+engine passes (episode index, step)), so a sample does not depend on the slot, the batch or the arrival order.
+At temperature 0 a request's tokens are the lock-step sampler's (generate.sample) for the same prompt; log-probs
+agree to float rounding (the prefill and attention run over other shapes).
+
+A request longer than the pool can ever hold (prompt + max_new_tokens > T) is refused at `submit` with an error
+naming the setting (`setting`) that sizes T; a full pool is never an error: requests wait for a free slot.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import time
+from typing import Hashable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrag.generate import (SamplingParams, _decode_chunk, _first_stop, _prefill, bucket, finish_row, left_pad,
+                             stop_ids_of)
+from jaxrag.models.config import ModelConfig
+from jaxrag.models.transformer import init_cache
+
+
+class RequestTooLong(ValueError):
+    """A request whose prompt + max_new_tokens exceeds the pool's tokens per slot."""
+
+
+@dataclasses.dataclass
+class Finished:
+    rid: Hashable
+    tokens: list[int]
+    logprobs: list[float]
+    finish_reason: str          # "eos" | "stop" | "length"
+    prompt_ids: list[int]
+
+
+@dataclasses.dataclass
+class _Request:
+    rid: Hashable
+    ids: list[int]
+    fold: tuple[int, int]
+
+
+# ---- device side -------------------------------------------------------------------------------------------
+def insert(cfg: ModelConfig, params, cache: dict, state: dict, keys, base_key, tokens, positions, valid, slots, folds,
+           n_new: int):
+    """Prefill new prompts (tokens/positions/valid [n,P], left-padded: generate.left_pad) with generate's jitted
+    prefill (the lock-step sampler's pass: a cache of P + max_new_tokens, so the two share compiled shapes) and
+    write them into pool rows `slots` [n] on device (`place`). Returns (cache, state, keys)."""
+    n, P = tokens.shape
+    small = init_cache(cfg, n, P + n_new, cache["k"][0].dtype)
+    logits, small = _prefill(cfg, params, tokens, positions, valid, small)
+    return place(cache, state, keys, base_key, logits, small, valid, slots, folds)
+
+
+@functools.partial(jax.jit, donate_argnums=(0, 1, 2))
+def place(cache: dict, state: dict, keys, base_key, logits, small: dict, valid, slots, folds):
+    """Prefilled prompts (`small`: a cache whose slots [0, P) hold them, `valid` [n,P] their left padding, `logits`
+    [n,V] their last columns) written into pool rows `slots` [n] (a slot >= the pool's rows is dropped: padding
+    rows): keys/values at cache slots [index - P, index), valid as the prompt's, nothing else valid in those rows;
+    their first logits, positions = prompt lengths, an empty token buffer, not done; request keys
+    fold_in(fold_in(base_key, a), b) for folds [n,2]. Needs index >= P (the host shifts first)."""
+    n, P = valid.shape
+    start = cache["index"] - P
+
+    def put(buf, new):   # new [n,K,>=P,Dh]: its first P slots placed at [start, start+P) of zero rows, scattered
+        placed = jax.lax.dynamic_update_slice(jnp.zeros((n,) + buf.shape[1:], buf.dtype), new[:, :, :P],
+                                              (0, 0, start, 0))
+        return buf.at[slots].set(placed, mode="drop")
+
+    row_valid = jax.lax.dynamic_update_slice(jnp.zeros((n, cache["valid"].shape[1]), bool), valid.astype(bool),
+                                             (0, start))
+    cache = {"k": tuple(put(b, r) for b, r in zip(cache["k"], small["k"])),
+             "v": tuple(put(b, r) for b, r in zip(cache["v"], small["v"])),
+             "valid": cache["valid"].at[slots].set(row_valid, mode="drop"), "index": cache["index"]}
+    set_rows = lambda a, x: a.at[slots].set(x, mode="drop")
+    state = dict(state, logits=set_rows(state["logits"], logits),
+                 tokens=set_rows(state["tokens"], 0), logprobs=set_rows(state["logprobs"], 0.0),
+                 lengths=set_rows(state["lengths"], 0),
+                 position=set_rows(state["position"], valid.sum(1).astype(jnp.int32)),
+                 done=set_rows(state["done"], False), stopped=set_rows(state["stopped"], False))
+    fold = jax.vmap(lambda f: jax.random.fold_in(jax.random.fold_in(base_key, f[0]), f[1]))(folds)
+    return cache, state, set_rows(keys, fold)
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def shift(cache: dict, d) -> dict:
+    """Every row's slots moved by d (> 0: toward the end, < 0: toward the start), the slots moved in from the other
+    end not valid, index + d. Values do not change (positions are per token; the mask reads slot order)."""
+    S = cache["valid"].shape[1]
+    j = jnp.arange(S)
+    keep = (j >= d) & (j < S + d)
+    roll = lambda a: jnp.roll(a, d, axis=2)
+    return {"k": tuple(map(roll, cache["k"])), "v": tuple(map(roll, cache["v"])),
+            "valid": jnp.roll(cache["valid"], d, axis=1) & keep[None], "index": cache["index"] + d}
+
+
+# ---- host side ---------------------------------------------------------------------------------------------
+class SlotPool:
+    """B decode slots over one cache of T tokens per slot (+ `chunk` slots of headroom); see the module doc.
+
+    stats: chunks, slot_steps (slots x decode steps run), busy_steps (steps a slot held a live row: the tokens
+    generated), prefill_tokens (token slots the inserts computed), inserts, shifts (_left / _right), finished; timing: insert_s,
+    decode_s (dispatch + wait for the chunk), host_s (stop strings, results). idle_share = 1 - busy / slot steps."""
+
+    def __init__(self, cfg: ModelConfig, params, slots: int, max_len: int, sp: SamplingParams, key: jax.Array,
+                 stop_strings: Sequence[str] | None = None, tokenizer=None, chunk: int = 16,
+                 refill: float = 0.25, setting: str = "max_len"):
+        if slots < 1 or max_len < 1 or chunk < 1:
+            raise ValueError(f"SlotPool: slots={slots}, max_len={max_len}, chunk={chunk}; each must be >= 1")
+        if stop_strings and tokenizer is None:
+            raise ValueError("SlotPool: stop_strings need a tokenizer to detokenize")
+        if sp.max_new_tokens >= max_len:
+            raise RequestTooLong(f"max_new_tokens={sp.max_new_tokens} leaves no room for a prompt in the slot pool's "
+                                 f"{max_len} tokens per slot; raise {setting}")
+        self.cfg, self.params, self.sp, self.chunk, self.setting = cfg, params, sp, chunk, setting
+        self.refill = 0 if refill <= 0 else max(1, int(np.ceil(refill * slots)))   # rows done that end a chunk
+        self.slots, self.max_len, self.base_key = slots, max_len, key
+        self.stop_strings, self.tokenizer = list(stop_strings or []), tokenizer
+        self.true_eos, self.stop_ids = stop_ids_of(cfg, sp, tokenizer)
+        B, N, S = slots, sp.max_new_tokens, max_len + chunk
+        self.cache = init_cache(cfg, B, S)
+        self.state = {"logits": jnp.zeros((B, cfg.vocab_size), jnp.float32), "tokens": jnp.zeros((B, N), jnp.int32),
+                      "logprobs": jnp.zeros((B, N), jnp.float32), "lengths": jnp.zeros((B,), jnp.int32),
+                      "position": jnp.zeros((B,), jnp.int32), "done": jnp.ones((B,), bool),
+                      "stopped": jnp.zeros((B,), bool), "t": jnp.zeros((), jnp.int32),
+                      "exit_done": jnp.asarray(B, jnp.int32)}
+        self.keys = jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(B))   # placeholders until an insert
+        self.index, self.t = 0, 0                       # host mirrors of cache["index"] and state["t"]
+        self.owner: list[_Request | None] = [None] * B
+        self.start = np.zeros(B, np.int64)              # first cache slot of each row's prompt
+        self.checked = np.zeros(B, np.int64)            # tokens already checked for stop strings
+        self.seen = np.zeros(B, np.int64)               # each row's length at the last collect
+        self.queue: collections.deque[_Request] = collections.deque()
+        self.launched = False
+        self.stats = collections.Counter()
+        self.timing = {"insert_s": 0.0, "decode_s": 0.0, "host_s": 0.0}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(b.nbytes) for b in self.cache["k"] + self.cache["v"])
+
+    @property
+    def busy(self) -> int:
+        """Requests held: queued or in a slot."""
+        return len(self.queue) + sum(o is not None for o in self.owner)
+
+    @property
+    def idle_share(self) -> float:
+        return 1.0 - self.stats["busy_steps"] / max(self.stats["slot_steps"], 1)
+
+    def submit(self, rid: Hashable, ids: Sequence[int], fold: tuple[int, int]) -> None:
+        """Queue a prompt (token ids) under request id `rid`; its key folds in `fold` (two ints)."""
+        if not len(ids):
+            raise ValueError("SlotPool.submit: a prompt needs at least one token (add a BOS token)")
+        if len(ids) + self.sp.max_new_tokens > self.max_len:
+            raise RequestTooLong(f"a request of {len(ids)} prompt + {self.sp.max_new_tokens} new tokens does not fit "
+                                 f"the slot pool's {self.max_len} tokens per slot; raise {self.setting} (or shorten "
+                                 "the prompt budget)")
+        self.queue.append(_Request(rid, list(ids), (int(fold[0]), int(fold[1]))))
+
+    def _shift(self, d: int) -> None:
+        self.cache = shift(self.cache, jnp.asarray(d, jnp.int32))
+        self.index += d
+        self.start += d
+        self.stats["shifts"] += 1
+        self.stats["shifts_right" if d > 0 else "shifts_left"] += 1
+
+    def _insert(self) -> None:
+        """Waiting requests into free slots, in groups of power-of-two sizes (no padding rows; a group of n
+        prompts shares one prefill of n x P tokens, P = its longest prompt's bucket), longest prompts first."""
+        free = [b for b, o in enumerate(self.owner) if o is None]
+        reqs = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
+        if not reqs:
+            return
+        t0 = time.perf_counter()
+        pairs = sorted(zip(free, reqs), key=lambda br: -len(br[1].ids))
+        room = self.max_len - self.sp.max_new_tokens    # every prompt fits it (submit); a bucket past it is cut to it
+        P_max = min(bucket(len(pairs[0][1].ids), 16), room)
+        if self.index < P_max:
+            self._shift(P_max - self.index)
+        while pairs:
+            group, pairs = pairs[:1 << (len(pairs).bit_length() - 1)], pairs[1 << (len(pairs).bit_length() - 1):]
+            slots, group_reqs = [b for b, _ in group], [r for _, r in group]
+            P = min(bucket(len(group_reqs[0].ids), 16), room)
+            tokens, positions, valid = left_pad([r.ids for r in group_reqs], len(group), P)
+            self.cache, self.state, self.keys = insert(
+                self.cfg, self.params, self.cache, self.state, self.keys, self.base_key, jnp.asarray(tokens),
+                jnp.asarray(positions), jnp.asarray(valid), jnp.asarray(slots, jnp.int32),
+                jnp.asarray([r.fold for r in group_reqs], jnp.int32), self.sp.max_new_tokens)
+            for b, r in group:
+                self.owner[b], self.start[b], self.checked[b], self.seen[b] = r, self.index - len(r.ids), 0, 0
+            self.stats["inserts"] += 1
+            self.stats["prefill_tokens"] += len(group) * P
+        self.timing["insert_s"] += time.perf_counter() - t0
+
+    def launch(self) -> bool:
+        """Insert waiting requests into free slots and dispatch one decode chunk (not waited for: the host may work
+        while it runs). False when no slot holds a request (nothing dispatched)."""
+        if self.launched:
+            raise RuntimeError("SlotPool.launch: collect() the running chunk first")
+        self._insert()
+        held = [b for b, o in enumerate(self.owner) if o is not None]
+        if not held:
+            return False
+        if self.index + self.chunk > self.cache["valid"].shape[1]:   # no room for a whole chunk: shift left
+            self._shift(-int(min(self.start[b] for b in held)))
+        t0 = time.perf_counter()
+        if self.refill:
+            self.state["exit_done"] = jnp.asarray(min(self.slots, self.slots - len(held) + self.refill), jnp.int32)
+        self.cache, self.state = _decode_chunk(self.cfg, self.sp, self.chunk, self.params, self.cache, self.state,
+                                               self.stop_ids, self.keys)
+        self.timing["decode_s"] += time.perf_counter() - t0
+        self.launched = True
+        return True
+
+    def collect(self) -> list[Finished]:
+        """Wait for the dispatched chunk; the requests that finished in it (their slots are free again)."""
+        if not self.launched:
+            return []
+        self.launched = False
+        t0 = time.perf_counter()
+        st = self.state
+        t, toks, lens, done, stopped = jax.device_get((st["t"], st["tokens"], st["lengths"], st["done"], st["stopped"]))
+        t1 = time.perf_counter()
+        self.timing["decode_s"] += t1 - t0
+        held = [b for b, o in enumerate(self.owner) if o is not None]
+        steps = int(t) - self.t
+        self.t, self.index = int(t), self.index + steps
+        self.stats["chunks"] += 1
+        self.stats["slot_steps"] += self.slots * steps
+        self.stats["busy_steps"] += int(sum(int(lens[b]) - int(self.seen[b]) for b in held))
+        out, done, push, logps = [], np.array(done), False, None
+        for b in held:
+            self.seen[b] = lens[b]
+            cut = None
+            if self.stop_strings and lens[b] > self.checked[b]:
+                cut = _first_stop(self.tokenizer, toks[b, :lens[b]].tolist(), int(self.checked[b]), self.stop_strings)
+                self.checked[b] = lens[b]
+            if not (done[b] or cut is not None):
+                continue
+            if logps is None:
+                logps = np.asarray(st["logprobs"])
+            n, reason = finish_row(self.cfg, self.sp, self.true_eos, toks[b], int(lens[b]), bool(stopped[b]), cut)
+            req = self.owner[b]
+            out.append(Finished(req.rid, toks[b, :n].tolist(), logps[b, :n].tolist(), reason, req.ids))
+            self.owner[b], self.seen[b] = None, 0
+            push |= not done[b]            # cut by a stop string on the host: the device row must stop too
+            done[b] = True
+        if push:
+            self.state["done"] = jnp.asarray(done)
+        self.stats["finished"] += len(out)
+        self.timing["host_s"] += time.perf_counter() - t1
+        return out
+
+    def step(self) -> list[Finished]:
+        """launch() + collect()."""
+        self.launch()
+        return self.collect()

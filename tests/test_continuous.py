@@ -1,0 +1,205 @@
+"""Continuous batching (jaxrag.continuous + RolloutConfig(continuous=True)): a slot pool smaller than the work gives
+the lock-step sampler's tokens per request / per episode, keys that do not depend on the slots, bounded memory."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fakes import ByteTokenizer, OverlapRetriever, Passage, ScriptedPolicy, completion, cut_at_stop
+from rl_world import PASSAGES, QUESTIONS, EchoAgent, HashRetriever
+from jaxrag.continuous import RequestTooLong, SlotPool
+from jaxrag.env.agents import get_agent
+from jaxrag.env.rollout import RolloutConfig, rollout
+from jaxrag.generate import SamplingParams, sample
+from jaxrag.models.config import ModelConfig
+from jaxrag.models.transformer import param_shapes
+from jaxrag.policy import JaxPolicy
+
+
+@pytest.fixture(scope="module")
+def pol():
+    """tests/fakes.tiny_jax_policy's model (1 layer, d_model 32, std 0.5) with numpy-drawn weights: no jitted
+    initializer to compile per weight shape."""
+    cfg = ModelConfig(vocab_size=259, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
+                      max_seq_len=64, bos_id=1, eos_ids=(2,), pad_id=0)
+    rng = np.random.default_rng(0)
+    make = lambda name, shape: (np.ones(shape, np.float32) if "norm" in name
+                                else rng.normal(0, 0.5, shape).astype(np.float32))
+    shapes = param_shapes(cfg)
+    params = {n: make(n, sh) for n, sh in shapes.items() if n != "layers"}
+    params["layers"] = {n: make(n, sh) for n, sh in shapes["layers"].items()}
+    return JaxPolicy(cfg, jax.tree.map(jnp.asarray, params), ByteTokenizer())
+
+
+def _prompts(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [[1] + rng.integers(3, 250, size=int(k)).tolist() for k in rng.integers(10, 40, size=n)]
+
+
+def _drain(pool):
+    got = {}
+    while pool.busy:
+        for f in pool.step():
+            assert f.rid not in got
+            got[f.rid] = f
+    return got
+
+
+def test_slot_pool_equals_lockstep_sampler_with_reused_slots_and_stop_strings(pol):
+    cfg, params, tok = pol.cfg, pol._sample_params, pol.tokenizer
+    prompts = _prompts(7)
+    sp = SamplingParams(max_new_tokens=20)
+    probe = sample(cfg, params, prompts, sp, jax.random.PRNGKey(0), tokenizer=tok, chunk=16)   # ref's shapes
+    # a stop string (a printable byte) that some rows generate and others do not: ragged finishes
+    rows = [set(probe.row(i)[0]) for i in range(len(prompts))]
+    t = next(t for t in range(35, 130) if 2 <= sum(t in r for r in rows) <= len(rows) - 2)
+    stop = [tok.decode([t])]
+    ref = sample(cfg, params, prompts, sp, jax.random.PRNGKey(0), stop_strings=stop, tokenizer=tok)
+    assert len(set(ref.lengths.tolist())) > 1 and "stop" in ref.finish_reason and "length" in ref.finish_reason
+    # 2 slots for 7 requests (slots reused), a pool short enough that the cache is shifted both ways
+    pool = SlotPool(cfg, params, 2, 100, sp, jax.random.PRNGKey(0), stop_strings=stop, tokenizer=tok, chunk=8)
+    for i, p in enumerate(prompts):
+        pool.submit(i, p, (i, 0))
+    got = _drain(pool)
+    assert pool.stats["shifts_left"] >= 1 and pool.stats["shifts_right"] >= 1 and pool.stats["finished"] == 7
+    for i in range(len(prompts)):
+        ids, logps = ref.row(i)
+        assert got[i].tokens == ids and got[i].finish_reason == ref.finish_reason[i] and got[i].prompt_ids == prompts[i]
+        np.testing.assert_allclose(got[i].logprobs, logps, rtol=0, atol=1e-4)   # other shapes: float rounding
+    # every kept token was a busy slot-step (tokens past a host stop-string cut too); the rest idled
+    assert sum(len(f.tokens) for f in got.values()) <= pool.stats["busy_steps"] < pool.stats["slot_steps"]
+    assert 0 <= pool.idle_share < 1
+
+
+def test_too_long_request_and_bad_pool_are_clear_errors(pol):
+    sp = SamplingParams(max_new_tokens=16)
+    pool = SlotPool(pol.cfg, pol._sample_params, 2, 40, sp, jax.random.PRNGKey(0), setting="JaxPolicy(pool_tokens=...)")
+    with pytest.raises(RequestTooLong,
+                       match=r"30 prompt \+ 16 new tokens .* 40 tokens per slot; raise JaxPolicy\(pool_tokens"):
+        pool.submit("r", [1] * 30, (0, 0))
+    pool.submit("ok", [1] * 24, (0, 0))    # exactly fits
+    assert pool.busy == 1
+    with pytest.raises(RequestTooLong, match="max_new_tokens=16 leaves no room"):
+        SlotPool(pol.cfg, pol._sample_params, 2, 16, sp, jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match="slots=0"):
+        SlotPool(pol.cfg, pol._sample_params, 0, 64, sp, jax.random.PRNGKey(0))
+    # through the policy and the engine: the policy's setting is named
+    pol.pool_tokens = 20
+    try:
+        with pytest.raises(RequestTooLong, match=r"raise JaxPolicy\(pool_tokens=...\)"):
+            rollout(pol, HashRetriever(PASSAGES), EchoAgent(mode="plain"), QUESTIONS[:1],
+                    RolloutConfig(k=1, max_new_tokens=12, continuous=True))
+    finally:
+        pol.pool_tokens = pol.cfg.max_seq_len
+
+
+def _episodes(policy, batch, n=6, answer_char="4", **kw):
+    cfg = RolloutConfig(k=1, batch_size=batch, max_steps=4, max_new_tokens=12, **kw)
+    st = {}
+    agent = EchoAgent(answer_char=answer_char, mode="plain")
+    eps = rollout(policy, HashRetriever(PASSAGES), agent, QUESTIONS[:n], cfg, stats=st)
+    return eps, st
+
+
+def _same_episodes(a, b, atol):
+    assert [len(e.steps) for e in a] == [len(e.steps) for e in b]
+    for ea, eb in zip(a, b):
+        assert (ea.qid, ea.done, ea.answer) == (eb.qid, eb.done, eb.answer)
+        for sa, sb in zip(ea.steps, eb.steps):
+            assert sa.action == sb.action and sa.token_ids == sb.token_ids and sa.prompt == sb.prompt
+            assert sa.prompt_ids == sb.prompt_ids and sa.finish_reason == sb.finish_reason
+            assert [d.doc_id for d in sa.docs] == [d.doc_id for d in sb.docs]
+            np.testing.assert_allclose(sa.logprobs, sb.logprobs, rtol=0, atol=atol)
+
+
+def test_continuous_rollout_equals_lockstep_at_temperature_zero(pol):
+    lock, _ = _episodes(pol, 2)
+    assert len({len(e.steps) for e in lock}) > 1            # episodes of different lengths
+    cont, st = _episodes(pol, 2, continuous=True)            # 2 slots for 6 episodes: slots reused
+    _same_episodes(lock, cont, atol=1e-4)
+    assert st["generations"] == sum(len(e.steps) for e in lock) and 0 <= st["idle_slot_share"] < 1
+    over, _ = _episodes(pol, 2, continuous=True, overlap=True)   # host work during the next chunk: same episodes
+    _same_episodes(lock, over, atol=1e-4)
+
+
+def test_continuous_samples_do_not_depend_on_the_batch(pol):
+    a, _ = _episodes(pol, 2, 4, continuous=True, temperature=1.0, seed=5)
+    b, _ = _episodes(pol, 4, 4, continuous=True, temperature=1.0, seed=5)
+    _same_episodes(a, b, atol=1e-4)
+    c, _ = _episodes(pol, 2, 4, continuous=True, temperature=1.0, seed=6)
+    assert [s.token_ids for e in a for s in e.steps] != [s.token_ids for e in c for s in e.steps]
+
+
+def test_scripted_policy_candidates_and_summaries_keep_the_lockstep_path():
+    pol = ScriptedPolicy(lambda p, j: "go" if len(pol.calls) == 1 else "~done")   # search, then answer
+    eps = rollout(pol, HashRetriever(PASSAGES), EchoAgent(mode="plain"), QUESTIONS[:3],
+                  RolloutConfig(k=1, batch_size=3, continuous=True))
+    assert len(pol.calls) == 2 and [len(c["prompts"]) for c in pol.calls] == [3, 3]   # one call per engine step
+    assert all(len(e.steps) == 2 for e in eps)
+    # a policy with the protocol still goes lock-step for n candidates and for an agent that summarizes
+    for agent, n in [("react", 2), ("search_o1", 1)]:
+        slot = SlotScripted(lambda p, j: "search: fact\n" if "search" not in p.split("?", 1)[-1] else "answer: x\n")
+        eps = rollout(slot, HashRetriever(PASSAGES), get_agent(agent, mode="plain"), QUESTIONS[:2],
+                      RolloutConfig(k=1, batch_size=2, n_candidates=n, continuous=True))
+        assert slot.calls and not hasattr(slot, "session") and all(e.done for e in eps)
+
+
+class SlotScripted(ScriptedPolicy):
+    """A scripted policy with the continuous protocol: a pool of `slots`; each collect finishes the request that has
+    been in a slot longest whose (scripted) length is up, so turns end out of order while others keep decoding."""
+
+    def continuous(self, slots, *, temperature=0.0, max_new_tokens=128, stop=None, seed=0):
+        pol = self
+
+        class Session:
+            def __init__(self):
+                self.queue, self.running, self.most = [], [], 0
+
+            @property
+            def busy(self):
+                return len(self.queue) + len(self.running)
+
+            def submit(self, rid, prompt, fold):
+                self.queue.append([rid, prompt, 1 + len(prompt) % 3])    # chunks this turn decodes for
+
+            def launch(self):
+                while self.queue and len(self.running) < slots:
+                    self.running.append(self.queue.pop(0))
+                self.most = max(self.most, len(self.running))
+                for r in self.running:
+                    r[2] -= 1
+                return bool(self.running)
+
+            def collect(self):
+                out = [r for r in self.running if r[2] <= 0]
+                self.running = [r for r in self.running if r[2] > 0]
+                return [(rid, completion(cut_at_stop(pol.respond(p, 0), stop))) for rid, p, _ in out]
+
+        self.session = Session()
+        return self.session
+
+
+@pytest.mark.parametrize("agent, overlap", [("react", False), ("rag", True)])
+def test_engine_over_the_continuous_protocol_equals_lockstep(agent, overlap):
+    """Turns finishing out of order, RAG's scripted first search, refill: the same episodes as the lock-step engine."""
+    def respond(prompt, j):
+        n = prompt.count("search: ")
+        return f"search: fact {n}\n" if n < len(prompt.split("?")[0]) % 4 else "answer: x\n"
+
+    questions = [{"id": f"q{i}", "question": f"question {'n' * i}?", "golden_answers": ["x"]} for i in range(7)]
+    ret = OverlapRetriever([Passage(f"p{i}", f"T{i}", f"fact {i}") for i in range(9)])
+    lock = rollout(ScriptedPolicy(respond), ret, get_agent(agent, mode="plain"), questions,
+                   RolloutConfig(k=2, batch_size=3))
+    pol = SlotScripted(respond)
+    st = {}
+    cont = rollout(pol, ret, get_agent(agent, mode="plain"), questions,
+                   RolloutConfig(k=2, batch_size=3, continuous=True, overlap=overlap), stats=st)
+    assert not pol.calls and pol.session.most == 3 and not pol.session.busy   # all through the pool, 3 slots full
+    if agent == "react":
+        assert len({len(e.steps) for e in lock}) > 1              # episodes of different lengths
+    else:
+        assert all(e.steps[0].prompt == "" and e.steps[0].action.extra.get("scripted") for e in cont)   # RAG's search
+    view = lambda eps: [(e.qid, e.done, e.answer, e.reward, [(s.action, s.prompt, [d.doc_id for d in s.docs])
+                                                            for s in e.steps]) for e in eps]
+    assert view(cont) == view(lock)
+    assert st["generations"] == sum(1 for e in lock for s in e.steps if s.prompt)
