@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from jaxrag.data.synthetic import sft_data
+from jaxrag.jsonl import write_jsonl
 from jaxrag.pipelines.common import load_checkpoint, log, model_dir, save_checkpoint, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
-from jaxrag.jsonl import write_jsonl
 from jaxrag.pipelines.synthetic.world import (load_questions, load_teacher_episodes, load_tokenizer, tokenizer_path,
                                               unseen_pool)
 
