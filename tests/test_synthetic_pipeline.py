@@ -92,6 +92,37 @@ def test_a_sampling_stage_beyond_the_unseen_pool_is_refused_before_any_stage(tmp
     assert not os.listdir(tmp_path) or not os.path.exists(tmp_path / "world" / "DONE")
 
 
+def test_anchor_level_pool_keeps_whole_anchors_out(tmp_path):
+    """unseen_by_anchor: no anchor of the pool anchors a question SFT trains on (the question-level pool leaks them);
+    the sampling stages draw the head of the pool."""
+    import importlib.util
+    from pathlib import Path
+
+    from jaxrag.pipelines.synthetic.world import sampling_questions, unseen_pool
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "synthetic" / "pipeline.py"
+    spec = importlib.util.spec_from_file_location("pipeline_config", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    c = mod.get_config("tiny")
+    jmain.run(c, tmp_path, only=["world"])
+    train = read_jsonl(tmp_path / "world" / "questions_train.jsonl")
+
+    def leaked_anchors(pool):
+        ids = {q["id"] for q in pool}
+        return {q["metadata"]["anchor"] for q in pool} & {q["metadata"]["anchor"] for q in train if q["id"] not in ids}
+
+    by_question = unseen_pool(c, tmp_path)
+    assert len(by_question) == c.unseen_questions and leaked_anchors(by_question)
+    c.unseen_by_anchor = True
+    by_anchor = unseen_pool(c, tmp_path)
+    assert len(by_anchor) >= c.unseen_questions and not leaked_anchors(by_anchor)
+    assert [q["id"] for q in unseen_pool(c, tmp_path)] == [q["id"] for q in by_anchor]  # seeded
+    assert sampling_questions(c, tmp_path, 5) == by_anchor[:5]
+    with pytest.raises(ValueError, match="raise unseen_questions"):
+        sampling_questions(c, tmp_path, len(by_anchor) + 1)
+
+
 def test_eval_results_match_episode_files(run):
     config, workdir, _ = run
     s = config.eval

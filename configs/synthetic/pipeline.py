@@ -38,6 +38,9 @@ def get_config(preset: str = "demo"):
     # supervision questions against 29 % of unseen ones, and a critic on those pairs ordered dev candidates no better
     # than chance (results/synthetic_dev_tuning.md, trial f).
     c.unseen_questions = 1500  # the demo samples 300 of them; findings.py's supervision_big 1,200
+    # True: keep whole anchor entities out (all their questions), so SFT has not learned the pool's first-hop facts
+    # from sibling questions (world.unseen_pool); not yet measured in the demo
+    c.unseen_by_anchor = False
     c.stages = ["world", "index", "teacher", "tokenizer", "sft", "supervision", "dpo", "critic",
                 "outcome", "grpo", "agreement", "bestofn", "eval", "report"]
 

@@ -19,8 +19,8 @@ from typing import NamedTuple
 
 from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
-from jaxrag.pipelines.synthetic.world import (load_questions, load_tokenizer, make_retriever, stage_policy,
-                                              train_subset)
+from jaxrag.pipelines.synthetic.world import (load_questions, load_tokenizer, make_retriever, sampling_questions,
+                                              stage_policy)
 
 
 class Sampling(NamedTuple):
@@ -40,7 +40,7 @@ def sampling_setup(config, workdir, name) -> Sampling:
     s = config[name]
     return Sampling(s, stage_dir(workdir, name), make_retriever(config, workdir), get_agent(s.agent, mode="plain"),
                     stage_policy(workdir, s.policy, load_tokenizer(workdir)),
-                    train_subset(workdir, s.max_questions, config.seed))
+                    sampling_questions(config, workdir, s.max_questions))
 
 
 def supervision_stage(config, workdir, name) -> None:

@@ -34,11 +34,39 @@ def train_subset(workdir, n: int, seed: int, offset: int = 0) -> list[dict]:
 def unseen_pool(config, workdir) -> list[dict]:
     """The train questions kept out of SFT: the first `config.unseen_questions` of the seeded train order. Every later
     stage that samples from a trained policy on train questions (supervision, outcome, GRPO, MCTS, SmartSearch) draws
-    from them, so its process rewards, rejection sampling and RL see questions the policy was not fine-tuned on, as
-    RAG-Gym collects on questions its actor was not tuned on. [] when unseen_questions is 0 (then they sample
-    questions SFT trained on, whose answers a small policy has partly memorized)."""
+    from them (`sampling_questions`), so its process rewards, rejection sampling and RL see questions the policy was
+    not fine-tuned on, as RAG-Gym collects on questions its actor was not tuned on. [] when unseen_questions is 0
+    (then they sample questions SFT trained on, whose answers a small policy has partly memorized).
+    config.unseen_by_anchor (opt-in): whole anchors instead, every train question of an anchor entity kept out with it
+    (anchors in seeded order until at least unseen_questions questions; the pool then in seeded order): with question
+    -level pools, nearly every pool question's anchor also anchors questions SFT trains on (1,156 of 1,183 in the
+    demo), so the policy has learned the pool's first-hop facts; dev is split by anchor for that reason."""
     n = int(config.get("unseen_questions", 0))
-    return train_subset(workdir, n, config.seed) if n else []
+    if not n:
+        return []
+    if not config.get("unseen_by_anchor", False):
+        return train_subset(workdir, n, config.seed)
+    by_anchor: dict[str, list[dict]] = {}
+    for q in load_questions(workdir, "train"):
+        by_anchor.setdefault(q["metadata"]["anchor"], []).append(q)
+    anchors = sorted(by_anchor)
+    pool: list[dict] = []
+    for i in np.random.default_rng(config.seed).permutation(len(anchors)):
+        if len(pool) >= n:
+            break
+        pool += by_anchor[anchors[i]]
+    return [pool[i] for i in np.random.default_rng(config.seed + 1).permutation(len(pool))]
+
+
+def sampling_questions(config, workdir, n: int) -> list[dict]:
+    """The train questions a sampling stage draws: the first n of the unseen pool (for a question-level pool, the
+    same as train_subset(n)), or of the seeded train order when there is no pool (n = 0: all of them)."""
+    pool = unseen_pool(config, workdir)
+    if not pool:
+        return train_subset(workdir, n, config.seed)
+    if n > len(pool):
+        raise ValueError(f"{n} questions asked of an unseen pool of {len(pool)}: raise unseen_questions")
+    return pool[:n] if n else pool
 
 
 def corpus_path(workdir) -> Path:
