@@ -53,39 +53,57 @@ def make_judge(jc: dict, workdir, policy):
     raise ValueError(f"judge.kind={kind!r}: choose one of {JUDGE_KINDS}")
 
 
-def check_config(config, name: str) -> None:
-    """Static checks run by jaxrag.main before any stage starts; errors name the key."""
-    from jaxrag.data.qa import QADataError, parse_select
+def check_actor(config, name: str, keys) -> None:
+    """What every collection stage reads as ranking_stage does: its `keys` present, the policy's checkpoint named,
+    a known agent design (collect_mcts, collect_smartsearch use it too)."""
     from jaxrag.env.agents import agent_module
-    from jaxrag.supervision.ranking import RankingConfig
 
     sc = config[name]
-    for key in ("policy", "retriever", "questions", "agent", "judge", "ranking"):
+    for key in keys:
         if key not in sc:
             config_fail(f"{name}.{key}", "missing")
     if sc.policy.get("fn", LOAD_POLICY) == LOAD_POLICY and not sc.policy.get("path"):
         config_fail(f"{name}.policy.path", "empty: set it to a Hugging Face checkpoint dir (or stage:<name>)")
-    if not sc.questions.get("path"):
-        config_fail(f"{name}.questions.path", "empty: a QA JSONL file")
-    try:
-        parse_select(sc.questions.get("select"), 1)
-    except QADataError as e:
-        config_fail(f"{name}.questions.select", str(e))
     try:
         agent_module(sc.agent.get("name") or "")
     except KeyError as e:
         config_fail(f"{name}.agent.name", e.args[0])
+
+
+def check_questions(key: str, qs) -> None:
+    """A questions section ({path, select}) at config key `key`."""
+    from jaxrag.data.qa import QADataError, parse_select
+
+    if not isinstance(qs, dict) or not qs.get("path"):
+        config_fail(f"{key}.path", "empty: a QA JSONL file")
+    try:
+        parse_select(qs.get("select"), 1)
+    except QADataError as e:
+        config_fail(f"{key}.select", str(e))
+
+
+def check_judge(name: str, jc: dict, http_example: str) -> None:
+    """A judge section (make_judge's): a known kind; an http judge's endpoint (`http_example` in the message)."""
+    if jc.get("kind") not in JUDGE_KINDS:
+        config_fail(f"{name}.judge.kind", f"{jc.get('kind')!r}: choose one of {JUDGE_KINDS}")
+    if jc["kind"] == "http" and not (jc.get("base_url") and jc.get("model")):
+        config_fail(f"{name}.judge", f"an http judge needs base_url and model ({http_example})")
+    if jc["kind"] == "fn" and not jc.get("fn"):
+        config_fail(f"{name}.judge.fn", "empty: 'module:function'")
+
+
+def check_config(config, name: str) -> None:
+    """Static checks run by jaxrag.main before any stage starts; errors name the key."""
+    from jaxrag.supervision.ranking import RankingConfig
+
+    sc = config[name]
+    check_actor(config, name, ("policy", "retriever", "questions", "agent", "judge", "ranking"))
+    check_questions(f"{name}.questions", plain(sc.questions))
     try:
         RankingConfig(**plain(sc.ranking))
     except (TypeError, ValueError) as e:
         config_fail(f"{name}.ranking", str(e))
-    jc = plain(sc.judge)
-    if jc.get("kind") not in JUDGE_KINDS:
-        config_fail(f"{name}.judge.kind", f"{jc.get('kind')!r}: choose one of {JUDGE_KINDS}")
-    if jc["kind"] == "http" and not (jc.get("base_url") and jc.get("model")):
-        config_fail(f"{name}.judge", "an http judge needs base_url and model (e.g. https://api.openai.com/v1, gpt-4o)")
-    if jc["kind"] == "fn" and not jc.get("fn"):
-        config_fail(f"{name}.judge.fn", "empty: 'module:function'")
+    check_judge(name, plain(sc.judge), "e.g. https://api.openai.com/v1, gpt-4o")
 
 
 def encode_prompt(policy, prompt: str, max_new_tokens: int) -> list[int] | None:

@@ -4,7 +4,8 @@ are read as RAG-Gym's ranking_stage reads them (jaxrag.pipelines.collect)."""
 
 from __future__ import annotations
 
-from jaxrag.pipelines.collect import (JUDGE_KINDS, LOAD_POLICY, actor, encode_prompt, make_judge, write_rows)
+from jaxrag.pipelines.collect import (actor, check_actor, check_judge, check_questions, encode_prompt, make_judge,
+                                      write_rows)
 from jaxrag.pipelines.common import config_fail, log, plain, resolve, stage_dir, write_json
 
 
@@ -95,29 +96,13 @@ def mcts_stage(config, workdir, name) -> None:
 
 
 def check_mcts(config, name: str) -> None:
-    from jaxrag.data.qa import QADataError, parse_select
-    from jaxrag.env.agents import agent_module
     from jaxrag.supervision.mcts import MCTSConfig
     from jaxrag.supervision.mcts_env import PolicyTreeEnv
 
     sc = config[name]
-    for key in ("policy", "retriever", "questions", "agent", "mcts", "env", "trees_per_round"):
-        if key not in sc:
-            config_fail(f"{name}.{key}", "missing")
-    if sc.policy.get("fn", LOAD_POLICY) == LOAD_POLICY and not sc.policy.get("path"):
-        config_fail(f"{name}.policy.path", "empty: set it to a Hugging Face checkpoint dir (or stage:<name>)")
+    check_actor(config, name, ("policy", "retriever", "questions", "agent", "mcts", "env", "trees_per_round"))
     for i, qs in enumerate(_question_sets(sc)):
-        key = f"{name}.questions" + (f"[{i}]" if isinstance(plain(sc.questions), (list, tuple)) else "")
-        if not isinstance(qs, dict) or not qs.get("path"):
-            config_fail(f"{key}.path", "empty: a QA JSONL file")
-        try:
-            parse_select(qs.get("select"), 1)
-        except QADataError as e:
-            config_fail(f"{key}.select", str(e))
-    try:
-        agent_module(sc.agent.get("name") or "")
-    except KeyError as e:
-        config_fail(f"{name}.agent.name", e.args[0])
+        check_questions(f"{name}.questions" + (f"[{i}]" if isinstance(plain(sc.questions), (list, tuple)) else ""), qs)
     try:
         cfg = MCTSConfig(**plain(sc.mcts))
         cfg.validate()
@@ -134,9 +119,7 @@ def check_mcts(config, name: str) -> None:
     if needs_judge and not sc.get("judge"):
         config_fail(f"{name}.judge", "mcts.judge_weight > 0 (or rollouts_per_node 0) needs a judge")
     if sc.get("judge"):
-        jc = plain(sc.judge)
-        if jc.get("kind") not in JUDGE_KINDS:
-            config_fail(f"{name}.judge.kind", f"{jc.get('kind')!r}: choose one of {JUDGE_KINDS}")
+        check_judge(name, plain(sc.judge), "e.g. https://api.openai.com/v1, gpt-4o")
 
 
 mcts_stage.check_config = check_mcts

@@ -4,7 +4,7 @@ read as RAG-Gym's ranking_stage reads them (jaxrag.pipelines.collect)."""
 
 from __future__ import annotations
 
-from jaxrag.pipelines.collect import JUDGE_KINDS, LOAD_POLICY, actor, make_judge, write_rows
+from jaxrag.pipelines.collect import actor, check_actor, check_judge, check_questions, make_judge, write_rows
 from jaxrag.pipelines.common import config_fail, log, plain, resolve, stage_dir, write_json
 
 
@@ -92,27 +92,13 @@ def smartsearch_stage(config, workdir, name) -> None:
 
 
 def check_smartsearch(config, name: str) -> None:
-    from jaxrag.data.qa import QADataError, parse_select
-    from jaxrag.env.agents import agent_module
     from jaxrag.env.rollout import RolloutConfig
     from jaxrag.supervision.smartsearch import SmartSearchConfig
 
     sc = config[name]
-    for key in ("policy", "retriever", "questions", "agent", "judge", "rollout", "samples", "refine", "smartsearch"):
-        if key not in sc:
-            config_fail(f"{name}.{key}", "missing")
-    if sc.policy.get("fn", LOAD_POLICY) == LOAD_POLICY and not sc.policy.get("path"):
-        config_fail(f"{name}.policy.path", "empty: set it to a Hugging Face checkpoint dir (or stage:<name>)")
-    if not sc.questions.get("path"):
-        config_fail(f"{name}.questions.path", "empty: a QA JSONL file")
-    try:
-        parse_select(sc.questions.get("select"), 1)
-    except QADataError as e:
-        config_fail(f"{name}.questions.select", str(e))
-    try:
-        agent_module(sc.agent.get("name") or "")
-    except KeyError as e:
-        config_fail(f"{name}.agent.name", e.args[0])
+    check_actor(config, name, ("policy", "retriever", "questions", "agent", "judge", "rollout", "samples", "refine",
+                               "smartsearch"))
+    check_questions(f"{name}.questions", plain(sc.questions))
     for key, cls in (("rollout", RolloutConfig), ("smartsearch", SmartSearchConfig)):
         try:
             obj = cls(**plain(sc[key]))
@@ -125,11 +111,7 @@ def check_smartsearch(config, name: str) -> None:
                 config_fail(f"{name}.{key}", str(e))
     if int(sc.samples) < 1:
         config_fail(f"{name}.samples", f"{sc.samples}: must be >= 1")
-    jc = plain(sc.judge)
-    if jc.get("kind") not in JUDGE_KINDS:
-        config_fail(f"{name}.judge.kind", f"{jc.get('kind')!r}: choose one of {JUDGE_KINDS}")
-    if jc["kind"] == "http" and not (jc.get("base_url") and jc.get("model")):
-        config_fail(f"{name}.judge", "an http judge needs base_url and model (the process-reward model's endpoint)")
+    check_judge(name, plain(sc.judge), "the process-reward model's endpoint")
 
 
 smartsearch_stage.check_config = check_smartsearch
