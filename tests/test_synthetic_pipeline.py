@@ -14,6 +14,18 @@ from jaxrag.env.mdp import read_episodes
 from jaxrag.metrics import exact_match
 
 
+def config_module(name: str):
+    """configs/synthetic/<name>.py as a module (config files are not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "synthetic" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_config", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @pytest.fixture(scope="module")
 def run(synthetic_run):
     return synthetic_run
@@ -77,14 +89,7 @@ def test_later_stages_sample_only_questions_sft_never_trained_on(run):
 
 
 def test_a_sampling_stage_beyond_the_unseen_pool_is_refused_before_any_stage(tmp_path):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "configs" / "synthetic" / "pipeline.py"
-    spec = importlib.util.spec_from_file_location("pipeline_config", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    c = mod.get_config("tiny")
+    c = config_module("pipeline").get_config("tiny")
     c.outcome.max_questions = c.unseen_questions + 1
     with pytest.raises(jmain.StageError, match=rf"outcome\.max_questions: {c.unseen_questions + 1} would sample train "
                        "questions SFT trained on"):
@@ -95,16 +100,9 @@ def test_a_sampling_stage_beyond_the_unseen_pool_is_refused_before_any_stage(tmp
 def test_anchor_level_pool_keeps_whole_anchors_out(tmp_path):
     """unseen_by_anchor: no anchor of the pool anchors a question SFT trains on (the question-level pool leaks them);
     the sampling stages draw the head of the pool."""
-    import importlib.util
-    from pathlib import Path
-
     from jaxrag.pipelines.synthetic.world import sampling_questions, unseen_pool
 
-    path = Path(__file__).resolve().parents[1] / "configs" / "synthetic" / "pipeline.py"
-    spec = importlib.util.spec_from_file_location("pipeline_config", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    c = mod.get_config("tiny")
+    c = config_module("pipeline").get_config("tiny")
     jmain.run(c, tmp_path, only=["world"])
     train = read_jsonl(tmp_path / "world" / "questions_train.jsonl")
 
@@ -238,15 +236,9 @@ def test_agreement_and_bestofn_outputs(run):
 def test_findings_config_reuses_the_demo_stages():
     """Every main-job stage has the same settings (so the same fingerprint) under findings.py as under pipeline.py,
     for both presets: running the findings in the demo's workdir reuses the demo's outputs."""
-    import importlib.util
-    from pathlib import Path
-
     from jaxrag.workdir import stage_settings
 
-    path = Path(__file__).resolve().parents[1] / "configs" / "synthetic" / "findings.py"
-    spec = importlib.util.spec_from_file_location("findings_config", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = config_module("findings")
     for preset in ("demo", "tiny"):
         demo, findings = mod.pipeline.get_config(preset), mod.get_config(preset)
         assert list(findings.stages[: len(demo.stages)]) == list(demo.stages)
