@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrag.generate import (SamplingParams, _decode_chunk, _first_stop, _prefill, bucket, finish_row, left_pad,
-                             stop_ids_of)
+                             on_params_mesh, stop_ids_of)
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import init_cache
 
@@ -232,6 +232,8 @@ class SlotPool:
         t0 = time.perf_counter()
         if self.refill:
             self.state["exit_done"] = jnp.asarray(min(self.slots, self.slots - len(held) + self.refill), jnp.int32)
+        self.cache, self.state, self.stop_ids, self.keys = on_params_mesh(
+            self.params, (self.cache, self.state, self.stop_ids, self.keys))
         self.cache, self.state = _decode_chunk(self.cfg, self.sp, self.chunk, self.params, self.cache, self.state,
                                                self.stop_ids, self.keys)
         self.timing["decode_s"] += time.perf_counter() - t0

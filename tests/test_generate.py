@@ -135,3 +135,23 @@ def test_fork_gathers_cache_rows_on_device():
     for layer in range(CFG.n_layers):
         np.testing.assert_array_equal(np.asarray(forked["k"][layer])[:, 0, 0, 0], [1.0, 1.0, 0.0])
     np.testing.assert_array_equal(np.asarray(forked["valid"])[:, 0], [True, True, False])
+
+
+def test_decode_on_mesh_placed_params_compiles_one_chunk_program():
+    """The RL sampler decodes with the trainer's mesh-placed params: the first chunk (fresh state arrays) and the later
+    ones (the previous chunk's outputs) must run the same compiled program, with the unsharded path's tokens."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from jaxrag import sharding as shd
+    from jaxrag.generate import _decode_chunk
+
+    mesh = shd.make_mesh((1, 1, 1), jax.devices()[:1])
+    placed = jax.tree.map(lambda a: jax.device_put(a, NamedSharding(mesh, P(*[None] * a.ndim))), PARAMS)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=12)
+    kw = dict(stop_strings=["qqqqqqqq"], tokenizer=CharTokenizer(), chunk=4)  # 3 chunks of 4 steps
+    before = _decode_chunk._cache_size()
+    on_mesh = [sample(CFG, placed, PROMPTS, sp, jax.random.PRNGKey(k), **kw) for k in (6, 7)]
+    assert _decode_chunk._cache_size() - before == 1
+    plain = sample(CFG, PARAMS, PROMPTS, sp, jax.random.PRNGKey(7), **kw)
+    np.testing.assert_array_equal(on_mesh[1].tokens, plain.tokens)
+    assert on_mesh[1].lengths.max() == 12  # it did decode past the first chunk
