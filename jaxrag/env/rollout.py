@@ -261,11 +261,8 @@ def rollout(policy, retriever, agent: Agent, items: Iterable, cfg: RolloutConfig
     total = len(pending)
     live: list[tuple[int, Episode]] = []
     done: dict[int, Episode] = {}
-    st = {"generate_s": 0.0, "retrieve_s": 0.0, "summarize_s": 0.0, "policy_calls": 0, "engine_steps": 0,
-          "generations": 0, "queries": 0}
-    cuts_before = dict(getattr(agent, "prompt_cuts", {}))
-    t_start = time.perf_counter()
-    bar = _progress(total, cfg.progress)
+    run_stats = _RunStats(agent, total, cfg.progress)
+    st, bar = run_stats.st, run_stats.bar
     it = 0
     run = object()   # session keys (run, index): unique to this call
     keep = bool(getattr(policy, "keeps_sessions", False)) and cfg.n_candidates == 1
@@ -325,16 +322,8 @@ def rollout(policy, retriever, agent: Agent, items: Iterable, cfg: RolloutConfig
                 still.append((idx, ep))
         live = still
         it += 1
-    bar.close()
     st["engine_steps"] = it
-    st["episodes"] = total
-    for kind in ("shortened", "over_budget"):   # prompts the agent rendered shorter to fit the policy's budget
-        st[f"prompts_{kind}"] = getattr(agent, "prompt_cuts", {}).get(kind, 0) - cuts_before.get(kind, 0)
-    st["total_s"] = time.perf_counter() - t_start
-    st["host_s"] = st["total_s"] - st["generate_s"] - st["retrieve_s"] - st["summarize_s"]
-    if stats is not None:
-        stats.update(st)
-    return [done[i] for i in range(total)]
+    return run_stats.finish(done, stats)
 
 
 def _rollout_continuous(policy, retriever, agent: Agent, items: Iterable, cfg: RolloutConfig, select: Select,
@@ -350,11 +339,8 @@ def _rollout_continuous(policy, retriever, agent: Agent, items: Iterable, cfg: R
     live: dict[int, Episode] = {}
     waiting: dict[int, tuple[State, str]] = {}     # episode -> (state, prompt) of its queued or decoding turn
     done: dict[int, Episode] = {}
-    st = {"generate_s": 0.0, "retrieve_s": 0.0, "summarize_s": 0.0, "policy_calls": 0, "engine_steps": 0,
-          "generations": 0, "queries": 0}
-    cuts_before = dict(getattr(agent, "prompt_cuts", {}))
-    t_start = time.perf_counter()
-    bar = _progress(total, cfg.progress)
+    run_stats = _RunStats(agent, total, cfg.progress)
+    st, bar = run_stats.st, run_stats.bar
 
     def admit() -> list[int]:
         fresh = []
@@ -431,17 +417,34 @@ def _rollout_continuous(policy, retriever, agent: Agent, items: Iterable, cfg: R
         if not cfg.overlap:
             process(finished, chunk_s)
             finished = []
-    bar.close()
     st["policy_calls"] = st["engine_steps"]
-    st["episodes"] = total
     st["idle_slot_share"] = float(getattr(sess, "idle_share", float("nan")))
-    for kind in ("shortened", "over_budget"):
-        st[f"prompts_{kind}"] = getattr(agent, "prompt_cuts", {}).get(kind, 0) - cuts_before.get(kind, 0)
-    st["total_s"] = time.perf_counter() - t_start
-    st["host_s"] = st["total_s"] - st["generate_s"] - st["retrieve_s"] - st["summarize_s"]
-    if stats is not None:
-        stats.update(st)
-    return [done[i] for i in range(total)]
+    return run_stats.finish(done, stats)
+
+
+class _RunStats:
+    """One rollout call's counters and progress bar: seconds per phase, policy calls, the prompts the agent had to
+    shorten during this call (agent.prompt_cuts is cumulative), and host time as what is left of the wall time."""
+
+    def __init__(self, agent: Agent, total: int, progress: bool):
+        self.agent, self.total, self.t_start = agent, total, time.perf_counter()
+        self.cuts_before = dict(getattr(agent, "prompt_cuts", {}))
+        self.st = {"generate_s": 0.0, "retrieve_s": 0.0, "summarize_s": 0.0, "policy_calls": 0, "engine_steps": 0,
+                   "generations": 0, "queries": 0}
+        self.bar = _progress(total, progress)
+
+    def finish(self, done: dict[int, Episode], stats: dict | None) -> list[Episode]:
+        """Close the bar, complete the counters (into `stats` if given); the episodes in input order."""
+        self.bar.close()
+        st = self.st
+        st["episodes"] = self.total
+        for kind in ("shortened", "over_budget"):   # prompts the agent rendered shorter to fit the policy's budget
+            st[f"prompts_{kind}"] = getattr(self.agent, "prompt_cuts", {}).get(kind, 0) - self.cuts_before.get(kind, 0)
+        st["total_s"] = time.perf_counter() - self.t_start
+        st["host_s"] = st["total_s"] - st["generate_s"] - st["retrieve_s"] - st["summarize_s"]
+        if stats is not None:
+            stats.update(st)
+        return [done[i] for i in range(self.total)]
 
 
 class _NoBar:
