@@ -62,9 +62,11 @@ def get_config(preset: str = "demo"):
     # collection: execute the best, keep correct trajectories); pairs (score > 0.75, < 0.5) at the same state.
     # T = 0.5, not RAG-Gym's T = 1 (8B policies): a 1M-parameter policy at T = 1 mostly misspells names, so its
     # pairs teach "spell the name right"; chosen on the dev split (results/synthetic_dev_tuning.md).
+    # agreement_questions: the dev questions every annotator scores for the agreement table (50 gave only 10 pairs
+    # of candidates the oracle orders: too few to read).
     rollout_common = dict(max_steps=8, batch_size=64, max_new_tokens=40)
     c.supervision = dict(fn=f"{P}.supervise:supervision_stage", policy="sft", agent="react", max_questions=300,
-                         n_candidates=4, temperature=0.5, outcome_threshold=0.75, agreement_questions=50,
+                         n_candidates=4, temperature=0.5, outcome_threshold=0.75, agreement_questions=200,
                          rollout_m=2, http_judge=dict(base_url="", model=""), **rollout_common)
     pref_train = dict(steps=150, batch_size=8, seq_buckets=(128, 192, 256, 320),
                       optimizer=dict(lr=1e-4, warmup_steps=20, min_lr_ratio=0.1))
