@@ -250,6 +250,21 @@ def test_findings_config_reuses_the_demo_stages():
         assert findings.grpo_k3.rl.k == findings.grpo.rl.k == 7
 
 
+def test_dev_trial_g_reuses_the_demo_stages_and_samples_the_pool():
+    """dev_tuning.py:g (GRPO from today's demo) runs in a copy of a demo workdir: the demo's stages keep their
+    settings (so their outputs are reused), every stage passes main's static checks, and its GRPO samples the pool."""
+    from jaxrag.main import plan
+    from jaxrag.workdir import stage_settings
+
+    mod = config_module("dev_tuning")
+    demo, trial = mod.pl.get_config("demo"), mod.get_config("g")
+    assert list(trial.stages[: len(demo.stages)]) == list(demo.stages)
+    for stage in demo.stages:
+        assert stage_settings(trial, stage) == stage_settings(demo, stage), stage
+    assert [name for name, _ in plan(trial)] == list(trial.stages)
+    assert trial.grpo_t07_g8_60.questions.path == demo.grpo.questions.path == "sft/pool_questions.jsonl"
+    assert (trial.grpo_t07_g8_60.rl.group_size, trial.grpo_t07_g8_60.rl.temperature) == (8, 0.7)
+
 def test_mcts_pairs_at_the_ranking_budget(run):
     from jaxrag.supervision.mcts import read_trees, tree_pairs
     from jaxrag.supervision.records import read_pairs, read_records

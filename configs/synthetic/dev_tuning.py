@@ -2,7 +2,8 @@
 
 python -m jaxrag.main --config=configs/synthetic/dev_tuning.py:a --workdir=runs/demo_copy --stages <the new stages>
 
-Variants a (process supervision at T 0.5: DPO and critic), b and c (GRPO); every eval here is on the dev split only.
+Variants a (process supervision at T 0.5: DPO and critic), b and c (GRPO), d (DPO lr), e and f (the critic), g (GRPO
+from the demo with the unseen pool); every eval here is on the dev split only.
 The main job's stages are pinned to their settings at commit effe013 (`as_tuned_from`), the demo these trials
 started from, so its workdir's stages are reused and the baselines `dpo`, `critic`, `grpo` are that commit's.
 """
@@ -50,10 +51,15 @@ def ev(c, systems, n=200):
     return e
 
 
+def pool_off(c) -> None:
+    """Trials a to f ran before the unseen pool: SFT on every train question, GRPO sampling from all of them."""
+    del c["unseen_questions"]
+    c.grpo.questions.path = "world/questions_train.jsonl"
+
+
 def as_tuned_from(c) -> None:
     """The demo settings at effe013 that the chosen ones replaced (results/synthetic_dev_tuning.md)."""
-    del c["unseen_questions"]  # every trial here ran before the unseen pool (SFT on every train question)
-    c.grpo.questions.path = "world/questions_train.jsonl"
+    pool_off(c)
     c.supervision.temperature = c.outcome.temperature = c.bestofn.temperature = 1.0
     c.dpo.train.optimizer.lr = 1e-4
     for system in c.eval.systems:
@@ -70,9 +76,8 @@ def get_config(which: str = "a"):
     c = pl.get_config("demo")
     if which in ("a", "b", "c", "d"):
         as_tuned_from(c)
-    else:  # e, f: from the demo at 459de0f (its T 0.5 settings; SFT on every train question)
-        del c["unseen_questions"]
-        c.grpo.questions.path = "world/questions_train.jsonl"
+    elif which in ("e", "f"):  # from the demo at 459de0f (its T 0.5 settings; SFT on every train question)
+        pool_off(c)
     st = list(c.stages)
     if which == "a":  # process supervision at lower collection temperature
         c.supervision_t05 = ml_collections.ConfigDict(c.supervision.to_dict())
@@ -127,5 +132,12 @@ def get_config(which: str = "a"):
         c.agree_critic_devpairs300 = agreement("critic_devpairs300", "supervision_big")
         new += ["supervision_dev", "critic_devpairs", "agree_critic_devpairs", "supervision_dev300",
                 "critic_devpairs300", "agree_critic_devpairs300"]
+    elif which == "g":  # GRPO from today's demo (the unseen pool): G 8 at T 0.7 (more mixed groups), twice the steps
+        c.grpo_t07_g8_60 = grpo(c, 1e-4, 0.7, steps=60, q=4, g=8)
+        c.grpo_t07_g8_60.questions.path = c.grpo.questions.path  # the pool, as the demo's grpo
+        c.eval_dev_g = ev(c, [dict(name="sft_react", agent="react", model="sft"),
+                              dict(name="grpo", agent="react", model="grpo"),
+                              dict(name="grpo_t07_g8_60", agent="react", model="grpo_t07_g8_60")])
+        new = ["grpo_t07_g8_60", "eval_dev_g"]
     c.stages = st + new
     return c
