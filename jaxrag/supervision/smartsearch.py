@@ -285,12 +285,16 @@ class Refinement:
 
 
 def refine(episodes: Sequence[Episode], refiner: Judge, policy, retriever, agent, rollout_cfg=None, *,
-           credits: Sequence[Sequence[StepCredit]] | None = None, summarizer=None) -> Refinement:
+           credits: Sequence[Sequence[StepCredit]] | None = None, summarizer=None,
+           keep_per_episode: int | None = None, stats: dict | None = None) -> Refinement:
     """For every search step with S_t = 0: rewrite its query (ONE batched refiner call for all steps of all episodes),
     retrieve for every refined query (one batched search), and let the agent regenerate each trajectory from its
     refined step on (ONE `rollout` call over the partial Episodes). Steps before the refined one are kept as they
     were; the refined step keeps the original's reasoning (`<think>`), as the released code replaces only the text
-    inside the last <search> tag. Credits default to each episode's `metadata["smartsearch_credit"]`."""
+    inside the last <search> tag. Credits default to each episode's `metadata["smartsearch_credit"]`.
+    keep_per_episode: regenerate only the first N successful refinements of each episode, earliest step first (the
+    stage-3 rollout: the released generate_new_prompts.py rewrites every bad query, then keeps the first usable
+    prefix); None = all. stats: the regeneration rollout's phase seconds (jaxrag.env.rollout.rollout's)."""
     from jaxrag.env.rollout import RolloutConfig, execute, rollout
 
     cfg = rollout_cfg or RolloutConfig()
@@ -311,8 +315,11 @@ def refine(episodes: Sequence[Episode], refiner: Judge, policy, retriever, agent
     if len(results) != len(reqs):
         raise ValueError(f"refiner returned {len(results)} results for {len(reqs)} requests")
     failures, states, steps, partials = [], [], [], []
+    kept: dict[int, int] = {}
     for (e, c), res in zip(where, results):
         ep = episodes[e]
+        if keep_per_episode is not None and kept.get(e, 0) >= keep_per_episode:
+            continue
         text = (res.texts[0] if res.ok and res.texts else "") or ""
         text = text.strip()
         if not text:
@@ -337,11 +344,12 @@ def refine(episodes: Sequence[Episode], refiner: Judge, policy, retriever, agent
                                 metadata=meta))
         states.append(state)
         steps.append(step)
+        kept[e] = kept.get(e, 0) + 1
     if steps:
         execute(states, steps, retriever, agent, cfg.k, summarizer if summarizer is not None else policy,
                 summary_max_new_tokens=cfg.summary_max_new_tokens, summary_temperature=cfg.summary_temperature,
                 seed=cfg.seed)
-    out = rollout(policy, retriever, agent, partials, cfg, summarizer=summarizer) if partials else []
+    out = rollout(policy, retriever, agent, partials, cfg, summarizer=summarizer, stats=stats) if partials else []
     return Refinement(out, failures, len(reqs))
 
 
