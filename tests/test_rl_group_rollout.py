@@ -2,7 +2,6 @@
 gives exactly G per question, <= M per expansion set, refined episodes branching from y0's own prefix, fresh y0s for a
 question without a bad query, and the refiner's query tokens trained under the current policy's log-probs."""
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -192,27 +191,28 @@ class AllBadJudge:
 
 
 def test_train_rl_refine_step_trains_the_refined_tokens_at_ratio_one(tmp_path):
-    """One GRPO step of the tiny world with the refinement rollout: 2 groups of 3; refined queries' tokens are rows
+    """One GRPO step of the tiny world with the refinement rollout: 2 groups of 2; refined queries' tokens are rows
     of the update (row_tokens counts them) and, their old log-probs being the current policy's, ratio 1 everywhere
     on the first inner step; the loss is the token-mean -Σ A_e n_e / Σ n_e over every trained token."""
     policy, retriever, agent = world(seed=2)
-    rc = RLConfig(steps=1, questions_per_step=2, group_size=3, temperature=1.0, max_new_tokens=6, max_steps=2, k=1,
+    rc = RLConfig(steps=1, questions_per_step=2, group_size=2, temperature=1.0, max_new_tokens=4, max_steps=2, k=1,
                   seed=3, group_rollout="smartsearch_refine", refine_keep_m=2)
-    tc = {"loss": "grpo", "seq_buckets": (64, 256), "optimizer": {"lr": 1e-2}, "progress": False,
+    tc = {"loss": "grpo", "seq_buckets": (256,), "optimizer": {"lr": 1e-2}, "progress": False,
           "grpo": {"beta": 0.0, "aggregation": "token_mean"}, "checkpoint": {"enabled": False}}
     judge = AllBadJudge()
     res = train_rl(policy, retriever, agent, QUESTIONS, "test_ascii", rc, tc, tmp_path, judge=judge, refiner=judge)
     eps = read_episodes(tmp_path / "episodes.jsonl")
-    assert [e.qid for e in eps][::3] == [e.qid for e in eps][2::3] and len(eps) == 6
+    assert len(eps) == 4 and [e.qid for e in eps][::2] == [e.qid for e in eps][1::2]
     refined = [e for e in eps if SS.REFINED_KEY in e.metadata]
-    assert refined, "the random model searches: every query is bad, so refinements exist"
+    # the random model's first action is a search (EchoAgent), every query is bad: each group is {y0, its y1}
+    assert [e.metadata[GR.GROUP_KEY]["member"] for e in eps] == [0, 1, 0, 1] and refined == eps[1::2]
     for e in refined:
         st = e.steps[e.metadata[SS.REFINED_KEY]["step"]]
         assert st.action.kind == QUERY and st.action.text.startswith("zz") and st.finish_reason == "refined"
         assert len(st.token_ids) == len(st.logprobs) > 0
     m = read_metrics(tmp_path / "metrics.jsonl")[1]
     n = np.array([sum(len(s.token_ids) for s in e.steps) for e in eps])
-    r = np.array([e.reward for e in eps]).reshape(2, 3)
+    r = np.array([e.reward for e in eps]).reshape(2, 2)
     adv = ((r - r.mean(1, keepdims=True)) / (r.std(1, ddof=1, keepdims=True) + 1e-4)).ravel()
     assert m["row_tokens"] == n.sum()  # the refined tokens are trained
     assert m["ratio_max_dev"] < 1e-3  # ... under the current policy's own log-probs

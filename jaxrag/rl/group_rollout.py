@@ -93,7 +93,7 @@ def expansion_sets(y0: Sequence[Episode], refined: Sequence[Episode], keep_m: in
     return [s[:keep_m] for s in sets]
 
 
-def train_refined_query(gs: GroupSampler, episodes: Sequence[Episode], max_new_tokens: int) -> None:
+def train_refined_query(gs: GroupSampler, episodes: Sequence[Episode]) -> None:
     """rc.refine_query_loss: give each refined step (action.extra["refined"], no generated ids) token ids of its
     text, the prompt ids the sampler would see and the current policy's own log-probs of them (one scoring call)."""
     from jaxrag.supervision.smartsearch import REFINED_KEY
@@ -167,7 +167,7 @@ def smartsearch_refine(gs: GroupSampler, questions: Sequence, rc, rcfg: RolloutC
         SS.assess(fresh, gs.judge, cfg)
         stats["judge_s"] = stats.get("judge_s", 0.0) + time.perf_counter() - tj
     if rc.refine_query_loss:
-        train_refined_query(gs, episodes, rc.max_new_tokens)
+        train_refined_query(gs, episodes)
     stats["refine_rounds"] = rnd
     stats["refined_episodes"] = sum(ep.metadata[GROUP_KEY]["member"] > 0 for ep in episodes)
     stats["total_s"] = time.perf_counter() - t0
