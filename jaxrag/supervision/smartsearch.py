@@ -1,5 +1,6 @@
 """SmartSearch (004 §4; METHODS.md §5): dual-level credit of every search query, process-reward-guided query
-refinement, the three-stage curriculum data, and the composite reward (registered as reward "smartsearch").
+refinement, the three-stage curriculum data, and the composite reward (registered as reward "smartsearch"; the
+outcome-only reward of Eq. 5 as "smartsearch_outcome").
 
 Credit (004 Eqs. 8–12), per search step t of a trajectory:
   O_t = Σ_i 1[D_i^t ∈ ∪_{s<t} D^s]   (documents of step t already retrieved at an earlier step; same doc_id, or the
@@ -274,6 +275,23 @@ def smartsearch_reward(ep: Episode, cfg: SmartSearchConfig = SmartSearchConfig()
 @register("smartsearch")
 def _registered_reward(ep: Episode) -> Reward:
     return smartsearch_reward(ep)
+
+
+def outcome_reward(ep: Episode, cfg: SmartSearchConfig = SmartSearchConfig()) -> Reward:
+    """r = r_outcome + λ·r_format (004 Eq. 5: the reward without process rewards, Table 3's "Standard GRPO" and
+    "w/o process rewards" rows): r_outcome = 1 iff the answer is correct (code: F1 >= 0.8), the same format bonus
+    and malformed-tag rule as smartsearch_reward."""
+    correct = is_correct(ep, cfg)
+    fmt, _ = format_check(ep)
+    total = float(correct) + cfg.format_weight * float(fmt)
+    if "</search<" in transcript(ep):
+        total = 0.0
+    return Reward(total, {"outcome": float(correct), "f1": answer_score(ep), "format": float(fmt)})
+
+
+@register("smartsearch_outcome")
+def _registered_outcome_reward(ep: Episode) -> Reward:
+    return outcome_reward(ep)
 
 
 # -------------------------------------------------------------------------------------------------- refinement
