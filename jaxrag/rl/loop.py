@@ -17,7 +17,8 @@ Each RL step t (1-based):
    advantages per question + aggregation weights; PPO: the value head scores the rows, GAE along each trajectory;
 5. `inner_steps` epochs of `minibatches` optimizer steps on those rows (each minibatch = whole groups; the trainer's
    jitted step: jaxrag.train.steps, with gradient accumulation; with rc.length_groups the rows of one update are
-   split by sequence bucket, their gradients summed before one optimizer update); old log-probs stay the sampler's;
+   split by sequence bucket, their gradients summed before one optimizer update); old log-probs stay the sampler's
+   (a refined query of the smartsearch_refine rollout, which no sampler produced: the current policy's own);
 6. telemetry (JSONL + TensorBoard + tqdm) and, every train.checkpoint.every_steps RL steps, an orbax checkpoint of
    params, optimizer, optimizer-step counter and PRNG; its meta holds the RL step = the question-stream position.
 
