@@ -229,10 +229,8 @@ def test_training_row_configs_pass_the_static_checks_and_name_the_published_rows
                                         "eval_sft", "eval_orl_5k", "eval_orl_10k"]
     assert _eval_methods(rr) == _published("reasonrag", "table3")
     ss = load("smartsearch/table3", "smoke")
-    assert len(plan(ss)) == 1 + 10 + 7
-    # the two Stage-3 rows that roll out with query refinement are not built (the module doc says why)
-    assert _eval_methods(ss) == _published("smartsearch", "table3") - {
-        "smartsearch+sft+dpo+grpo", "smartsearch+sft+dpo+grpo-no_process_reward"}
+    assert len(plan(ss)) == 1 + 12 + 9
+    assert _eval_methods(ss) == _published("smartsearch", "table3")  # every row, the refinement rollout's included
     for name in ("reasonrag/table3", "smartsearch/table3"):
         for variant in ("", "shared"):
             c = load(name, variant)
@@ -264,10 +262,17 @@ def test_training_row_configs_carry_the_released_settings():
     assert (s.s2_data.refine, s.s2_data_nor.refine, s.s2_data_nor.samples, s.s1_data.rollout.temperature) == \
         (True, False, 4, 0.0)
     assert (s.s3_nor.reward, s.s3_std.reward, s.s3_nor.policy.path, s.s3_nor.rl.group_size) == \
-        ("smartsearch", "f1", "stage:s2_dpo", 8)
+        ("smartsearch", "smartsearch_outcome", "stage:s2_dpo", 8)
     assert s.s3_nor.retriever.index_dir == s.eval_s1.retriever.index_dir == "indexes/wiki18_e5"
-    s.judge.base_url = "http://prm"   # one judge section for every data stage
-    assert s.s1_data.judge.base_url == s.s2_data_nor.judge.base_url == "http://prm"
+    # Stage 3 / SmartSearch and w/o process rewards: the refinement rollout (released: y0 + its first refinement)
+    for name, reward in (("s3", "smartsearch"), ("s3_npr", "smartsearch_outcome")):
+        r = s[name]
+        assert (r.reward, r.rl.group_rollout, r.rl.refine_keep_m, r.rl.refine_query_loss, r.rl.group_size,
+                r.policy.path) == (reward, "smartsearch_refine", 2, True, 8, "stage:s2_dpo")
+    assert (s.s3_nor.rl.group_rollout, s.s3_std.rl.group_rollout, "judge" in s.s3_nor) == \
+        ("independent", "independent", False)
+    s.judge.base_url = "http://prm"   # one judge section for every data stage and the refinement rollouts
+    assert s.s1_data.judge.base_url == s.s2_data_nor.judge.base_url == s.s3.judge.base_url == "http://prm"
 
 
 @pytest.mark.parametrize("name, key, value, message", [
@@ -278,6 +283,11 @@ def test_training_row_configs_carry_the_released_settings():
     ("smartsearch/table3", "s2_data.smartsearch.pairs", "some", r"config.s2_data.smartsearch: .*pairs must be"),
     ("smartsearch/table3", "s1_data.rollout.bogus", 1, r"config.s1_data.rollout: .*bogus"),
     ("smartsearch/table3", "s1_data.samples", 0, r"config.s1_data.samples: 0: must be >= 1"),
+    ("smartsearch/table3", "s3.rl.group_rollout", "refine",
+     r"config.s3.rl: rl config: group_rollout: 'refine' is not one of \('independent', 'smartsearch_refine'\)"),
+    ("smartsearch/table3", "s3_npr.rl.refine_keep_m", 0, r"config.s3_npr.rl: rl config: refine_keep_m: must be >= 1"),
+    ("smartsearch/table3", "s3_nor.rl.group_rollout", "smartsearch_refine",
+     r"config.s3_nor.judge: rl.group_rollout 'smartsearch_refine' needs a judge section"),
 ])
 def test_training_row_config_errors_name_the_key(name, key, value, message):
     c = load(name, "smoke")

@@ -217,6 +217,17 @@ def test_reward_registry_label_sources_and_malformed_tag():
     assert fn(episode("q", [("a", [1])], "gold", invalid_at=1)).components["format"] == 0.0
 
 
+def test_outcome_reward_ignores_the_process_labels():
+    """Eq. 5 (the "w/o process rewards" rows): r_outcome (F1 >= 0.8) + 0.1·r_format, whatever the queries' S_t."""
+    fn = get_reward("smartsearch_outcome")
+    assert fn(chat_episode(0, 3, "gold answer")).total == pytest.approx(1.1)  # 3 bad queries: "smartsearch" gives 0.8
+    assert fn(chat_episode(3, 0, "wrong")).total == pytest.approx(0.1)  # 3 good queries: composite would add 0.3
+    assert fn(chat_episode(1, 0, "gold answer", boxed=False)).total == pytest.approx(1.0)
+    assert fn(chat_episode(2, 0, "gold answer", bad_tag=True)).total == 0.0
+    r = fn(chat_episode(0, 1, "gold answer"))
+    assert r.components == {"outcome": 1.0, "f1": 1.0, "format": 1.0}
+
+
 def test_search_quality_uses_the_labels():
     eps = [episode("a", [("x", [1])], "gold", goods=[1]), episode("b", [("x", [1])], "gold", goods=[0]),
            episode("c", [("x", [1])], "no", goods=[1]), episode("d", [("x", [1])], "no", goods=[0])]

@@ -13,15 +13,23 @@ Rows (jaxrag.pipelines.published.METHODS) and the stages behind them:
   Stage 2 / SmartSearch              s1_sft -> s2_data -> s2_dpo -> eval_s2             "smartsearch+sft+dpo"
   Stage 2 / w/o process rewards      s2_data -> s2_dpo_npr -> eval_s2_npr               "...+sft+dpo-no_process_reward"
   Stage 2 / w/o query refinement     s1_sft -> s2_data_nor -> s2_dpo_nor -> eval_s2_nor  "...+sft+dpo-no_refinement"
+  Stage 3 / SmartSearch              s2_dpo -> s3 (GRPO, refinement rollout, composite reward) -> eval_s3
+                                                                                        "smartsearch+sft+dpo+grpo"
+  Stage 3 / w/o process rewards      s2_dpo -> s3_npr (GRPO, refinement rollout, outcome reward) -> eval_s3_npr
+                                                                                        "...+sft+dpo+grpo-no_process_reward"
   Stage 3 / w/o query refinement     s2_dpo -> s3_nor (GRPO, composite reward) -> eval_s3_nor
                                                                                         "...+sft+dpo+grpo-no_refinement"
   Stage 3 / Standard GRPO            s2_dpo -> s3_std (GRPO, outcome reward) -> eval_s3_std
                                                                                         "...+sft+dpo+grpo-standard"
-Not here: "Stage 3 / SmartSearch" and "Stage 3 / w/o process rewards". Both roll out with query refinement
-(004 §4.4: the initial trajectory expanded by refining its bad queries and regenerating, at most M of them per
-group), which jaxrag.rl's GRPO loop does not do: its groups are G independent episodes. s3_nor is also not quite the
-paper's: the online "smartsearch" reward has no usefulness judge in the loop (S_t = S_novel, jaxrag.supervision.
-smartsearch.step_labels), where the paper's process reward asks the judge for every query.
+The refinement rollout (s3, s3_npr; 004 §4.4, rl.group_rollout "smartsearch_refine", jaxrag.rl.group_rollout): per
+question an initial trajectory y0, its queries credited by the judge (usefulness) and novelty, its S_t = 0 queries
+rewritten by the judge and the trajectory regenerated from the first usable one, at most M = 2 episodes per such set
+(the released rollout keeps y0 and its first refined trajectory), repeated until G = 8; the refined query's tokens
+are trained under the policy's own recomputed log-probs, as verl does. s3's composite reward reads the judge's credit
+of every episode of its groups; s3_nor's has no usefulness judge in the loop (independent groups: S_t = S_novel,
+jaxrag.supervision.smartsearch.step_labels), where the paper's process reward asks the judge for every query.
+The outcome reward of s3_npr and s3_std is 004 Eq. 5, r_outcome + λ·r_format ("smartsearch_outcome": correct iff
+F1 >= 0.8, λ = 0.1, as the composite reward's parts).
 
 Stages and settings (the released code, github RUC-NLPIR/SmartSearch, README "Training"):
   s1_data / s2_data    jaxrag.pipelines.collect_smartsearch:smartsearch_stage: trajectories on the training questions (ASearcher-
@@ -40,10 +48,10 @@ Stages and settings (the released code, github RUC-NLPIR/SmartSearch, README "Tr
                        2 x rank, dropout 0), sigmoid DPO β 0.1, lr 7e-6 cosine, 3 epochs, up to 10,000 tokens, per
                        device 1 x 8 accumulation x 4 devices: batch 32; from the stage-1 model (the reference: it with
                        adapters off).
-  s3_*                 configs/smartsearch/grpo.py (train.sh) from the stage-2 model on `data/smartsearch_grpo_train.jsonl`
-                       (the paper: questions still unsolved after several samples), Table 1's retriever; s3_std's
-                       reward is F1 (the paper's outcome is F1 >= 0.8 with a format bonus; jaxrag has no such reward
-                       without the process part).
+  s3*                  configs/smartsearch/grpo.py (train.sh) from the stage-2 model on `data/smartsearch_grpo_train.jsonl`
+                       (the paper: questions still unsolved after several samples), Table 1's retriever; s3 and
+                       s3_npr with the refinement rollout (refine_keep_m 2) and the data stages' `judge` (the
+                       process-reward model judges and refines, as the released rollout asks one endpoint for both).
   Both LLaMA-Factory yamls' warmup ratio 0.1 is left out (warmup is a step count; an epoch's count follows the data).
 """
 
@@ -61,6 +69,8 @@ ROWS = {
     "eval_s2": ("s2_dpo", "sft+dpo", ""),
     "eval_s2_npr": ("s2_dpo_npr", "sft+dpo", "no_process_reward"),
     "eval_s2_nor": ("s2_dpo_nor", "sft+dpo", "no_refinement"),
+    "eval_s3": ("s3", "sft+dpo+grpo", ""),
+    "eval_s3_npr": ("s3_npr", "sft+dpo+grpo", "no_process_reward"),
     "eval_s3_nor": ("s3_nor", "sft+dpo+grpo", "no_refinement"),
     "eval_s3_std": ("s3_std", "sft+dpo+grpo", "standard"),
 }
@@ -102,11 +112,16 @@ def dpo(init, base, data: str) -> ml_collections.ConfigDict:
     return s
 
 
-def grpo(t1, reward: str) -> ml_collections.ConfigDict:
+def grpo(t1, reward: str, judge=None) -> ml_collections.ConfigDict:
+    """A stage-3 row; with `judge` (the process-reward model's section) its groups come from the refinement rollout
+    (004 §4.4; released: y0 + its first refined trajectory per set, M = 2)."""
     s = grpo_cfg.get_config("").rl
     s.policy.path = "stage:s2_dpo"
     s.retriever.update({k: v for k, v in t1.eval.retriever.to_dict().items() if k in s.retriever})
     s.reward = reward
+    if judge is not None:
+        s.judge = judge
+        s.rl.update(dict(group_rollout="smartsearch_refine", refine_keep_m=2, refine_query_loss=True))
     return s
 
 
@@ -127,10 +142,12 @@ def get_config(variant: str = ""):
     c.s2_dpo = dpo("stage:s1_sft", base, "s2_data/dpo.jsonl")
     c.s2_dpo_npr = dpo("stage:s1_sft", base, "s2_data/dpo_outcome.jsonl")
     c.s2_dpo_nor = dpo("stage:s1_sft", base, "s2_data_nor/dpo.jsonl")
+    c.s3 = grpo(t1, "smartsearch", judge)
+    c.s3_npr = grpo(t1, "smartsearch_outcome", judge)
     c.s3_nor = grpo(t1, "smartsearch")
-    c.s3_std = grpo(t1, "f1")
+    c.s3_std = grpo(t1, "smartsearch_outcome")
     train = ["s1_data", "s1_sft", "s1_sft_npr", "s2_data", "s2_data_nor", "s2_dpo", "s2_dpo_npr", "s2_dpo_nor",
-             "s3_nor", "s3_std"]
+             "s3", "s3_npr", "s3_nor", "s3_std"]
     c.stages = train + list(ROWS)
     for name, (model, tuning, v) in ROWS.items():
         e = c[name] = ml_collections.ConfigDict(t1.eval.to_dict())
@@ -195,8 +212,8 @@ def smoke_judge(section=None, workdir=None) -> SmokeJudge:
 def smoke(c) -> None:
     """A tiny random checkpoint for every trained stage; the data stages' trajectories from the scripted actor on 4
     shared HotpotQA questions, credited and refined by the stand-in judge; 2 steps per train stage (text rows in the
-    tiny checkpoint's tokens, up to 1,024 of them); 2 GRPO steps of 1 question x 2 episodes per stage-3 row; evals
-    on 2 questions."""
+    tiny checkpoint's tokens, up to 1,024 of them); 2 GRPO steps of 1 question x 2 episodes per stage-3 row (s3 and
+    s3_npr: the refinement rollout with the stand-in judge); evals on 2 questions."""
     from configs.rag_gym import pieces
     from jaxrag.pipelines.rl import tiny_checkpoint_config
 
@@ -219,7 +236,7 @@ def smoke(c) -> None:
     for name in ("s1_sft", "s1_sft_npr", "s2_dpo", "s2_dpo_npr", "s2_dpo_nor"):
         pieces.smoke_train(c[name], batch_size=1)
         c[name].train.seq_buckets = (1024,)
-    for name in ("s3_nor", "s3_std"):
+    for name in ("s3", "s3_npr", "s3_nor", "s3_std"):
         s = c[name]
         s.policy.max_prompt_tokens = 384
         s.questions.update(dict(path=str(paper.BENCHMARKS / paper.SHARED["HotpotQA"]), select="first:2"))

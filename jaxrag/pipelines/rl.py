@@ -14,7 +14,11 @@ config.<name> (configs/arena/grpo.py, configs/smartsearch/grpo.py):
   prm        optional ("" = none), loss ppo only: a critic checkpoint (HF dir + head.npz, or stage:<s>) whose score of
              each executed action is that step's reward (RAG-Gym's PPO: rewards from the trained PRM;
              jaxrag.pipelines.eval.load_prm) instead of `reward`'s outcome at the last token.
-  rl         jaxrag.rl.RLConfig fields (steps, questions_per_step, group_size, inner_steps, temperature, ...).
+  rl         jaxrag.rl.RLConfig fields (steps, questions_per_step, group_size, inner_steps, temperature, ...;
+             group_rollout "smartsearch_refine": SmartSearch's stage-3 refinement rollout, jaxrag.rl.group_rollout).
+  judge      optional; needed by rl.group_rollout "smartsearch_refine": a judge section as the collection stages read
+             it (jaxrag.pipelines.collect.make_judge: kind http | local | fn), the process-reward model that judges
+             every query's usefulness and rewrites the bad ones (the released code asks one endpoint for both).
   train      the trainer config (loss grpo | ppo; sampling_temperature, grpo.group_size, batch_size and steps are
              set from rl: see jaxrag.rl.rl_train_config).
 Outputs under workdir/<name>/: checkpoints/, metrics.jsonl, tb/, train_config.json, episodes.jsonl, model/ (the
@@ -121,6 +125,13 @@ def check_config(config, name: str) -> None:
         _fail(name, "reward", str(e))
     if sc.get("prm") and sc.train.loss != "ppo":
         _fail(name, "prm", f"per-step PRM rewards need train.loss 'ppo' (got {sc.train.loss!r})")
+    if rc.group_rollout == "smartsearch_refine":
+        from jaxrag.pipelines.collect import check_judge
+
+        if not sc.get("judge"):
+            _fail(name, "judge", "rl.group_rollout 'smartsearch_refine' needs a judge section (the query refiner and "
+                                 "usefulness judge: kind http | local | fn)")
+        check_judge(name, common.plain(sc.judge), "the process-reward model's endpoint")
 
 
 def load_agent(ac, tokenizer):
@@ -151,12 +162,18 @@ def rl_stage(config, workdir: str, name: str | None = None) -> None:
     rc = RLConfig.from_dict(sc.rl.to_dict())
     reward = sc.reward.to_dict() if hasattr(sc.reward, "to_dict") else sc.reward
     common.log(name, f"{sc.train.loss} over {len(questions)} questions, agent {sc.agent.name}, reward {reward}")
+    judge = None
+    if rc.group_rollout == "smartsearch_refine":
+        from jaxrag.pipelines.collect import make_judge
+
+        judge = make_judge(common.plain(sc.judge), workdir, policy)
     step_rewards = None
     if sc.get("prm"):
         from jaxrag.pipelines.eval import load_prm
 
         step_rewards = load_prm(sc.prm, f"config.{name}.prm", workdir, sc.agent)
-    result = train_rl(policy, retriever, agent, questions, reward, rc, sc.train, out, step_rewards=step_rewards)
+    result = train_rl(policy, retriever, agent, questions, reward, rc, sc.train, out, step_rewards=step_rewards,
+                      judge=judge, refiner=judge)
     if jax.process_index() != 0:
         return
     common.save_checkpoint(common.model_dir(workdir, name), policy.cfg, result.params, policy.tokenizer_path,

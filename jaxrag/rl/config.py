@@ -11,6 +11,7 @@ from jaxrag.env.rollout import RolloutConfig
 from jaxrag.train import config as tconfig
 
 RL_LOSSES = ("grpo", "ppo")
+GROUP_ROLLOUTS = ("independent", "smartsearch_refine")  # jaxrag.rl.group_rollout.STRATEGIES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,13 @@ class RLConfig:
     seed: int = 0  # question order (epoch permutations) and rollout sampling keys derive from (seed, step)
     shuffle: bool = True
     save_episodes: bool = True  # append every step's episodes to <workdir>/episodes.jsonl (prompt ids dropped)
+    # how a step's groups are sampled (jaxrag.rl.group_rollout): "independent" = G independent episodes per question;
+    # "smartsearch_refine" = SmartSearch stage 3: y0, its bad queries refined and regenerated, <= refine_keep_m
+    # episodes per expansion set, repeated until G (needs a refiner: the rl stage's `judge` section)
+    group_rollout: str = "independent"
+    refine_keep_m: int = 2  # M: episodes kept per expansion set {y0, y1, ...} (released code: y0 + the first refined)
+    refine_query_loss: bool = True  # train the refiner's query tokens under the current policy's recomputed
+    # log-probs (released code: loss_mask 1, old log-probs recomputed by the actor); False = no loss on them
 
     @property
     def episodes_per_step(self) -> int:
@@ -62,6 +70,10 @@ class RLConfig:
             raise ValueError(f"rl config: temperature: must be >= 0, got {self.temperature}")
         if self.rollout_batch < 0 or self.norm_tokens < 0:
             raise ValueError("rl config: rollout_batch and norm_tokens must be >= 0")
+        if self.group_rollout not in GROUP_ROLLOUTS:
+            raise ValueError(f"rl config: group_rollout: {self.group_rollout!r} is not one of {GROUP_ROLLOUTS}")
+        if int(self.refine_keep_m) < 1:
+            raise ValueError(f"rl config: refine_keep_m: must be >= 1 (y0 itself), got {self.refine_keep_m}")
 
     @staticmethod
     def from_dict(d) -> "RLConfig":

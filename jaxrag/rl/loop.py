@@ -5,8 +5,10 @@
 Each RL step t (1-based):
 1. questions: B of them, batch t-1 of a deterministic stream (epoch permutations of (seed, epoch)), so a resumed
    run sees the same questions;
-2. sampling: each question is passed G times to `jaxrag.env.rollout.rollout` (one sample per row, multi-turn, live
-   retriever, temperature rc.temperature, sampling keys from (seed, t)) with the CURRENT params: after every update
+2. sampling: the step's groups by rc.group_rollout (jaxrag.rl.group_rollout): "independent" passes each question G
+   times to `jaxrag.env.rollout.rollout` (one sample per row), "smartsearch_refine" expands initial trajectories by
+   query refinement (SmartSearch stage 3) until G; both multi-turn, live retriever, temperature rc.temperature,
+   sampling keys from (seed, t), batched over the step's questions, with the CURRENT params: after every update
    the JaxPolicy gets the trainer's own arrays (full fine-tune) or base + adapters merged (LoRA, sync/lora_merge);
    the assignment refreshes its per-layer decode copy (JaxPolicy.params; time/sync_s) — never a stale copy;
 3. rewards: the named reward function (jaxrag.supervision.rewards.reward_fn) per episode, total + components;
@@ -15,7 +17,8 @@ Each RL step t (1-based):
    advantages per question + aggregation weights; PPO: the value head scores the rows, GAE along each trajectory;
 5. `inner_steps` epochs of `minibatches` optimizer steps on those rows (each minibatch = whole groups; the trainer's
    jitted step: jaxrag.train.steps, with gradient accumulation; with rc.length_groups the rows of one update are
-   split by sequence bucket, their gradients summed before one optimizer update); old log-probs stay the sampler's;
+   split by sequence bucket, their gradients summed before one optimizer update); old log-probs stay the sampler's
+   (a refined query of the smartsearch_refine rollout, which no sampler produced: the current policy's own);
 6. telemetry (JSONL + TensorBoard + tqdm) and, every train.checkpoint.every_steps RL steps, an orbax checkpoint of
    params, optimizer, optimizer-step counter and PRNG; its meta holds the RL step = the question-stream position.
 
@@ -41,10 +44,11 @@ import numpy as np
 
 from jaxrag import sharding as shd
 from jaxrag.env.mdp import INVALID, Episode, write_episodes
-from jaxrag.env.rollout import RolloutConfig, rollout
+from jaxrag.env.rollout import RolloutConfig
 from jaxrag.models.lora import merge
 from jaxrag.rl import rows as R
 from jaxrag.rl.config import RLConfig, rl_train_config
+from jaxrag.rl.group_rollout import GroupSampler, sample_groups
 from jaxrag.supervision.rewards import Reward, reward_fn
 from jaxrag.train.batching import BatchStream
 from jaxrag.train.checkpoint import Checkpointer
@@ -221,6 +225,8 @@ def train_rl(
     *,
     step_rewards: Callable[[Sequence[Episode]], list[list[float]]] | None = None,
     summarizer=None,
+    judge=None,
+    refiner=None,
     mesh=None,
     resume: bool = True,
     progress: bool | None = None,
@@ -231,6 +237,8 @@ def train_rl(
     Episode -> Reward. train_config: the trainer's config (loss "grpo" | "ppo"; see rl_train_config for the keys
     the RL loop sets). step_rewards (PPO): episodes -> per-step rewards (e.g. a PRM), placed at each action's last
     token instead of the outcome at the last one. summarizer: the policy of summary generations (default: policy).
+    judge / refiner (rc.group_rollout "smartsearch_refine"): the usefulness judge (optional) and the query refiner
+    (required), jaxrag.supervision.judge_protocol Judges.
     workdir: checkpoints/, metrics.jsonl, tb/, train_config.json, rl_settings.json, episodes.jsonl; None = no
     files, no resume. A checkpoint resumes only under its own settings (check_resumable).
     """
@@ -252,6 +260,19 @@ def train_rl(
     apply_jit = jax.jit(make_apply_fn(tr.tx, tr.schedule), out_shardings=(tr.state_sh, rep), donate_argnums=(0,))
 
     seen_shapes: set = set()
+
+    def score_completions(pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        """The current policy's log-probs (train.sampling_temperature) of each completion after its prompt."""
+        rows = [R.Row(i, 0, p, c, [0.0] * len(c)) for i, (p, c) in enumerate(pairs)]
+        b = R.pack(rows, tuple(tc.seq_buckets), pad_id, row_multiple)
+        logp = np.asarray(score_jit(state["trainable"], frozen,
+                                    shd.shard_batch(tr.mesh, {k: b[k] for k in ("tokens", "positions",
+                                                                                 "segment_ids")}))[0])
+        return [logp[i, len(p):len(p) + len(c)].tolist() for i, (p, c) in enumerate(pairs)]
+
+    sampler = GroupSampler(policy, retriever, agent, summarizer=summarizer, judge=judge, refiner=refiner,
+                           encode=lambda prompt: policy.encode_prompt(prompt, rc.max_new_tokens),
+                           tokenize=lambda text: policy.tokenizer.encode(text), score=score_completions)
 
     def update(state, subs: list[dict]):
         """One optimizer step over the sub-batches of an update -> (state, flat metrics)."""
@@ -292,13 +313,14 @@ def train_rl(
         policy.params, _ = policy_params(state, frozen, tc)
         for step in range(start + 1, rc.steps + 1):
             t_step = time.perf_counter()
-            items = [q for q in stream.batch_at(step - 1) for _ in range(rc.group_size)]
-            rcfg = RolloutConfig(k=rc.k, max_steps=rc.max_steps, batch_size=rc.rollout_batch or len(items),
+            questions_t = stream.batch_at(step - 1)
+            rcfg = RolloutConfig(k=rc.k, max_steps=rc.max_steps,
+                                 batch_size=rc.rollout_batch or len(questions_t) * rc.group_size,
                                  n_candidates=1, temperature=rc.temperature, max_new_tokens=rc.max_new_tokens,
                                  summary_max_new_tokens=rc.summary_max_new_tokens, max_invalid=rc.max_invalid,
                                  seed=rollout_seed(rc.seed, step))
             stats: dict = {}
-            episodes = rollout(policy, retriever, agent, items, rcfg, stats=stats, summarizer=summarizer)
+            episodes = sample_groups(sampler, questions_t, rc, rcfg, stats)
             t_host = time.perf_counter()
             rewards = score_episodes(episodes, score_reward)
             batches, info = build_batches(
@@ -327,6 +349,10 @@ def train_rl(
             metrics.update(episode_stats(episodes, rewards, rc.group_size))
             metrics.update(info)
             sampling_s = stats["generate_s"] + stats["summarize_s"]
+            if rc.group_rollout != "independent":
+                metrics.update({"time/judge_s": stats.get("judge_s", 0.0),
+                                **{f"refine/{k}": float(stats.get(k, 0)) for k in (
+                                    "refine_rounds", "refine_requests", "refine_failures", "refined_episodes")}})
             metrics.update({
                 "time/sampling_s": sampling_s, "time/retrieval_s": stats["retrieve_s"], "time/training_s": train_s,
                 "time/host_s": host_s + stats.get("host_s", 0.0), "time/step_s": time.perf_counter() - t_step,

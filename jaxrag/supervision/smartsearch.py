@@ -1,5 +1,6 @@
 """SmartSearch (004 §4; METHODS.md §5): dual-level credit of every search query, process-reward-guided query
-refinement, the three-stage curriculum data, and the composite reward (registered as reward "smartsearch").
+refinement, the three-stage curriculum data, and the composite reward (registered as reward "smartsearch"; the
+outcome-only reward of Eq. 5 as "smartsearch_outcome").
 
 Credit (004 Eqs. 8–12), per search step t of a trajectory:
   O_t = Σ_i 1[D_i^t ∈ ∪_{s<t} D^s]   (documents of step t already retrieved at an earlier step; same doc_id, or the
@@ -276,6 +277,23 @@ def _registered_reward(ep: Episode) -> Reward:
     return smartsearch_reward(ep)
 
 
+def outcome_reward(ep: Episode, cfg: SmartSearchConfig = SmartSearchConfig()) -> Reward:
+    """r = r_outcome + λ·r_format (004 Eq. 5: the reward without process rewards, Table 3's "Standard GRPO" and
+    "w/o process rewards" rows): r_outcome = 1 iff the answer is correct (code: F1 >= 0.8), the same format bonus
+    and malformed-tag rule as smartsearch_reward."""
+    correct = is_correct(ep, cfg)
+    fmt, _ = format_check(ep)
+    total = float(correct) + cfg.format_weight * float(fmt)
+    if "</search<" in transcript(ep):
+        total = 0.0
+    return Reward(total, {"outcome": float(correct), "f1": answer_score(ep), "format": float(fmt)})
+
+
+@register("smartsearch_outcome")
+def _registered_outcome_reward(ep: Episode) -> Reward:
+    return outcome_reward(ep)
+
+
 # -------------------------------------------------------------------------------------------------- refinement
 @dataclass
 class Refinement:
@@ -285,12 +303,16 @@ class Refinement:
 
 
 def refine(episodes: Sequence[Episode], refiner: Judge, policy, retriever, agent, rollout_cfg=None, *,
-           credits: Sequence[Sequence[StepCredit]] | None = None, summarizer=None) -> Refinement:
+           credits: Sequence[Sequence[StepCredit]] | None = None, summarizer=None,
+           keep_per_episode: int | None = None, stats: dict | None = None) -> Refinement:
     """For every search step with S_t = 0: rewrite its query (ONE batched refiner call for all steps of all episodes),
     retrieve for every refined query (one batched search), and let the agent regenerate each trajectory from its
     refined step on (ONE `rollout` call over the partial Episodes). Steps before the refined one are kept as they
     were; the refined step keeps the original's reasoning (`<think>`), as the released code replaces only the text
-    inside the last <search> tag. Credits default to each episode's `metadata["smartsearch_credit"]`."""
+    inside the last <search> tag. Credits default to each episode's `metadata["smartsearch_credit"]`.
+    keep_per_episode: regenerate only the first N successful refinements of each episode, earliest step first (the
+    stage-3 rollout: the released generate_new_prompts.py rewrites every bad query, then keeps the first usable
+    prefix); None = all. stats: the regeneration rollout's phase seconds (jaxrag.env.rollout.rollout's)."""
     from jaxrag.env.rollout import RolloutConfig, execute, rollout
 
     cfg = rollout_cfg or RolloutConfig()
@@ -311,8 +333,11 @@ def refine(episodes: Sequence[Episode], refiner: Judge, policy, retriever, agent
     if len(results) != len(reqs):
         raise ValueError(f"refiner returned {len(results)} results for {len(reqs)} requests")
     failures, states, steps, partials = [], [], [], []
+    kept: dict[int, int] = {}
     for (e, c), res in zip(where, results):
         ep = episodes[e]
+        if keep_per_episode is not None and kept.get(e, 0) >= keep_per_episode:
+            continue
         text = (res.texts[0] if res.ok and res.texts else "") or ""
         text = text.strip()
         if not text:
@@ -337,11 +362,12 @@ def refine(episodes: Sequence[Episode], refiner: Judge, policy, retriever, agent
                                 metadata=meta))
         states.append(state)
         steps.append(step)
+        kept[e] = kept.get(e, 0) + 1
     if steps:
         execute(states, steps, retriever, agent, cfg.k, summarizer if summarizer is not None else policy,
                 summary_max_new_tokens=cfg.summary_max_new_tokens, summary_temperature=cfg.summary_temperature,
                 seed=cfg.seed)
-    out = rollout(policy, retriever, agent, partials, cfg, summarizer=summarizer) if partials else []
+    out = rollout(policy, retriever, agent, partials, cfg, summarizer=summarizer, stats=stats) if partials else []
     return Refinement(out, failures, len(reqs))
 
 

@@ -1,0 +1,184 @@
+"""How one RL step samples its groups: B questions in, B contiguous groups of exactly G episodes of one question out
+(the order jaxrag.rl.rows.check_groups requires). The strategy is RLConfig.group_rollout:
+
+- "independent" (default): every question passed G times to ONE `rollout` call (one sample per row): GRPO's
+  G independent episodes.
+- "smartsearch_refine": SmartSearch's stage-3 rollout, "Query Aware Policy Optimization" (004 §4.4; released code
+  src/verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py `generate_sequences` + generate_new_prompts.py):
+  repeat, until every question has G episodes:
+    1. an initial trajectory y0 for every question still short of G (ONE batched rollout over those questions);
+    2. credit of every search step of every y0 (jaxrag.supervision.smartsearch.assess: novelty by rule, usefulness
+       by the judge when one is given; ONE batched judge call);
+    3. every S_t = 0 query rewritten by the refiner (ONE batched call) and, per y0, the first `refine_keep_m - 1`
+       usable refinements, earliest step first, regenerated from the refined query on (ONE batched rollout):
+       y1..y_{M-1}, whose steps before the refined one are y0's own;
+    4. the expansion set {y0, y1, ...} (at most M = refine_keep_m of them) appended to the question's group, cut at G.
+  A y0 without a bad query (or whose refinements all failed) is an expansion set of one; the next round samples a
+  fresh y0 (the paper's "repeat this generation-and-expansion process"; the code's `while active_indices` loop).
+  Every round adds at least one episode per short question, so at most G rounds run.
+
+  Paper vs released code. The paper: "retain at most M trajectories from this set" and repeat until G; it gives
+  neither M nor how the set is expanded. The code (what is followed here): G = rollout.n = 8; each y0's steps are
+  judged, EVERY bad query (judge "0" or redundancy > 1) is rewritten, and only the FIRST usable refined prefix is
+  regenerated (`input_ids_list = [input_ids_list[0]]`): sets of {y0, y1}, i.e. M = 2 (refine_keep_m's default).
+  (The code regenerates inside its per-question loop, so earlier questions' prefixes are rolled out again for
+  each later question — an indentation slip, not reproduced.) Refined episodes are scored like any other: the
+  composite reward's S_t come from `assess` on every kept episode (one more batched judge call), as the code's
+  reward manager judges every trajectory.
+
+  The refiner's query tokens (written by the refiner, not sampled by the policy). The released code trains them:
+  the refined prefix keeps loss_mask 1 over its action tokens (the original query's mask, extended with ones when
+  the refined query is longer), and verl recomputes old log-probs with the actor (ray_trainer
+  `compute_log_prob`) for every token, so the ratio on them starts at 1 and they get the plain policy gradient
+  A·∇log π. Followed with rc.refine_query_loss (default True): the refined step gets token_ids = the policy
+  tokenizer's ids of the agent's text of the action, prompt_ids = the prompt as the sampler encodes it, and
+  logprobs = the CURRENT policy's own log-probs of those ids at the sampling temperature (`GroupSampler.score`,
+  the trainer's scorer) — never log-probs of a sampler that did not produce them. False: the refined step has no
+  generated ids, so it gives no row (no loss), and only the regenerated continuation and y0's prefix are trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Sequence
+
+from jaxrag.env.mdp import Episode
+from jaxrag.env.rollout import RolloutConfig, rollout
+from jaxrag.rl.config import GROUP_ROLLOUTS
+GROUP_KEY = "group_rollout"  # Episode.metadata: {"round", "set", "member"} of a refine-strategy episode
+PHASES = ("generate_s", "retrieve_s", "summarize_s", "judge_s")
+
+
+@dataclasses.dataclass
+class GroupSampler:
+    """What a strategy samples with. judge: usefulness (optional); refiner: a Judge answering "refine" requests
+    (smartsearch_refine needs one; the paper's process-reward model does both). encode(prompt) -> the prompt ids the
+    sampler would see; tokenize(text) -> ids of generated text; score([(prompt_ids, completion_ids)]) -> the current
+    policy's log-probs of each completion id (refine_query_loss)."""
+    policy: object
+    retriever: object
+    agent: object
+    summarizer: object = None
+    judge: object = None
+    refiner: object = None
+    encode: Callable[[str], list[int]] | None = None
+    tokenize: Callable[[str], list[int]] | None = None
+    score: Callable[[list[tuple[list[int], list[int]]]], list[list[float]]] | None = None
+
+
+def _add(total: dict, part: dict) -> None:
+    for k, v in part.items():
+        if isinstance(v, (int, float)):
+            total[k] = total.get(k, 0) + v
+
+
+def independent(gs: GroupSampler, questions: Sequence, rc, rcfg: RolloutConfig, stats: dict) -> list[Episode]:
+    """Each question G times in one rollout call (today's GRPO groups)."""
+    items = [q for q in questions for _ in range(rc.group_size)]
+    return rollout(gs.policy, gs.retriever, gs.agent, items, rcfg, stats=stats, summarizer=gs.summarizer)
+
+
+def round_seed(seed: int, rnd: int, phase: int) -> int:
+    """Sampling seed of a refine round's y0 (phase 0) or regeneration (phase 1) rollout; round 0's y0 = `seed`."""
+    return (seed + (2 * rnd + phase) * 1_000_033) % (2**31 - 1)
+
+
+def expansion_sets(y0: Sequence[Episode], refined: Sequence[Episode], keep_m: int) -> list[list[Episode]]:
+    """Per y0 (tagged metadata[GROUP_KEY]["set"] = its index), [y0] + its refined episodes in the order refine gave
+    them (earliest refined step first), cut at M = keep_m."""
+    sets = [[e] for e in y0]
+    for ep in refined:
+        sets[ep.metadata[GROUP_KEY]["set"]].append(ep)
+    return [s[:keep_m] for s in sets]
+
+
+def train_refined_query(gs: GroupSampler, episodes: Sequence[Episode]) -> None:
+    """rc.refine_query_loss: give each refined step (action.extra["refined"], no generated ids) token ids of its
+    text, the prompt ids the sampler would see and the current policy's own log-probs of them (one scoring call)."""
+    from jaxrag.supervision.smartsearch import REFINED_KEY
+
+    if gs.encode is None or gs.tokenize is None or gs.score is None:
+        raise ValueError("refine_query_loss needs the sampler's encode, tokenize and score (a JaxPolicy in train_rl)")
+    todo = []
+    for ep in episodes:
+        at = ep.metadata.get(REFINED_KEY, {}).get("step")
+        if at is None:
+            continue
+        st = ep.steps[at]
+        if st.token_ids:
+            continue
+        st.prompt_ids = list(gs.encode(st.prompt))
+        st.token_ids = list(gs.tokenize(st.action.raw))
+        st.finish_reason = "refined"
+        todo.append(st)
+    if todo:
+        for st, lp in zip(todo, gs.score([(st.prompt_ids, st.token_ids) for st in todo])):
+            st.logprobs = [float(x) for x in lp]
+
+
+def smartsearch_refine(gs: GroupSampler, questions: Sequence, rc, rcfg: RolloutConfig,
+                       stats: dict) -> list[Episode]:
+    """SmartSearch's stage-3 groups (see the module docstring): y0 rounds, credit, refinement, ≤ M per set, until G."""
+    from jaxrag.supervision import smartsearch as SS
+
+    if gs.refiner is None:
+        raise ValueError("rl.group_rollout='smartsearch_refine' needs a refiner (the stage's `judge` section)")
+    cfg = SS.SmartSearchConfig()
+    t0 = time.perf_counter()
+    groups: list[list[Episode]] = [[] for _ in questions]
+    rnd = 0
+    while True:
+        short = [i for i, g in enumerate(groups) if len(g) < rc.group_size]
+        if not short:
+            break
+        part: dict = {}
+        y0 = rollout(gs.policy, gs.retriever, gs.agent, [questions[i] for i in short],
+                     dataclasses.replace(rcfg, seed=round_seed(rcfg.seed, rnd, 0)), stats=part,
+                     summarizer=gs.summarizer)
+        _add(stats, part)
+        for j, ep in enumerate(y0):
+            ep.metadata[GROUP_KEY] = {"round": rnd, "set": j, "member": 0}
+        tj = time.perf_counter()
+        SS.assess(y0, gs.judge, cfg)
+        stats["judge_s"] = stats.get("judge_s", 0.0) + time.perf_counter() - tj
+        refined: list[Episode] = []
+        if rc.refine_keep_m > 1:
+            part = {}
+            tr = time.perf_counter()
+            out = SS.refine(y0, gs.refiner, gs.policy, gs.retriever, gs.agent,
+                            dataclasses.replace(rcfg, seed=round_seed(rcfg.seed, rnd, 1)), summarizer=gs.summarizer,
+                            keep_per_episode=rc.refine_keep_m - 1, stats=part)
+            _add(stats, part)
+            stats["judge_s"] += time.perf_counter() - tr - part.get("total_s", 0.0)
+            stats["refine_requests"] = stats.get("refine_requests", 0) + out.requests
+            stats["refine_failures"] = stats.get("refine_failures", 0) + len(out.failures)
+            refined = out.episodes
+        for j, s in enumerate(expansion_sets(y0, refined, rc.refine_keep_m)):
+            g = groups[short[j]]
+            for m, ep in enumerate(s[:rc.group_size - len(g)]):
+                ep.metadata[GROUP_KEY] = {"round": rnd, "set": j, "member": m}
+                g.append(ep)
+        rnd += 1
+    episodes = [ep for g in groups for ep in g]
+    fresh = [ep for ep in episodes if SS.CREDIT_KEY not in ep.metadata]
+    if fresh:  # refined episodes: their own credit, for the composite reward's S_t
+        tj = time.perf_counter()
+        SS.assess(fresh, gs.judge, cfg)
+        stats["judge_s"] = stats.get("judge_s", 0.0) + time.perf_counter() - tj
+    if rc.refine_query_loss:
+        train_refined_query(gs, episodes)
+    stats["refine_rounds"] = rnd
+    stats["refined_episodes"] = sum(ep.metadata[GROUP_KEY]["member"] > 0 for ep in episodes)
+    stats["total_s"] = time.perf_counter() - t0
+    stats["host_s"] = stats["total_s"] - sum(stats.get(k, 0.0) for k in PHASES)
+    return episodes
+
+
+STRATEGIES: dict[str, Callable] = {"independent": independent, "smartsearch_refine": smartsearch_refine}
+assert tuple(STRATEGIES) == GROUP_ROLLOUTS
+
+
+def sample_groups(gs: GroupSampler, questions: Sequence, rc, rcfg: RolloutConfig, stats: dict) -> list[Episode]:
+    """The step's B·G episodes by rc.group_rollout, as B contiguous groups of G (one question each)."""
+    return STRATEGIES[rc.group_rollout](gs, questions, rc, rcfg, stats)
