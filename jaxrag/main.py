@@ -13,7 +13,6 @@ Every stage's fn is imported and the config is checked before any stage runs, so
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from jaxrag.settings import changed_keys, flatten
+from jaxrag.stage_fn import StageError, resolve_fn  # noqa: F401 (StageError: part of this module's interface)
 from jaxrag.workdir import WorkdirError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file (get_config()).", lock_config=True)
@@ -29,10 +29,6 @@ _STAGES = flags.DEFINE_list("stages", None, "Run only these stages (default: con
 _FORCE = flags.DEFINE_bool("force", False, "Rerun the planned stages even if finished (and every later stage).")
 _RERUN_CHANGED = flags.DEFINE_bool("rerun_changed", False,
                                    "Rerun the finished stages whose settings changed, and every stage after them.")
-
-
-class StageError(ValueError):
-    pass
 
 
 _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -52,20 +48,6 @@ def _count_compile_time() -> None:
 
     jax.monitoring.register_event_duration_secs_listener(listener)
     _count_compile_time.registered = True
-
-
-def resolve_fn(spec: str, where: str):
-    if not isinstance(spec, str) or ":" not in spec:
-        raise StageError(f"{where}: fn must be 'module.path:function', got {spec!r}")
-    module, name = spec.split(":", 1)
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as e:
-        raise StageError(f"{where}: cannot import module {module!r}: {e}") from None
-    fn = getattr(mod, name, None)
-    if not callable(fn):
-        raise StageError(f"{where}: module {module!r} has no function {name!r}")
-    return fn
 
 
 def plan(config, only: list[str] | None = None) -> list[tuple[str, object]]:

@@ -107,3 +107,23 @@ def test_run_time_errors_are_one_line_naming_the_stage_and_the_way_out(tmp_path)
     assert (tmp_path / "sft" / "checkpoints" / "4.set_aside").is_dir()
     p = cli(*args)
     assert p.returncode == 0 and "sft: done already" in p.stdout
+
+
+def test_cli_stage_resolving_a_fn_reference(tmp_path):
+    """A stage that resolves a "module:function" reference (a judge of kind fn) under `python -m jaxrag.main`:
+    the resolver lives outside the CLI module, which runs as __main__ (importing jaxrag.main again used to define
+    its flags twice: DuplicateFlagError)."""
+    (tmp_path / "fn_stage.py").write_text(
+        "def judge(jc, workdir):\n    return 'judge ' + jc['fn']\n\n\n"
+        "def stage(config, workdir, name):\n"
+        "    from jaxrag.pipelines.collect import make_judge\n\n"
+        "    j = make_judge({'kind': 'fn', 'fn': 'fn_stage:judge'}, workdir, None)\n"
+        "    open(f'{workdir}/{name}/out.txt', 'w').write(j)\n")
+    (tmp_path / "cfg.py").write_text(
+        "import ml_collections\n\n\ndef get_config():\n"
+        "    return ml_collections.ConfigDict({'stages': ['j'], 'j': {'fn': 'fn_stage:stage'}})\n")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
+    r = subprocess.run([sys.executable, "-m", "jaxrag.main", f"--config={tmp_path / 'cfg.py'}",
+                        f"--workdir={tmp_path / 'wd'}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "wd" / "j" / "out.txt").read_text() == "judge fn_stage:judge"

@@ -47,7 +47,7 @@ def make_judge(jc: dict, workdir, policy):
         return LocalJudge(judge_policy, name=jc.get("name") or "local",
                           **{k: jc[k] for k in ("max_retries", "max_new_tokens") if k in jc})
     if kind == "fn":
-        from jaxrag.main import resolve_fn
+        from jaxrag.stage_fn import resolve_fn
 
         return resolve_fn(jc["fn"], "judge.fn")(jc, workdir)
     raise ValueError(f"judge.kind={kind!r}: choose one of {JUDGE_KINDS}")
@@ -148,7 +148,7 @@ def actor(sc, name: str, workdir):
     load_policy), the retriever, and the agent design rendered with the policy's chat template unless opts say
     otherwise."""
     from jaxrag.env.agents import get_agent
-    from jaxrag.main import resolve_fn
+    from jaxrag.stage_fn import resolve_fn
 
     pcfg = plain(sc.policy)
     policy = resolve_fn(pcfg.get("fn", LOAD_POLICY), f"config.{name}.policy.fn")(pcfg, workdir)

@@ -122,7 +122,7 @@ def load_critic(spec, key: str, workdir, agent_name: str, agent_opts: dict):
 
     spec = {"path": spec} if isinstance(spec, str) else dict(spec)
     if spec.get("fn"):
-        from jaxrag.main import resolve_fn
+        from jaxrag.stage_fn import resolve_fn
 
         return resolve_fn(spec["fn"], f"{key}.fn")(spec, workdir, agent_name)
     mcfg, params, head, tok = _critic_checkpoint(spec["path"], key, workdir)
@@ -247,7 +247,7 @@ def eval_stage(config, workdir: str | Path, name: str) -> dict:
     """For every (agent, dataset) in config[name]: episodes JSONL + metrics + tables under workdir/<name>/."""
     from jaxrag.data.qa import load_qa
     from jaxrag.evaluate import index_recall, recall_table
-    from jaxrag.main import resolve_fn
+    from jaxrag.stage_fn import resolve_fn
     from jaxrag.pipelines.common import resolve
 
     ec = config[name]
