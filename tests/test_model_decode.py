@@ -1,7 +1,6 @@
 """KV-cache decode: prefill + per-layer in-place cache updates equal the full-sequence model, for stacked and
 unstacked layer weights and a bf16 cache."""
 
-import functools
 
 import jax
 import jax.numpy as jnp
