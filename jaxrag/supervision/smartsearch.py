@@ -256,17 +256,21 @@ def composite(correct: bool, n_wrong: int, n_correct: int, cfg: SmartSearchConfi
     return min(cfg.gamma * n_correct, cfg.phi_max)
 
 
+def with_format(ep: Episode, r: float, cfg: SmartSearchConfig) -> tuple[float, bool]:
+    """(r + λ·r_format, r_format): the format bonus both SmartSearch rewards add; a transcript with the malformed tag
+    "</search<" scores 0 (code)."""
+    fmt, _ = format_check(ep)
+    return (0.0 if "</search<" in transcript(ep) else r + cfg.format_weight * float(fmt)), fmt
+
+
 def smartsearch_reward(ep: Episode, cfg: SmartSearchConfig = SmartSearchConfig()) -> Reward:
-    """r = r_comp + λ·r_format (004 Eq. 16). A transcript with the malformed tag "</search<" scores 0 (code)."""
+    """r = r_comp + λ·r_format (004 Eq. 16), shaped by `with_format`."""
     labels, source = step_labels(ep, cfg)
     n_wrong = sum(1 for g in labels if not g)
     n_correct = len(labels) - n_wrong
     correct = is_correct(ep, cfg)
     r_comp = composite(correct, n_wrong, n_correct, cfg)
-    fmt, _ = format_check(ep)
-    total = r_comp + cfg.format_weight * float(fmt)
-    if "</search<" in transcript(ep):
-        total = 0.0
+    total, fmt = with_format(ep, r_comp, cfg)
     return Reward(total, {"outcome": float(correct), "f1": answer_score(ep), "composite": r_comp,
                           "format": float(fmt), "n_wrong": float(n_wrong), "n_correct": float(n_correct),
                           "judged": float(source != "novelty")})
@@ -280,12 +284,9 @@ def _registered_reward(ep: Episode) -> Reward:
 def outcome_reward(ep: Episode, cfg: SmartSearchConfig = SmartSearchConfig()) -> Reward:
     """r = r_outcome + λ·r_format (004 Eq. 5: the reward without process rewards, Table 3's "Standard GRPO" and
     "w/o process rewards" rows): r_outcome = 1 iff the answer is correct (code: F1 >= 0.8), the same format bonus
-    and malformed-tag rule as smartsearch_reward."""
+    and malformed-tag rule as smartsearch_reward (`with_format`)."""
     correct = is_correct(ep, cfg)
-    fmt, _ = format_check(ep)
-    total = float(correct) + cfg.format_weight * float(fmt)
-    if "</search<" in transcript(ep):
-        total = 0.0
+    total, fmt = with_format(ep, float(correct), cfg)
     return Reward(total, {"outcome": float(correct), "f1": answer_score(ep), "format": float(fmt)})
 
 
