@@ -37,7 +37,7 @@ def critic(c, pairs, lr=3e-4, steps=150):
 
 def grpo(c, lr, temperature, steps=30, q=8, g=4):
     d = pl.grpo_section(c)
-    d.questions.path = "world/questions_train.jsonl"  # these trials predate the unseen pool
+    d.questions.path = c.grpo.questions.path  # the demo grpo's (pool_off: every train question)
     d.train.optimizer.lr = lr
     d.rl.update(dict(temperature=temperature, steps=steps, questions_per_step=q, group_size=g))
     return d
@@ -134,7 +134,6 @@ def get_config(which: str = "a"):
                 "critic_devpairs300", "agree_critic_devpairs300"]
     elif which == "g":  # GRPO from today's demo (the unseen pool): G 8 at T 0.7 (more mixed groups), twice the steps
         c.grpo_t07_g8_60 = grpo(c, 1e-4, 0.7, steps=60, q=4, g=8)
-        c.grpo_t07_g8_60.questions.path = c.grpo.questions.path  # the pool, as the demo's grpo
         c.eval_dev_g = ev(c, [dict(name="sft_react", agent="react", model="sft"),
                               dict(name="grpo", agent="react", model="grpo"),
                               dict(name="grpo_t07_g8_60", agent="react", model="grpo_t07_g8_60")])
