@@ -20,7 +20,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from jaxrag.settings import changed_keys, flatten
-from jaxrag.stage_fn import StageError, resolve_fn  # noqa: F401 (StageError: part of this module's interface)
+from jaxrag.stage_fn import StageError, resolve_fn
 from jaxrag.workdir import WorkdirError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file (get_config()).", lock_config=True)
