@@ -250,20 +250,30 @@ def test_findings_config_reuses_the_demo_stages():
         assert findings.grpo_k3.rl.k == findings.grpo.rl.k == 7
 
 
-def test_dev_trial_g_reuses_the_demo_stages_and_samples_the_pool():
-    """dev_tuning.py:g (GRPO from today's demo) runs in a copy of a demo workdir: the demo's stages keep their
-    settings (so their outputs are reused), every stage passes main's static checks, and its GRPO samples the pool."""
+@pytest.mark.parametrize("which,new_grpo", [("g", "grpo_t07_g8_60"), ("h", "grpo_t07_g8_30")])
+def test_dev_trials_g_h_reuse_the_demo_stages_and_sample_the_pool(which, new_grpo):
+    """dev_tuning.py:g and :h (GRPO from a demo) run in a copy of a demo workdir: the demo's stages keep their
+    settings (so their outputs are reused) except `grpo`, which is the demo's GRPO from before the trials (their
+    baseline); every stage passes main's static checks, and the trial's GRPO samples the pool. Trial h's
+    grpo_t07_g8_30 is what the demo adopted: the same settings as the demo's grpo."""
     from jaxrag.main import plan
     from jaxrag.workdir import stage_settings
 
     mod = config_module("dev_tuning")
-    demo, trial = mod.pl.get_config("demo"), mod.get_config("g")
+    demo, trial = mod.pl.get_config("demo"), mod.get_config(which)
     assert list(trial.stages[: len(demo.stages)]) == list(demo.stages)
     for stage in demo.stages:
-        assert stage_settings(trial, stage) == stage_settings(demo, stage), stage
+        if stage != "grpo":
+            assert stage_settings(trial, stage) == stage_settings(demo, stage), stage
+    old = trial.grpo
+    assert (old.rl.temperature, old.rl.questions_per_step, old.rl.group_size, old.train.optimizer.lr) == (
+        1.0, 8, 4, 5e-5)
     assert [name for name, _ in plan(trial)] == list(trial.stages)
-    assert trial.grpo_t07_g8_60.questions.path == demo.grpo.questions.path == "sft/pool_questions.jsonl"
-    assert (trial.grpo_t07_g8_60.rl.group_size, trial.grpo_t07_g8_60.rl.temperature) == (8, 0.7)
+    assert trial[new_grpo].questions.path == demo.grpo.questions.path == "sft/pool_questions.jsonl"
+    assert (trial[new_grpo].rl.group_size, trial[new_grpo].rl.temperature) == (8, 0.7)
+    if which == "h":
+        assert trial[new_grpo].to_dict() == demo.grpo.to_dict()
+
 
 def test_mcts_pairs_at_the_ranking_budget(run):
     from jaxrag.supervision.mcts import read_trees, tree_pairs

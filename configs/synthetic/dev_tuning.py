@@ -2,8 +2,9 @@
 
 python -m jaxrag.main --config=configs/synthetic/dev_tuning.py:a --workdir=runs/demo_copy --stages <the new stages>
 
-Variants a (process supervision at T 0.5: DPO and critic), b and c (GRPO), d (DPO lr), e and f (the critic), g (GRPO
-from the demo with the unseen pool); every eval here is on the dev split only.
+Variants a (process supervision at T 0.5: DPO and critic), b and c (GRPO), d (DPO lr), e and f (the critic), g and
+h (GRPO from the demo with the unseen pool); every eval here is on the dev split only. Every variant's `grpo` is the
+demo's GRPO before trials g and h (`grpo_before_h`).
 The main job's stages are pinned to their settings at commit effe013 (`as_tuned_from`), the demo these trials
 started from, so its workdir's stages are reused and the baselines `dpo`, `critic`, `grpo` are that commit's.
 """
@@ -57,6 +58,12 @@ def pool_off(c) -> None:
     c.grpo.questions.path = "world/questions_train.jsonl"
 
 
+def grpo_before_h(c) -> None:
+    """The demo's GRPO before trials g and h chose T 0.7, G 8, lr 1e-4: the baseline `grpo` of every trial here."""
+    c.grpo.rl.update(dict(temperature=1.0, questions_per_step=8, group_size=4))
+    c.grpo.train.optimizer.lr = 5e-5
+
+
 def as_tuned_from(c) -> None:
     """The demo settings at effe013 that the chosen ones replaced (results/synthetic_dev_tuning.md)."""
     pool_off(c)
@@ -74,6 +81,7 @@ def agreement(critic_stage, records):
 
 def get_config(which: str = "a"):
     c = pl.get_config("demo")
+    grpo_before_h(c)
     if which in ("a", "b", "c", "d"):
         as_tuned_from(c)
     elif which in ("e", "f"):  # from the demo at 459de0f (its T 0.5 settings; SFT on every train question)
@@ -138,5 +146,12 @@ def get_config(which: str = "a"):
                               dict(name="grpo", agent="react", model="grpo"),
                               dict(name="grpo_t07_g8_60", agent="react", model="grpo_t07_g8_60")])
         new = ["grpo_t07_g8_60", "eval_dev_g"]
+    elif which == "h":  # trial g's sampling at the demo's 30 steps (no extra time): lr 1e-4 and 2e-4
+        c.grpo_t07_g8_30 = grpo(c, 1e-4, 0.7, steps=30, q=4, g=8)
+        c.grpo_t07_g8_30_lr2e4 = grpo(c, 2e-4, 0.7, steps=30, q=4, g=8)
+        c.eval_dev_h = ev(c, [dict(name="sft_react", agent="react", model="sft"),
+                              dict(name="grpo_t07_g8_30", agent="react", model="grpo_t07_g8_30"),
+                              dict(name="grpo_t07_g8_30_lr2e4", agent="react", model="grpo_t07_g8_30_lr2e4")])
+        new = ["grpo_t07_g8_30", "grpo_t07_g8_30_lr2e4", "eval_dev_h"]
     c.stages = st + new
     return c

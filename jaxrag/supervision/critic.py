@@ -8,8 +8,7 @@ the critic's OWN tokenizer, so the critic may be another model family than the p
 `critic_scores` over bucketed shapes (rows: powers of two up to batch_size; columns: seq_buckets), so a handful
 of shapes compile once. Best-of-N (`score_states`) computes each state's prompt once: prefilled into a KV cache
 that is forked into its N candidates' rows (generate.fork), over which only the candidates' tokens run (the same
-scores, about 1/N of the prompt compute; `share_prefix=False` scores every sequence whole, which the
-1M-parameter synthetic demo keeps: there the extra compiles of the cached pass cost more than the compute saved).
+scores, about 1/N of the prompt compute; `share_prefix=False` scores every sequence whole).
 Prompts are rendered within the critic's own budget (`agent.render(state, fits)`: the agent's shorter views of the
 state); an input still too long keeps the action whole (its end, if the action alone is too long) and drops the
 prompt's middle (its first and last halves kept, as JaxPolicy), with a warning.
