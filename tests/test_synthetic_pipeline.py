@@ -253,9 +253,9 @@ def test_findings_config_reuses_the_demo_stages():
 @pytest.mark.parametrize("which,new_grpo", [("g", "grpo_t07_g8_60"), ("h", "grpo_t07_g8_30")])
 def test_dev_trials_g_h_reuse_the_demo_stages_and_sample_the_pool(which, new_grpo):
     """dev_tuning.py:g and :h (GRPO from a demo) run in a copy of a demo workdir: the demo's stages keep their
-    settings (so their outputs are reused) except `grpo`, which is the demo's GRPO from before the trials (their
-    baseline); every stage passes main's static checks, and the trial's GRPO samples the pool. Trial h's
-    grpo_t07_g8_30 is what the demo adopted: the same settings as the demo's grpo."""
+    settings (so their outputs are reused) except `sft` and `grpo`, which are the demo's from before trials i and h
+    (the workdirs the trials ran in); every stage passes main's static checks, and the trial's GRPO samples the
+    pool. Trial h's grpo_t07_g8_30 is what the demo adopted: the same settings as the demo's grpo."""
     from jaxrag.main import plan
     from jaxrag.workdir import stage_settings
 
@@ -263,16 +263,33 @@ def test_dev_trials_g_h_reuse_the_demo_stages_and_sample_the_pool(which, new_grp
     demo, trial = mod.pl.get_config("demo"), mod.get_config(which)
     assert list(trial.stages[: len(demo.stages)]) == list(demo.stages)
     for stage in demo.stages:
-        if stage != "grpo":
+        if stage not in ("sft", "grpo"):
             assert stage_settings(trial, stage) == stage_settings(demo, stage), stage
     old = trial.grpo
     assert (old.rl.temperature, old.rl.questions_per_step, old.rl.group_size, old.train.optimizer.lr) == (
         1.0, 8, 4, 5e-5)
+    assert (trial.sft.train.steps, trial.sft.train.optimizer.schedule, trial.sft.eval_every) == (900, "cosine", 150)
     assert [name for name, _ in plan(trial)] == list(trial.stages)
     assert trial[new_grpo].questions.path == demo.grpo.questions.path == "sft/pool_questions.jsonl"
     assert (trial[new_grpo].rl.group_size, trial[new_grpo].rl.temperature) == (8, 0.7)
     if which == "h":
         assert trial[new_grpo].to_dict() == demo.grpo.to_dict()
+
+
+def test_dev_trial_i_is_the_demo_sft_at_two_budgets():
+    """dev_tuning.py:i trains the demo's SFT (warmup-stable-decay) at 720 and 600 steps beside the old 900-step
+    cosine `sft`; the 720-step one is what the demo adopted (eval cadence aside)."""
+    from jaxrag.main import plan
+
+    mod = config_module("dev_tuning")
+    demo, trial = mod.pl.get_config("demo"), mod.get_config("i")
+    assert [name for name, _ in plan(trial)] == list(trial.stages)
+    assert trial.stages[-3:] == ["sft_wsd720", "sft_wsd600", "eval_dev_i"]
+    want = demo.sft.to_dict()
+    for stage, steps in (("sft_wsd720", 720), ("sft_wsd600", 600)):
+        got = trial[stage].to_dict()
+        assert got["train"]["steps"] == steps and got["eval_every"] == 60
+        assert {**got, "eval_every": want["eval_every"], "train": {**got["train"], "steps": 720}} == want
 
 
 def test_mcts_pairs_at_the_ranking_budget(run):

@@ -158,3 +158,26 @@ def test_bad_train_config_fails_before_compute():
         fit(CFG, params, stream(), "grpo", {"grpo": {"kl_estimator": "k5"}}, None)
     with pytest.raises(ValueError, match="grad_accum"):
         fit(CFG, params, stream(), "sft", {"batch_size": 4, "grad_accum": 3}, None)
+
+
+def test_lr_schedules_against_their_formulas():
+    """cosine: warmup then a cosine to lr * min_lr_ratio at `steps`; wsd: warmup, lr held, then the last
+    decay_fraction of the steps on a cosine to lr * min_lr_ratio (hand-computed points); bad names fail clearly."""
+    import math
+
+    from jaxrag.train import config as tconfig
+    from jaxrag.train.steps import lr_schedule
+
+    opt = {"lr": 2e-3, "warmup_steps": 50, "min_lr_ratio": 0.1}
+    wsd = lr_schedule(tconfig.resolve({"steps": 700, "optimizer": {**opt, "schedule": "wsd", "decay_fraction": 0.2}}))
+    cos = lr_schedule(tconfig.resolve({"steps": 700, "optimizer": opt}))
+    lo = 2e-4
+    for step, want in [(0, 0.0), (25, 1e-3), (50, 2e-3), (300, 2e-3), (560, 2e-3), (630, lo + (2e-3 - lo) * 0.5),
+                       (700, lo), (900, lo)]:
+        assert float(wsd(step)) == pytest.approx(want, rel=1e-5, abs=1e-9), step
+    for step, want in [(50, 2e-3), (375, lo + (2e-3 - lo) * 0.5 * (1 + math.cos(math.pi * 325 / 650))), (700, lo)]:
+        assert float(cos(step)) == pytest.approx(want, rel=1e-5), step
+    with pytest.raises(ValueError, match="optimizer.schedule"):
+        tconfig.resolve({"optimizer": {"schedule": "linear"}})
+    with pytest.raises(ValueError, match="optimizer.decay_fraction"):
+        tconfig.resolve({"optimizer": {"schedule": "wsd", "decay_fraction": 0.0}})

@@ -3,8 +3,8 @@
 python -m jaxrag.main --config=configs/synthetic/dev_tuning.py:a --workdir=runs/demo_copy --stages <the new stages>
 
 Variants a (process supervision at T 0.5: DPO and critic), b and c (GRPO), d (DPO lr), e and f (the critic), g and
-h (GRPO from the demo with the unseen pool); every eval here is on the dev split only. Every variant's `grpo` is the
-demo's GRPO before trials g and h (`grpo_before_h`).
+h (GRPO from the demo with the unseen pool), i (the SFT schedule); every eval here is on the dev split only. Every variant's `sft` and
+`grpo` are the demo's before trials i and h (`sft_before_i`, `grpo_before_h`).
 The main job's stages are pinned to their settings at commit effe013 (`as_tuned_from`), the demo these trials
 started from, so its workdir's stages are reused and the baselines `dpo`, `critic`, `grpo` are that commit's.
 """
@@ -58,6 +58,22 @@ def pool_off(c) -> None:
     c.grpo.questions.path = "world/questions_train.jsonl"
 
 
+def sft_wsd(c, steps):
+    """The demo's SFT at `steps` on the warmup-stable-decay schedule (the last 20 % decaying), eval every 60."""
+    d = pl.get_config("demo").sft
+    d.train.steps = steps
+    d.eval_every = 60
+    return d
+
+
+def sft_before_i(c) -> None:
+    """The demo's SFT before trial i chose 720 steps on the warmup-stable-decay schedule: every trial here ran from
+    a workdir whose sft had 900 steps on the cosine."""
+    c.sft.eval_every = 150
+    c.sft.train.steps = 900
+    c.sft.train.optimizer.schedule = "cosine"
+
+
 def grpo_before_h(c) -> None:
     """The demo's GRPO before trials g and h chose T 0.7, G 8, lr 1e-4: the baseline `grpo` of every trial here."""
     c.grpo.rl.update(dict(temperature=1.0, questions_per_step=8, group_size=4))
@@ -81,6 +97,7 @@ def agreement(critic_stage, records):
 
 def get_config(which: str = "a"):
     c = pl.get_config("demo")
+    sft_before_i(c)
     grpo_before_h(c)
     if which in ("a", "b", "c", "d"):
         as_tuned_from(c)
@@ -153,5 +170,11 @@ def get_config(which: str = "a"):
                               dict(name="grpo_t07_g8_30", agent="react", model="grpo_t07_g8_30"),
                               dict(name="grpo_t07_g8_30_lr2e4", agent="react", model="grpo_t07_g8_30_lr2e4")])
         new = ["grpo_t07_g8_30", "grpo_t07_g8_30_lr2e4", "eval_dev_h"]
+    elif which == "i":  # SFT: fewer steps on a warmup-stable-decay schedule (the cost of the main job, issue 11)
+        c.sft_wsd720, c.sft_wsd600 = sft_wsd(c, 720), sft_wsd(c, 600)
+        c.eval_dev_i = ev(c, [dict(name="sft_react", agent="react", model="sft"),
+                              dict(name="sft_wsd720", agent="react", model="sft_wsd720"),
+                              dict(name="sft_wsd600", agent="react", model="sft_wsd600")])
+        new = ["sft_wsd720", "sft_wsd600", "eval_dev_i"]
     c.stages = st + new
     return c

@@ -47,7 +47,7 @@ def get_config(preset: str = "demo"):
     c.sft_re2search = ml_collections.ConfigDict(c.sft.to_dict())
     c.sft_re2search.update(dict(agent="re2search", init_from="sft", eval_every=50))
     c.sft_re2search.train.steps = 200
-    c.sft_re2search.train.optimizer.update(dict(lr=1e-3, warmup_steps=10))
+    c.sft_re2search.train.optimizer.update(dict(lr=1e-3, warmup_steps=10, schedule="cosine"))
     # ReasonRAG's search (its released code: 2 children per expansion, UCT "code", α = 0.9 in the preference
     # script), sized to the synthetic world: fewer rollouts per tree and depth = the demo's max_steps.
     c.mcts = dict(fn=f"{P}.mcts:mcts_stage", policy="sft", agent="react", budget_from="supervision",

@@ -32,7 +32,9 @@ def default_train_config() -> ml_collections.ConfigDict:
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.lr = 1e-5
     c.optimizer.warmup_steps = 0
-    c.optimizer.min_lr_ratio = 0.0  # cosine decays to lr * min_lr_ratio at `steps`
+    c.optimizer.min_lr_ratio = 0.0  # the schedule decays to lr * min_lr_ratio at `steps`
+    c.optimizer.schedule = "cosine"  # "cosine" (after warmup) | "wsd" (warmup-stable-decay: steps.lr_schedule)
+    c.optimizer.decay_fraction = 0.2  # wsd: the share of the steps, at the end, that decay
     c.optimizer.weight_decay = 0.0
     c.optimizer.b1 = 0.9
     c.optimizer.b2 = 0.999
@@ -92,6 +94,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
         _fail("optimizer.lr", f"must be > 0, got {c.optimizer.lr}")
     if c.optimizer.warmup_steps < 0 or c.optimizer.warmup_steps > c.steps:
         _fail("optimizer.warmup_steps", f"must be in [0, steps={c.steps}], got {c.optimizer.warmup_steps}")
+    if c.optimizer.schedule not in ("cosine", "wsd"):
+        _fail("optimizer.schedule", f"{c.optimizer.schedule!r} is not 'cosine' or 'wsd'")
+    if not 0.0 < c.optimizer.decay_fraction <= 1.0:
+        _fail("optimizer.decay_fraction", f"must be in (0, 1], got {c.optimizer.decay_fraction}")
     if c.lora.enabled:
         from jaxrag.models.lora import TARGETS
         bad = [t for t in c.lora.targets if t not in TARGETS]

@@ -22,11 +22,25 @@ def layer_max_abs(grads) -> jax.Array:
     return jnp.max(jnp.stack(per), axis=0) if per else jnp.zeros((1,), jnp.float32)
 
 
+def lr_schedule(tc) -> Callable:
+    """The learning rate per optimizer step: linear warmup to `lr`, then "cosine" (decay to lr * min_lr_ratio at
+    `steps`) or "wsd" (warmup-stable-decay: `lr` held until the last decay_fraction of the steps, which decay to
+    lr * min_lr_ratio on a cosine)."""
+    o = tc.optimizer
+    if o.schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(
+            init_value=0.0 if o.warmup_steps > 0 else o.lr, peak_value=o.lr, warmup_steps=o.warmup_steps,
+            decay_steps=max(tc.steps, o.warmup_steps + 1), end_value=o.lr * o.min_lr_ratio)
+    n_decay = max(1, int(round(o.decay_fraction * tc.steps)))
+    stable_end = max(o.warmup_steps, tc.steps - n_decay)
+    return optax.join_schedules([optax.linear_schedule(0.0, o.lr, o.warmup_steps), optax.constant_schedule(o.lr),
+                                 optax.cosine_decay_schedule(o.lr, n_decay, alpha=o.min_lr_ratio)],
+                                [o.warmup_steps, stable_end])
+
+
 def make_optimizer(tc) -> tuple[optax.GradientTransformation, Callable]:
     o = tc.optimizer
-    schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0 if o.warmup_steps > 0 else o.lr, peak_value=o.lr, warmup_steps=o.warmup_steps,
-        decay_steps=max(tc.steps, o.warmup_steps + 1), end_value=o.lr * o.min_lr_ratio)
+    schedule = lr_schedule(tc)
     decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
     parts = [optax.clip_by_global_norm(o.clip_norm)] if o.clip_norm > 0 else []
     parts.append(optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask))
