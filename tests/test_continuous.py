@@ -10,7 +10,7 @@ from rl_world import PASSAGES, QUESTIONS, EchoAgent, HashRetriever
 from jaxrag.continuous import RequestTooLong, SlotPool
 from jaxrag.env.agents import get_agent
 from jaxrag.env.rollout import RolloutConfig, rollout
-from jaxrag.generate import SamplingParams, sample
+from jaxrag.generate import SamplingParams, bucket, sample
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import param_shapes
 from jaxrag.policy import JaxPolicy
@@ -69,6 +69,39 @@ def test_slot_pool_equals_lockstep_sampler_with_reused_slots_and_stop_strings(po
     # every kept token was a busy slot-step (tokens past a host stop-string cut too); the rest idled
     assert sum(len(f.tokens) for f in got.values()) <= pool.stats["busy_steps"] < pool.stats["slot_steps"]
     assert 0 <= pool.idle_share < 1
+
+
+def test_identical_prompts_share_one_prefill_with_the_lockstep_tokens(pol):
+    cfg, params = pol.cfg, pol._sample_params
+    a, b = _prompts(2, seed=3)
+    sp = SamplingParams(max_new_tokens=12)
+    ref = sample(cfg, params, [a, b], sp, jax.random.PRNGKey(0))
+    pool = SlotPool(cfg, params, 4, 100, sp, jax.random.PRNGKey(0))   # room for a whole bucket
+    for i, p in enumerate([a, b, a, a]):
+        pool.submit(i, p, (i, 0))
+    got = _drain(pool)
+    for i, p in enumerate([a, b, a, a]):
+        assert got[i].tokens == ref.row(0 if p == a else 1)[0]
+    # two distinct prompts prefilled (one group of 2 x their bucket), not four
+    assert pool.stats["prefill_tokens"] == 2 * bucket(max(len(a), len(b)), 16) and pool.stats["inserts"] == 1
+    assert pool.stats["prefill_shared"] == 2
+
+
+def test_a_shared_prefill_does_not_change_a_sample(pol):
+    cfg, params = pol.cfg, pol._sample_params
+    a, b = _prompts(2, seed=4)
+    sp = SamplingParams(max_new_tokens=12, temperature=1.0)
+    alone = SlotPool(cfg, params, 4, 64, sp, jax.random.PRNGKey(3))
+    alone.submit("x", a, (5, 1))
+    ref = _drain(alone)["x"]
+    # with a duplicate of another fold and another prompt: 3 slot rows from 2 prefill rows (one padding row dropped)
+    pool = SlotPool(cfg, params, 4, 64, sp, jax.random.PRNGKey(3))
+    for rid, p, fold in [("y", a, (7, 0)), ("x", a, (5, 1)), ("z", b, (5, 2))]:
+        pool.submit(rid, p, fold)
+    got = _drain(pool)
+    assert pool.stats["prefill_shared"] == 1 and alone.stats["prefill_shared"] == 0
+    assert got["x"].tokens == ref.tokens and got["y"].tokens != ref.tokens   # the fold, not the prefill row, keys it
+    np.testing.assert_allclose(got["x"].logprobs, ref.logprobs, rtol=0, atol=1e-4)
 
 
 def test_too_long_request_and_bad_pool_are_clear_errors(pol):
