@@ -13,7 +13,7 @@ one session key per episode with each action call (n_candidates == 1 only) and `
 finish: an episode's KV cache then lives across its turns and only what its prompt appends is prefilled.
 
 Continuous batching (RolloutConfig(continuous=True), a policy with `continuous`: JaxPolicy): instead of one
-generate call per engine step, the episodes' turns go through a slot pool of batch_size decode slots
+generate call per engine step, the episodes' turns go through a slot pool of batch_size decode slots (x N below)
 (jaxrag.continuous): after every decode chunk (up to 16 steps; it ends sooner once a quarter of the slots are done)
 the turns that finished are parsed, their retrieval run (batched over the turns that finished in the same chunk),
 their next prompts rendered and queued, and finished episodes replaced by pending ones, while the other slots'
