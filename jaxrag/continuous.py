@@ -222,13 +222,15 @@ class SlotPool:
             P = min(bucket(len(group[0]), 16), room)
             tokens, positions, valid = left_pad(group, n, P)
             placed = [(u, b, r) for u, ids in enumerate(group) for b, r in by_prompt[ids]]   # (prefill row, slot, req)
-            m = len(placed) if len(placed) == n else bucket(len(placed), 1)   # padding rows: slot B is dropped
-            pad = [(0, self.slots, _Request(None, [], (0, 0)))] * (m - len(placed))
-            rows = None if m == n else jnp.asarray([u for u, _, _ in placed + pad], jnp.int32)
+            rows, slots, folds = [u for u, _, _ in placed], [b for _, b, _ in placed], [r.fold for _, _, r in placed]
+            if len(placed) > n:   # shared: slot rows padded to a power of two; a padding row's slot B is dropped
+                pad = bucket(len(placed), 1) - len(placed)
+                rows, slots, folds = rows + [0] * pad, slots + [self.slots] * pad, folds + [(0, 0)] * pad
             self.cache, self.state, self.keys = insert(
                 self.cfg, self.params, self.cache, self.state, self.keys, self.base_key, jnp.asarray(tokens),
-                jnp.asarray(positions), jnp.asarray(valid), jnp.asarray([b for _, b, _ in placed + pad], jnp.int32),
-                jnp.asarray([r.fold for _, _, r in placed + pad], jnp.int32), self.sp.max_new_tokens, rows)
+                jnp.asarray(positions), jnp.asarray(valid), jnp.asarray(slots, jnp.int32),
+                jnp.asarray(folds, jnp.int32), self.sp.max_new_tokens,
+                jnp.asarray(rows, jnp.int32) if len(placed) > n else None)
             for _, b, r in placed:
                 self.owner[b], self.start[b], self.checked[b], self.seen[b] = r, self.index - len(r.ids), 0, 0
             self.stats["inserts"] += 1
