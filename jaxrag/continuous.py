@@ -3,8 +3,10 @@
 `SlotPool(cfg, params, slots=B, max_len=T, sp)` holds one cache [B, T + chunk] (memory fixed when the pool is built:
 `nbytes`) and per-slot sampler state (the generate.decode state: logits, token buffer, lengths, positions, done).
 Requests (token-id prompts, each with its own key) queue on the host; `launch()` writes waiting prompts into the free
-slots (`insert`: a prefill pass per power-of-two group of new prompts, generate's jitted `transformer.prefill`,
-scattered into their cache rows on device by `place`, no host round trip of the cache) and dispatches one jitted
+slots (`insert`: a prefill pass per power-of-two group of distinct new prompts, generate's jitted
+`transformer.prefill`; requests inserted together with identical prompt ids, e.g. the n candidates of one turn,
+share one prefill row, forked to each of their slots (generate.fork); then scattered into their cache rows on device
+by `place`, no host round trip of the cache) and dispatches one jitted
 decode chunk over all slots (generate's `_decode_chunk`: every row at its own step; the chunk ends after `chunk`
 steps, when every row is done, or once `refill` x slots more rows are done than at its start, so freed slots do not
 idle to the chunk's end); `collect()` reads the chunk back and returns the rows that finished (stop id on device,
@@ -20,7 +22,8 @@ shifts right. The `chunk` slots beyond T are headroom: after a left shift the lo
 so a whole chunk always fits.
 
 Keys: request r draws its token t with fold_in(fold_in(fold_in(key, a), b), t) for its fold = (a, b) (the rollout
-engine passes (episode index, step)), so a sample does not depend on the slot, the batch or the arrival order.
+engine passes (episode index x n + candidate, step)), so a sample does not depend on the slot, the batch, the
+arrival order or whether its prefill was shared.
 At temperature 0 a request's tokens are the lock-step sampler's (generate.sample) for the same prompt; log-probs
 agree to float rounding (the prefill and attention run over other shapes).
 
@@ -39,8 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrag.generate import (SamplingParams, _decode_chunk, _first_stop, _prefill, bucket, finish_row, left_pad,
-                             on_params_mesh, stop_ids_of)
+from jaxrag.generate import (SamplingParams, _decode_chunk, _first_stop, _fork, _prefill, bucket, finish_row,
+                             left_pad, on_params_mesh, stop_ids_of)
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import init_cache
 
@@ -67,13 +70,17 @@ class _Request:
 
 # ---- device side -------------------------------------------------------------------------------------------
 def insert(cfg: ModelConfig, params, cache: dict, state: dict, keys, base_key, tokens, positions, valid, slots, folds,
-           n_new: int):
+           n_new: int, rows=None):
     """Prefill new prompts (tokens/positions/valid [n,P], left-padded: generate.left_pad) with generate's jitted
     prefill (the lock-step sampler's pass: a cache of P + max_new_tokens, so the two share compiled shapes) and
-    write them into pool rows `slots` [n] on device (`place`). Returns (cache, state, keys)."""
+    write them into pool rows `slots` [m] on device (`place`). rows [m] (None: m = n, row i is prompt i): slot i
+    takes prefill row rows[i], forked on device (generate.fork), so identical prompts are prefilled once.
+    Returns (cache, state, keys)."""
     n, P = tokens.shape
     small = init_cache(cfg, n, P + n_new, cache["k"][0].dtype)
     logits, small = _prefill(cfg, params, tokens, positions, valid, small)
+    if rows is not None:
+        logits, small, valid = _fork((logits, small, valid), rows)
     return place(cache, state, keys, base_key, logits, small, valid, slots, folds)
 
 
@@ -124,7 +131,8 @@ class SlotPool:
     """B decode slots over one cache of T tokens per slot (+ `chunk` slots of headroom); see the module doc.
 
     stats: chunks, slot_steps (slots x decode steps run), busy_steps (steps a slot held a live row: the tokens
-    generated), prefill_tokens (token slots the inserts computed), inserts, shifts (_left / _right), finished; timing: insert_s,
+    generated), prefill_tokens (token slots the inserts computed), prefill_shared (requests served by another
+    request's prefill: same prompt ids in one insert), inserts, shifts (_left / _right), finished; timing: insert_s,
     decode_s (dispatch + wait for the chunk), host_s (stop strings, results). idle_share = 1 - busy / slot steps."""
 
     def __init__(self, cfg: ModelConfig, params, slots: int, max_len: int, sp: SamplingParams, key: jax.Array,
@@ -191,31 +199,43 @@ class SlotPool:
         self.stats["shifts_right" if d > 0 else "shifts_left"] += 1
 
     def _insert(self) -> None:
-        """Waiting requests into free slots, in groups of power-of-two sizes (no padding rows; a group of n
-        prompts shares one prefill of n x P tokens, P = its longest prompt's bucket), longest prompts first."""
+        """Waiting requests into free slots. Requests with identical prompt ids share one prefill row (forked to
+        each of their slots on device); the distinct prompts are prefilled in groups of power-of-two sizes (no
+        padding rows; a group of n prompts costs n x P tokens, P = its longest prompt's bucket), longest first.
+        A group's slot rows are padded to a power of two with dropped rows, so `place` compiles few shapes."""
         free = [b for b, o in enumerate(self.owner) if o is None]
         reqs = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
         if not reqs:
             return
         t0 = time.perf_counter()
-        pairs = sorted(zip(free, reqs), key=lambda br: -len(br[1].ids))
+        by_prompt: dict[tuple[int, ...], list[tuple[int, _Request]]] = {}
+        for b, r in zip(free, reqs):
+            by_prompt.setdefault(tuple(r.ids), []).append((b, r))
+        distinct = sorted(by_prompt, key=len, reverse=True)
         room = self.max_len - self.sp.max_new_tokens    # every prompt fits it (submit); a bucket past it is cut to it
-        P_max = min(bucket(len(pairs[0][1].ids), 16), room)
+        P_max = min(bucket(len(distinct[0]), 16), room)
         if self.index < P_max:
             self._shift(P_max - self.index)
-        while pairs:
-            group, pairs = pairs[:1 << (len(pairs).bit_length() - 1)], pairs[1 << (len(pairs).bit_length() - 1):]
-            slots, group_reqs = [b for b, _ in group], [r for _, r in group]
-            P = min(bucket(len(group_reqs[0].ids), 16), room)
-            tokens, positions, valid = left_pad([r.ids for r in group_reqs], len(group), P)
+        while distinct:
+            n = 1 << (len(distinct).bit_length() - 1)
+            group, distinct = distinct[:n], distinct[n:]
+            P = min(bucket(len(group[0]), 16), room)
+            tokens, positions, valid = left_pad(group, n, P)
+            placed = [(u, b, r) for u, ids in enumerate(group) for b, r in by_prompt[ids]]   # (prefill row, slot, req)
+            rows, slots, folds = [u for u, _, _ in placed], [b for _, b, _ in placed], [r.fold for _, _, r in placed]
+            if len(placed) > n:   # shared: slot rows padded to a power of two; a padding row's slot B is dropped
+                pad = bucket(len(placed), 1) - len(placed)
+                rows, slots, folds = rows + [0] * pad, slots + [self.slots] * pad, folds + [(0, 0)] * pad
             self.cache, self.state, self.keys = insert(
                 self.cfg, self.params, self.cache, self.state, self.keys, self.base_key, jnp.asarray(tokens),
                 jnp.asarray(positions), jnp.asarray(valid), jnp.asarray(slots, jnp.int32),
-                jnp.asarray([r.fold for r in group_reqs], jnp.int32), self.sp.max_new_tokens)
-            for b, r in group:
+                jnp.asarray(folds, jnp.int32), self.sp.max_new_tokens,
+                jnp.asarray(rows, jnp.int32) if len(placed) > n else None)
+            for _, b, r in placed:
                 self.owner[b], self.start[b], self.checked[b], self.seen[b] = r, self.index - len(r.ids), 0, 0
             self.stats["inserts"] += 1
-            self.stats["prefill_tokens"] += len(group) * P
+            self.stats["prefill_tokens"] += n * P
+            self.stats["prefill_shared"] += len(placed) - n
         self.timing["insert_s"] += time.perf_counter() - t0
 
     def launch(self) -> bool:

@@ -17,8 +17,9 @@ appends to its session's last prompt + completion (else the whole prompt, counte
 Continuous batching (optional part of the protocol): `policy.continuous(slots, temperature=, max_new_tokens=, stop=,
 seed=)` returns a `ContinuousSession` over a jaxrag.continuous.SlotPool of `slots` decode slots x `pool_tokens`
 tokens: `submit(rid, prompt, fold)`, `launch()` / `collect() -> [(rid, Completion)]` (or `step()`), so a finished
-request's slot takes the next waiting prompt. The rollout engine uses it with RolloutConfig(continuous=True);
-a policy without the method (the scripted fakes) keeps the lock-step path.
+request's slot takes the next waiting prompt (requests inserted together with one prompt share its prefill). The
+rollout engine uses it with RolloutConfig(continuous=True), n_candidates > 1 included; a policy without the method
+(the scripted fakes) keeps the lock-step path.
 """
 
 from __future__ import annotations

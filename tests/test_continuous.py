@@ -10,7 +10,7 @@ from rl_world import PASSAGES, QUESTIONS, EchoAgent, HashRetriever
 from jaxrag.continuous import RequestTooLong, SlotPool
 from jaxrag.env.agents import get_agent
 from jaxrag.env.rollout import RolloutConfig, rollout
-from jaxrag.generate import SamplingParams, sample
+from jaxrag.generate import SamplingParams, bucket, sample
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import param_shapes
 from jaxrag.policy import JaxPolicy
@@ -71,6 +71,39 @@ def test_slot_pool_equals_lockstep_sampler_with_reused_slots_and_stop_strings(po
     assert 0 <= pool.idle_share < 1
 
 
+def test_identical_prompts_share_one_prefill_with_the_lockstep_tokens(pol):
+    cfg, params = pol.cfg, pol._sample_params
+    a, b = _prompts(2, seed=3)
+    sp = SamplingParams(max_new_tokens=12)
+    ref = sample(cfg, params, [a, b], sp, jax.random.PRNGKey(0))
+    pool = SlotPool(cfg, params, 4, 100, sp, jax.random.PRNGKey(0))   # room for a whole bucket
+    for i, p in enumerate([a, b, a, a]):
+        pool.submit(i, p, (i, 0))
+    got = _drain(pool)
+    for i, p in enumerate([a, b, a, a]):
+        assert got[i].tokens == ref.row(0 if p == a else 1)[0]
+    # two distinct prompts prefilled (one group of 2 x their bucket), not four
+    assert pool.stats["prefill_tokens"] == 2 * bucket(max(len(a), len(b)), 16) and pool.stats["inserts"] == 1
+    assert pool.stats["prefill_shared"] == 2
+
+
+def test_a_shared_prefill_does_not_change_a_sample(pol):
+    cfg, params = pol.cfg, pol._sample_params
+    a, b = _prompts(2, seed=4)
+    sp = SamplingParams(max_new_tokens=12, temperature=1.0)
+    alone = SlotPool(cfg, params, 4, 64, sp, jax.random.PRNGKey(3))
+    alone.submit("x", a, (5, 1))
+    ref = _drain(alone)["x"]
+    # with a duplicate of another fold and another prompt: 3 slot rows from 2 prefill rows (one padding row dropped)
+    pool = SlotPool(cfg, params, 4, 64, sp, jax.random.PRNGKey(3))
+    for rid, p, fold in [("y", a, (7, 0)), ("x", a, (5, 1)), ("z", b, (5, 2))]:
+        pool.submit(rid, p, fold)
+    got = _drain(pool)
+    assert pool.stats["prefill_shared"] == 1 and alone.stats["prefill_shared"] == 0
+    assert got["x"].tokens == ref.tokens and got["y"].tokens != ref.tokens   # the fold, not the prefill row, keys it
+    np.testing.assert_allclose(got["x"].logprobs, ref.logprobs, rtol=0, atol=1e-4)
+
+
 def test_too_long_request_and_bad_pool_are_clear_errors(pol):
     sp = SamplingParams(max_new_tokens=16)
     pool = SlotPool(pol.cfg, pol._sample_params, 2, 40, sp, jax.random.PRNGKey(0), setting="JaxPolicy(pool_tokens=...)")
@@ -93,11 +126,11 @@ def test_too_long_request_and_bad_pool_are_clear_errors(pol):
         pol.pool_tokens = pol.cfg.max_seq_len
 
 
-def _episodes(policy, batch, n=6, answer_char="4", **kw):
+def _episodes(policy, batch, n=6, answer_char="4", select=None, **kw):
     cfg = RolloutConfig(k=1, batch_size=batch, max_steps=4, max_new_tokens=12, **kw)
     st = {}
     agent = EchoAgent(answer_char=answer_char, mode="plain")
-    eps = rollout(policy, HashRetriever(PASSAGES), agent, QUESTIONS[:n], cfg, stats=st)
+    eps = rollout(policy, HashRetriever(PASSAGES), agent, QUESTIONS[:n], cfg, stats=st, select=select)
     return eps, st
 
 
@@ -130,18 +163,66 @@ def test_continuous_samples_do_not_depend_on_the_batch(pol):
     assert [s.token_ids for e in a for s in e.steps] != [s.token_ids for e in c for s in e.steps]
 
 
+def _pools(pol):
+    """Record the SlotPools `pol.continuous` builds (an instance attribute over the method; `del` restores it)."""
+    pools, make = [], pol.continuous
+    pol.continuous = lambda *a, **kw: pools.append(make(*a, **kw)) or pools[-1]
+    return pools
+
+
+def test_continuous_candidates_equal_lockstep_at_temperature_zero(pol):
+    picked = []
+
+    def last(states, cands):   # the last candidate; each state is checked against its candidates' prompt
+        assert all(s.question in pol.tokenizer.decode(c.completion.prompt_ids) for s, cs in zip(states, cands)
+                   for c in cs)
+        picked.extend(len(cs) for cs in cands)
+        return [len(cs) - 1 for cs in cands]
+
+    lock, _ = _episodes(pol, 2, n_candidates=3, select=last)
+    pools = _pools(pol)
+    try:
+        cont, st = _episodes(pol, 2, continuous=True, n_candidates=3, select=last)
+    finally:
+        del pol.continuous
+    _same_episodes(lock, cont, atol=1e-4)
+    turns = sum(len(e.steps) for e in lock)
+    assert all(len(s.candidates) == 2 for e in cont for s in e.steps) and picked == [3] * (2 * turns)
+    assert st["generations"] == 3 * turns
+    # 2 episodes x 3 candidates of slots; each turn's prompt prefilled once, forked to its other 2 candidates
+    assert pools[0].pool.slots == 6 and pools[0].pool.stats["prefill_shared"] == 2 * turns
+
+
+def test_continuous_candidates_at_temperature_one_pick_the_selected_row(pol):
+    def largest(states, cands):   # the lexicographically largest token ids (any candidate index)
+        return [max(range(len(cs)), key=lambda j: (list(cs[j].completion.token_ids), j)) for cs in cands]
+
+    a, st = _episodes(pol, 2, 4, continuous=True, temperature=1.0, seed=5, n_candidates=3, select=largest)
+    steps = [s for e in a for s in e.steps]
+    assert st["generations"] == 3 * len(steps)
+    assert all(len(s.candidates) == 2 and all(s.token_ids >= c["token_ids"] for c in s.candidates) for s in steps)
+    assert sum(s.token_ids != c["token_ids"] for s in steps for c in s.candidates) > len(steps)   # they differ
+    b, _ = _episodes(pol, 4, 4, continuous=True, temperature=1.0, seed=5, n_candidates=3, select=largest)
+    _same_episodes(a, b, atol=1e-4)                                                  # not the batch
+
+
 def test_scripted_policy_candidates_and_summaries_keep_the_lockstep_path():
     pol = ScriptedPolicy(lambda p, j: "go" if len(pol.calls) == 1 else "~done")   # search, then answer
     eps = rollout(pol, HashRetriever(PASSAGES), EchoAgent(mode="plain"), QUESTIONS[:3],
                   RolloutConfig(k=1, batch_size=3, continuous=True))
     assert len(pol.calls) == 2 and [len(c["prompts"]) for c in pol.calls] == [3, 3]   # one call per engine step
     assert all(len(e.steps) == 2 for e in eps)
-    # a policy with the protocol still goes lock-step for n candidates and for an agent that summarizes
+    # a policy with the protocol goes lock-step for an agent that summarizes; n candidates go through its pool
     for agent, n in [("react", 2), ("search_o1", 1)]:
         slot = SlotScripted(lambda p, j: "search: fact\n" if "search" not in p.split("?", 1)[-1] else "answer: x\n")
         eps = rollout(slot, HashRetriever(PASSAGES), get_agent(agent, mode="plain"), QUESTIONS[:2],
                       RolloutConfig(k=1, batch_size=2, n_candidates=n, continuous=True))
-        assert slot.calls and not hasattr(slot, "session") and all(e.done for e in eps)
+        assert all(e.done for e in eps)
+        if n == 1:
+            assert slot.calls and not hasattr(slot, "session")
+        else:
+            assert not slot.calls and slot.session.most == 4 and all(len(s.candidates) == 1 for e in eps
+                                                                       for s in e.steps)
 
 
 class SlotScripted(ScriptedPolicy):
@@ -179,8 +260,8 @@ class SlotScripted(ScriptedPolicy):
         return self.session
 
 
-@pytest.mark.parametrize("agent, overlap", [("react", False), ("rag", True)])
-def test_engine_over_the_continuous_protocol_equals_lockstep(agent, overlap):
+@pytest.mark.parametrize("agent, overlap, n", [("react", False, 1), ("rag", True, 1), ("react", True, 2)])
+def test_engine_over_the_continuous_protocol_equals_lockstep(agent, overlap, n):
     """Turns finishing out of order, RAG's scripted first search, refill: the same episodes as the lock-step engine."""
     def respond(prompt, j):
         n = prompt.count("search: ")
@@ -189,17 +270,18 @@ def test_engine_over_the_continuous_protocol_equals_lockstep(agent, overlap):
     questions = [{"id": f"q{i}", "question": f"question {'n' * i}?", "golden_answers": ["x"]} for i in range(7)]
     ret = OverlapRetriever([Passage(f"p{i}", f"T{i}", f"fact {i}") for i in range(9)])
     lock = rollout(ScriptedPolicy(respond), ret, get_agent(agent, mode="plain"), questions,
-                   RolloutConfig(k=2, batch_size=3))
+                   RolloutConfig(k=2, batch_size=3, n_candidates=n))
     pol = SlotScripted(respond)
     st = {}
     cont = rollout(pol, ret, get_agent(agent, mode="plain"), questions,
-                   RolloutConfig(k=2, batch_size=3, continuous=True, overlap=overlap), stats=st)
-    assert not pol.calls and pol.session.most == 3 and not pol.session.busy   # all through the pool, 3 slots full
+                   RolloutConfig(k=2, batch_size=3, n_candidates=n, continuous=True, overlap=overlap), stats=st)
+    assert not pol.calls and pol.session.most == 3 * n and not pol.session.busy   # all through the pool, slots full
     if agent == "react":
         assert len({len(e.steps) for e in lock}) > 1              # episodes of different lengths
     else:
         assert all(e.steps[0].prompt == "" and e.steps[0].action.extra.get("scripted") for e in cont)   # RAG's search
-    view = lambda eps: [(e.qid, e.done, e.answer, e.reward, [(s.action, s.prompt, [d.doc_id for d in s.docs])
+    view = lambda eps: [(e.qid, e.done, e.answer, e.reward, [(s.action, s.prompt, [d.doc_id for d in s.docs],
+                                                              len(s.candidates))
                                                             for s in e.steps]) for e in eps]
     assert view(cont) == view(lock)
-    assert st["generations"] == sum(1 for e in lock for s in e.steps if s.prompt)
+    assert st["generations"] == n * sum(1 for e in lock for s in e.steps if s.prompt)

@@ -13,19 +13,22 @@ one session key per episode with each action call (n_candidates == 1 only) and `
 finish: an episode's KV cache then lives across its turns and only what its prompt appends is prefilled.
 
 Continuous batching (RolloutConfig(continuous=True), a policy with `continuous`: JaxPolicy): instead of one
-generate call per engine step, the episodes' turns go through a slot pool of batch_size decode slots
+generate call per engine step, the episodes' turns go through a slot pool of batch_size decode slots (x N below)
 (jaxrag.continuous): after every decode chunk (up to 16 steps; it ends sooner once a quarter of the slots are done)
 the turns that finished are parsed, their retrieval run (batched over the turns that finished in the same chunk),
 their next prompts rendered and queued, and finished episodes replaced by pending ones, while the other slots'
 turns keep decoding; a freed slot idles only until the chunk ends. With overlap=True that host work runs while the
 next chunk decodes (the device runs asynchronously): a freed slot then idles one more chunk, and the host's time
 hides behind the device's (worth it only where the host's work per chunk is long, e.g. a remote retriever: on a
-2-core CPU with local BM25 it was ~1.8x slower). Request keys fold in (episode index, step), so at T > 0 the
-samples do not depend on the batch size (they differ from the lock-step path's per-call keys); at T = 0 every
-episode gets the lock-step path's actions and token ids. Falls back to lock-step (this first version): a policy
-without `continuous` (scripted fakes), n_candidates > 1, agents that summarize (Search-o1 / Re²Search summaries,
-ReasonRAG grounding: a second policy call per turn); and the pool keeps no KV sessions (each turn's prompt is
-prefilled in full into its slot).
+2-core CPU with local BM25 it was ~1.8x slower). n_candidates = N > 1: a turn is N requests of the same prompt
+in a pool of batch_size x N slots (the lock-step decode batch's rows; memory grows with N as there); the pool
+prefills their prompt once and forks it to the N slots; the turn is selected (`select`, batched over the turns
+that completed in the chunk) once all N have finished. Request keys fold in (episode index x N + candidate, step),
+so at T > 0 the samples do not depend on the batch size (they differ from the lock-step path's per-call keys);
+at T = 0 every episode gets the lock-step path's actions and token ids. Falls back to lock-step: a policy without
+`continuous` (scripted fakes) and agents that summarize (Search-o1 / Re²Search summaries, ReasonRAG grounding: a
+second policy call per turn); and the pool keeps no KV sessions (each turn's prompt is prefilled in full into its
+slot, once per turn).
 """
 from __future__ import annotations
 
@@ -254,7 +257,7 @@ def rollout(policy, retriever, agent: Agent, items: Iterable, cfg: RolloutConfig
     """
     select = select or select_first_valid
     summarizer = summarizer if summarizer is not None else policy
-    if cfg.continuous and hasattr(policy, "continuous") and cfg.n_candidates == 1 and not agent.summarizes:
+    if cfg.continuous and hasattr(policy, "continuous") and not agent.summarizes:
         return _rollout_continuous(policy, retriever, agent, items, cfg, select, stats, on_episode)
     pending = list(enumerate(items))
     pending.reverse()
@@ -329,15 +332,20 @@ def rollout(policy, retriever, agent: Agent, items: Iterable, cfg: RolloutConfig
 def _rollout_continuous(policy, retriever, agent: Agent, items: Iterable, cfg: RolloutConfig, select: Select,
                         stats: dict | None, on_episode) -> list[Episode]:
     """`rollout` through `policy.continuous` (the module doc): up to batch_size live episodes, each with at most one
-    turn queued or decoding in a pool of batch_size slots; after every chunk the finished turns are parsed,
-    selected (n = 1), executed (one batched retrieval) and applied, and the next turns queued."""
+    turn queued or decoding: its N = n_candidates requests (ids (episode, j)) in a pool of batch_size x N slots, the
+    lock-step decode batch's rows, so a turn's candidates never wait for a slot. After every chunk the turns whose
+    N candidates have all finished are parsed, selected (one `select` call over them), executed (one batched
+    retrieval) and applied, and the next turns queued. Candidate j of episode e draws with fold (e x N + j, step):
+    distinct per candidate, and (e, step) at N = 1."""
+    N = cfg.n_candidates
     pending = collections.deque(enumerate(items))
     total = len(pending)
-    sess = policy.continuous(cfg.batch_size, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+    sess = policy.continuous(cfg.batch_size * N, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                              stop=list(agent.stop) or None, seed=cfg.seed)
     fits = prompt_fits(policy, cfg.max_new_tokens)
     live: dict[int, Episode] = {}
     waiting: dict[int, tuple[State, str]] = {}     # episode -> (state, prompt) of its queued or decoding turn
+    got: dict[int, dict[int, tuple[Any, float]]] = {}   # episode -> candidate j -> (completion, its generate_s)
     done: dict[int, Episode] = {}
     run_stats = _RunStats(agent, total, cfg.progress)
     st, bar = run_stats.st, run_stats.bar
@@ -378,23 +386,29 @@ def _rollout_continuous(policy, retriever, agent: Agent, items: Iterable, cfg: R
                     scripted.append((i, s, Step(action=fa, prompt="", timing={"generate_s": 0.0})))
                     continue
                 prompt = agent.render(s, fits)
-                sess.submit(i, prompt, (i, len(live[i].steps)))
-                waiting[i] = (s, prompt)
+                for j in range(N):
+                    sess.submit((i, j), prompt, (i * N + j, len(live[i].steps)))
+                waiting[i], got[i] = (s, prompt), {}
             if not scripted:
                 return
             going = advance(*map(list, zip(*scripted)))
             idxs = going + admit()
 
     def process(finished: list, chunk_s: float) -> None:
-        if not finished:
+        """Record the finished candidates (each with its share of the chunk's time); the turns whose N candidates
+        are all in go on, selected together."""
+        for (i, j), c in finished:
+            got[i][j] = (c, chunk_s / len(finished))
+        idxs = [i for i, cs in got.items() if len(cs) == N]
+        if not idxs:
             return
-        idxs = [rid for rid, _ in finished]
         states, prompts = zip(*(waiting.pop(i) for i in idxs))
-        cands = [[Candidate(agent.parse(c.text), c)] for _, c in finished]
+        turns = [got.pop(i) for i in idxs]
+        cands = [[Candidate(agent.parse(turn[j][0].text), turn[j][0]) for j in range(N)] for turn in turns]
         picks = list(select(states, cands))
-        timing = {"generate_s": chunk_s / len(finished), "batch": cfg.batch_size}
-        steps = [_step(s, p, cs, k, dict(timing)) for s, p, cs, k in zip(states, prompts, cands, picks)]
-        st["generations"] += len(finished)
+        steps = [_step(s, p, cs, k, {"generate_s": sum(t for _, t in turn.values()), "batch": cfg.batch_size})
+                 for s, p, cs, k, turn in zip(states, prompts, cands, picks, turns)]
+        st["generations"] += len(idxs) * N
         schedule(advance(idxs, list(states), steps) + admit())
 
     schedule(admit())
