@@ -3,6 +3,7 @@
     python -m jaxrag.bench.rollout [--jax] [--episodes 64] [--batches 1,2,4,8,16,32,64]
         [--new-tokens 16] [--stop-chars 0] [--temperature 0] [--no-fake]
     continuous vs lock-step where action lengths vary: --jax --new-tokens 128 --stop-chars 4 --temperature 1
+    N candidates per state, continuous (one prefill per turn, forked) vs lock-step: --jax --candidates 5 [...]
     python -m jaxrag.bench.rollout --kv [...]: cross-turn KV reuse vs full prefill (jaxrag/bench/rollout_kv.py)
 
 Policies measured in the same run:
@@ -102,7 +103,8 @@ class _ScriptedSession:
     def collect(self):
         out = self.sess.collect()
         self.owner.generated += sum(len(c.token_ids) for _, c in out)
-        self.owner.prefilled += sum(len(c.prompt_ids) for _, c in out)
+        # a turn's prompt once (its N candidates share one prefill: request ids (episode, j)), as lock-step counts it
+        self.owner.prefilled += sum(len(c.prompt_ids) for rid, c in out if not isinstance(rid, tuple) or rid[1] == 0)
         return [(rid, dataclasses.replace(c, text=_script(self.prompts.pop(rid)))) for rid, c in out]
 
 
@@ -112,13 +114,13 @@ def tiny_jax(d_model=128, n_layers=2, max_seq_len=512, max_prompt_tokens=480):
 
 
 def measure(pol, retriever, agent, examples, batch: int, tok=None, continuous: bool = False,
-            temperature: float = 0.0, repeats: int = 1) -> dict:
+            temperature: float = 0.0, repeats: int = 1, candidates: int = 1) -> dict:
     """Warm up on the `batch` shortest and longest questions (compiles every shape bucket the timed run meets;
     the continuous path on all of them: its insert shapes follow the arrival order), then time all `examples` at
     this batch size (`repeats` times: the fastest run's row)."""
     by_len = sorted(examples, key=lambda ex: len(ex.question))
     warm = examples if continuous else by_len if 2 * batch >= len(by_len) else by_len[:batch] + by_len[-batch:]
-    cfg = RolloutConfig(batch_size=batch, continuous=continuous, temperature=temperature)
+    cfg = RolloutConfig(batch_size=batch, continuous=continuous, temperature=temperature, n_candidates=candidates)
     rollout(pol, retriever, agent, warm, cfg)
     rows = []
     for _ in range(repeats):   # the machine may be shared: the fastest of `repeats` identical timed runs is kept
@@ -166,6 +168,8 @@ def main(argv=None):
                     help="sampling temperature (at 0 a random model repeats itself: its actions' lengths barely vary)")
     ap.add_argument("--no-fake", action="store_true", help="skip the fixed-latency fake policy")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per row (the fastest is kept)")
+    ap.add_argument("--candidates", type=int, default=1,
+                    help="N candidate actions per state (RolloutConfig.n_candidates; the first valid is executed)")
     args = ap.parse_args(argv)
     logging.getLogger("jaxrag.policy").setLevel(logging.ERROR)   # one "prompt truncated" line per long prompt
     from jaxrag.retrieval import build_bm25, load_corpus
@@ -182,7 +186,8 @@ def main(argv=None):
                                                                  None, False)}
     if args.jax:
         pol = tiny_jax(args.d_model, args.layers)
-        name = f"jax(L{args.layers},d{args.d_model},{args.new_tokens}tok,{args.stop_chars}stops,T{args.temperature:g})"
+        name = (f"jax(L{args.layers},d{args.d_model},{args.new_tokens}tok,{args.stop_chars}stops,T{args.temperature:g}"
+                f"{f',N{args.candidates}' if args.candidates > 1 else ''})")
         scripted = ScriptedJax(pol, args.new_tokens, list(STOP_CHARS[:args.stop_chars]))
         policies[f"{name} lock-step"] = (scripted, pol.tokenizer, False)
         policies[f"{name} continuous"] = (scripted, pol.tokenizer, True)
@@ -190,7 +195,7 @@ def main(argv=None):
     for b in batches:   # the peers back to back at each batch size (a shared machine's load drifts)
         for pname, (pol, tok, cont) in policies.items():
             r = {"policy": pname, **measure(pol, retriever, agent, examples, b, tok, cont, args.temperature,
-                                            args.repeats)}
+                                            args.repeats, args.candidates)}
             rows.append(r)
             print(f"  {pname} batch {b}: {r['episodes_per_s']:.1f} ep/s", flush=True)
     rows.sort(key=lambda r: list(policies).index(r["policy"]))
@@ -211,6 +216,7 @@ def main(argv=None):
     out = write_result("rollout", {"episodes": len(examples), "agent": "react/plain", "k": K,
                                    "searches_per_episode": SEARCHES, "new_tokens": args.new_tokens,
                                    "stop_chars": args.stop_chars, "temperature": args.temperature,
+                                   "candidates": args.candidates,
                                    "model": {"d_model": args.d_model, "n_layers": args.layers}, "rows": rows})
     print(f"wrote {out}")
 
