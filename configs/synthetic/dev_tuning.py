@@ -3,8 +3,8 @@
 python -m jaxrag.main --config=configs/synthetic/dev_tuning.py:a --workdir=runs/demo_copy --stages <the new stages>
 
 Variants a (process supervision at T 0.5: DPO and critic), b and c (GRPO), d (DPO lr), e and f (the critic), g and
-h (GRPO from the demo with the unseen pool), i (the SFT schedule); every eval here is on the dev split only. Every variant's `sft` and
-`grpo` are the demo's before trials i and h (`sft_before_i`, `grpo_before_h`).
+h (GRPO from the demo with the unseen pool), i (the SFT schedule); every eval here is on the dev split only. Every
+variant's `sft` and `grpo` are the demo's before trials i and h (`sft_before_i`, `grpo_before_h`).
 The main job's stages are pinned to their settings at commit effe013 (`as_tuned_from`), the demo these trials
 started from, so its workdir's stages are reused and the baselines `dpo`, `critic`, `grpo` are that commit's.
 """
@@ -58,8 +58,9 @@ def pool_off(c) -> None:
     c.grpo.questions.path = "world/questions_train.jsonl"
 
 
-def sft_wsd(c, steps):
-    """The demo's SFT at `steps` on the warmup-stable-decay schedule (the last 20 % decaying), eval every 60."""
+def sft_wsd(steps):
+    """The demo's SFT (read afresh: get_config pins `sft` to the old one) at `steps` on the warmup-stable-decay
+    schedule (the last 20 % decaying), eval every 60."""
     d = pl.get_config("demo").sft
     d.train.steps = steps
     d.eval_every = 60
@@ -171,7 +172,7 @@ def get_config(which: str = "a"):
                               dict(name="grpo_t07_g8_30_lr2e4", agent="react", model="grpo_t07_g8_30_lr2e4")])
         new = ["grpo_t07_g8_30", "grpo_t07_g8_30_lr2e4", "eval_dev_h"]
     elif which == "i":  # SFT: fewer steps on a warmup-stable-decay schedule (the cost of the main job, issue 11)
-        c.sft_wsd720, c.sft_wsd600 = sft_wsd(c, 720), sft_wsd(c, 600)
+        c.sft_wsd720, c.sft_wsd600 = sft_wsd(720), sft_wsd(600)
         c.eval_dev_i = ev(c, [dict(name="sft_react", agent="react", model="sft"),
                               dict(name="sft_wsd720", agent="react", model="sft_wsd720"),
                               dict(name="sft_wsd600", agent="react", model="sft_wsd600")])
