@@ -1,7 +1,9 @@
 """Batched generation under jit: prefill once, then decode in jitted chunks with a donated KV cache.
 
 Prompts are left-padded into one [B,P] batch (ragged lengths fine); batch size and prompt length are bucketed
-so a rollout loop whose batch shrinks does not recompile every step. Sampling: greedy (temperature 0),
+so a rollout loop whose batch shrinks does not recompile every step. Shape floors (`min_rows`, `min_prompt`) pad
+small batches and short prompts further: fewer compiled programs where compiling costs more than the padding (a
+tiny model: the CI pipeline), the same values up to float rounding. Sampling: greedy (temperature 0),
 temperature, top-k, top-p. A row stops at EOS / stop ids (checked on device every step) or at a stop string
 (checked on the host between chunks: strings need detokenization). Deterministic for a given PRNG key: decode
 row r draws from its own key fold_in(key, r), so a row's sample does not depend on the batch around it.
@@ -202,12 +204,15 @@ def sample(
     *,
     n: int = 1,
     share_prefix: bool = True,
+    min_rows: int = 1,
+    min_prompt: int = 16,
 ) -> Completions:
     """Generate n samples of each token-id prompt: rows i*n .. i*n+n-1 of the result are prompt i's.
 
     share_prefix: prefill each distinct prompt once and fork its cache into its decode rows (identical prompts in
     the batch share too); False = prefill every row (the replicate-and-prefill path; same tokens and log-probs).
-    Decode row r samples with fold_in(key, r) either way. See the module docstring for what comes back."""
+    min_rows / min_prompt: the fewest rows (decode and prefill) and prompt columns a batch is padded to (powers of
+    two above them, the prompt capped at max_seq_len - max_new_tokens). Decode row r samples with fold_in(key, r) either way. See the module docstring for what comes back."""
     if n < 1:
         raise ValueError(f"sample: n={n}; need n >= 1")
     if not prompts:
@@ -217,8 +222,10 @@ def sample(
     if stop_strings and tokenizer is None:
         raise ValueError("sample: stop_strings need a tokenizer to detokenize")
     B, N = len(prompts) * n, sp.max_new_tokens  # B: decode rows
-    B_pad = bucket(B, 1)
-    P = bucket(max(len(p) for p in prompts), 16)
+    if min_rows < 1 or min_prompt < 1:
+        raise ValueError(f"sample: min_rows={min_rows}, min_prompt={min_prompt}; both must be >= 1")
+    B_pad = bucket(B, min_rows)
+    P = bucket(max(len(p) for p in prompts), min_prompt)
     if P + N > cfg.max_seq_len:
         P_max = cfg.max_seq_len - N
         if max(len(p) for p in prompts) > P_max:
@@ -235,7 +242,7 @@ def sample(
         prefill_prompts = [p for p in prompts for _ in range(n)]
         rows = None
     t_prefill = time.perf_counter()
-    U_pad = bucket(len(prefill_prompts), 1)
+    U_pad = bucket(len(prefill_prompts), min_rows)
     tokens, positions, valid = left_pad(prefill_prompts, U_pad, P)
     cache = init_cache(cfg, U_pad, P + N)
     logits, cache = _prefill(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)

@@ -80,12 +80,15 @@ class JaxPolicy:
     pool_tokens: the tokens per slot of the continuous-batching pool (`continuous`; default max_seq_len): a
     request whose prompt + max_new_tokens exceeds it is refused with an error naming this setting. Every decode
     step attends over all of a slot's tokens (the lock-step sampler over its batch's bucketed prompt + new tokens),
-    so size it to the prompt budget + max_new_tokens, not beyond."""
+    so size it to the prompt budget + max_new_tokens, not beyond.
+    min_rows / min_prompt: the sampler's shape floors (generate.sample): fewer compiled programs for small models."""
 
     def __init__(self, cfg: ModelConfig, params, tokenizer, *, top_k: int = 0, top_p: float = 1.0, add_bos: bool = True, max_prompt_tokens: int | None = None,
                  share_prefix: bool = True, unstack: bool = True, session_slots: int = 0,
-                 session_tokens: int | None = None, pool_tokens: int | None = None):
+                 session_tokens: int | None = None, pool_tokens: int | None = None, min_rows: int = 1,
+                 min_prompt: int = 16):
         self.cfg, self.tokenizer, self.unstack = cfg, tokenizer, unstack
+        self.min_rows, self.min_prompt = min_rows, min_prompt
         self.pool_tokens = pool_tokens or cfg.max_seq_len
         self.sessions = SessionPool(cfg, session_slots, session_tokens or cfg.max_seq_len) if session_slots else None
         self.timing = {"prefill_s": 0.0, "decode_s": 0.0}
@@ -200,7 +203,8 @@ class JaxPolicy:
                                   stop_strings=stop_strings, tokenizer=self.tokenizer)
         else:
             out = sample(self.cfg, self._sample_params, encoded, sp, key, stop_strings=stop_strings,
-                         tokenizer=self.tokenizer, n=n, share_prefix=self.share_prefix)
+                         tokenizer=self.tokenizer, n=n, share_prefix=self.share_prefix, min_rows=self.min_rows,
+                         min_prompt=self.min_prompt)
         self.prefill_tokens += out.prefill_tokens
         self.decode_slots += out.decode_slots
         self.decode_tokens += int(out.lengths.sum())

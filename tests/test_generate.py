@@ -119,6 +119,27 @@ def test_shared_prefix_sampling_equals_replicate_and_prefill(temperature):
         np.testing.assert_array_equal(shared.tokens[9:12], shared.tokens[0:3])
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shape_floors_pad_the_batch_without_changing_samples(temperature):
+    """min_rows / min_prompt (the tiny pipeline's few compiled programs): padding rows and prompt columns change
+    neither tokens (each row keeps its key) nor log-probs beyond float rounding; prefill_tokens counts the padding."""
+    sp = SamplingParams(temperature=temperature, max_new_tokens=6)
+    plain = sample(CFG, PARAMS, PROMPTS, sp, jax.random.PRNGKey(5), n=2)
+    floored = sample(CFG, PARAMS, PROMPTS, sp, jax.random.PRNGKey(5), n=2, min_rows=16, min_prompt=64)
+    np.testing.assert_array_equal(floored.tokens, plain.tokens)
+    np.testing.assert_allclose(floored.logprobs, plain.logprobs, atol=1e-5)
+    assert floored.finish_reason == plain.finish_reason
+    # 3 distinct prompts: 4 prefill rows x 16 columns, floored to 16 rows x 64 columns; decode rows 8 -> 16
+    assert (plain.prefill_tokens, floored.prefill_tokens) == (4 * 16, 16 * 64)
+    assert floored.decode_slots == 2 * plain.decode_slots
+    # the prompt floor is capped where the prompt + new tokens would pass max_seq_len (128 - 6 = 122 columns)
+    capped = sample(CFG, PARAMS, PROMPTS, sp, jax.random.PRNGKey(5), min_prompt=256)
+    assert capped.prefill_tokens == 4 * 122
+    np.testing.assert_array_equal(capped.tokens, sample(CFG, PARAMS, PROMPTS, sp, jax.random.PRNGKey(5)).tokens)
+    with pytest.raises(ValueError, match="min_rows=0"):
+        sample(CFG, PARAMS, PROMPTS, sp, jax.random.PRNGKey(5), min_rows=0)
+
+
 def test_a_row_sample_does_not_depend_on_the_batch_around_it():
     sp = SamplingParams(temperature=1.0, max_new_tokens=6)
     batch = sample(CFG, PARAMS, PROMPTS, sp, jax.random.PRNGKey(4))

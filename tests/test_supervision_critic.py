@@ -136,6 +136,27 @@ def test_shared_prefix_scores_equal_whole_sequence_scores(critic, batch_size):
     assert len(shared_calls) == (1 if batch_size == 16 else 3)  # 3: states of 1, 3 and 4 candidates in chunks of 3
 
 
+def test_min_rows_pads_every_batch_and_keeps_the_scores(critic):
+    """min_rows (the tiny pipeline's few compiled programs): batches padded to >= min_rows rows (and prompt rows),
+    capped at batch_size; the scores do not change."""
+    cfg, params, head = critic
+    tok = ShiftTokenizer()
+    p_ids = [tok.encode(p, add_bos=True) for p in PROMPTS]
+    a_ids = [[tok.encode(a)] for a in ACTIONS]
+    plain = CriticScorer(cfg, params, head, tok, batch_size=32)
+    floored = CriticScorer(cfg, params, head, tok, batch_size=32, min_rows=8)
+    np.testing.assert_allclose(floored.score_ids([p + a[0] for p, a in zip(p_ids, a_ids)]),
+                               plain.score_ids([p + a[0] for p, a in zip(p_ids, a_ids)]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.concatenate(floored.score_shared(p_ids, a_ids)),
+                               np.concatenate(plain.score_shared(p_ids, a_ids)), rtol=1e-5, atol=1e-5)
+    assert {s[0] for s in plain.shapes if s[0] != "shared"} == {4}
+    assert {s[0] for s in floored.shapes if s[0] != "shared"} == {8}
+    assert {(s[1], s[3]) for s in floored.shapes if s[0] == "shared"} == {(8, 8)}   # prompt rows, candidate rows
+    assert CriticScorer(cfg, params, head, tok, batch_size=4, min_rows=64).min_rows == 4
+    with pytest.raises(ValueError, match="min_rows=0"):
+        CriticScorer(cfg, params, head, tok, min_rows=0)
+
+
 def test_score_states_shares_the_prompt_and_falls_back_for_inputs_that_do_not_fit(critic):
     cfg, params, head = critic
     agent = get_agent("react", mode="plain")

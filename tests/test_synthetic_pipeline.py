@@ -250,6 +250,21 @@ def test_findings_config_reuses_the_demo_stages():
         assert findings.grpo_k3.rl.k == findings.grpo.rl.k == 7
 
 
+def test_tiny_shape_floors_reach_every_sampling_policy_and_leave_the_demo_alone():
+    """The tiny preset's sampler floors (few compiled programs) reach the synthetic stages' policies (config.sampler)
+    and every GRPO stage's own policy section, findings' too; the demo has none, so its programs, results and stage
+    fingerprints do not change."""
+    mod = config_module("findings")
+    demo, tiny = mod.get_config("demo"), mod.get_config("tiny")
+    assert "sampler" not in demo and all(k not in demo[g].policy for g in ("grpo", "grpo_k3", "ss_grpo")
+                                         for k in ("min_rows", "min_prompt"))
+    floors = tiny.sampler.to_dict()
+    assert floors == {"min_rows": 64, "min_prompt": 256}
+    for g in ("grpo", "grpo_k3", "ss_grpo"):
+        assert {k: tiny[g].policy[k] for k in floors} == floors, g
+    assert tuple(tiny.dpo.train.seq_buckets) == tuple(tiny.critic.train.seq_buckets) == (320,)
+
+
 @pytest.mark.parametrize("which,new_grpo", [("g", "grpo_t07_g8_60"), ("h", "grpo_t07_g8_30")])
 def test_dev_trials_g_h_reuse_the_demo_stages_and_sample_the_pool(which, new_grpo):
     """dev_tuning.py:g and :h (GRPO from a demo) run in a copy of a demo workdir: the demo's stages keep their

@@ -132,6 +132,8 @@ def grpo_section(c) -> ml_collections.ConfigDict:
     g.train.seq_buckets = (64, 128, 192, 256, 320)
     g.train.optimizer.lr = 1e-4
     g.train.checkpoint.every_steps = 20
+    if "sampler" in c:  # the sampler's shape floors (the tiny preset's), for the policy this stage loads
+        g.policy.update(c.sampler)
     return g
 
 
@@ -140,6 +142,10 @@ def apply_tiny(c) -> None:
     c.world.update(dict(n_countries=4, n_cities=12, n_persons=60, n_films=30, n_companies=12))
     c.unseen_questions = 64  # of 401 train questions (findings' supervision_big: 4 x 16)
     c.model.update(dict(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=16, d_ff=64))
+    # Compiling, not computing, is most of tiny's time: pad every sampler batch to >= 64 rows and 256 prompt tokens,
+    # so the sampling stages share a few compiled programs (world.stage_policy; the GRPO stage's policy section)
+    c.sampler = dict(min_rows=64, min_prompt=256)
+    c.grpo.policy.update(c.sampler)
     c.sft.eval_every = 50
     c.sft.train.optimizer.schedule = "cosine"  # tiny keeps the schedule it was wired with
     c.sft.eval_max_sequences = 32
@@ -151,6 +157,7 @@ def apply_tiny(c) -> None:
     # the tiny policy keeps the T = 1 sampling and DPO lr it was wired with (enough pairs and correct episodes)
     c.supervision.temperature = c.outcome.temperature = 1.0
     c.dpo.train.optimizer.lr = 1e-4
+    c.dpo.train.seq_buckets = c.critic.train.seq_buckets = (320,)  # one compiled step each
     for s in ("dpo", "critic", "outcome"):
         c[s].train.steps = 6
         c[s].train.batch_size = 4

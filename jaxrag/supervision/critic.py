@@ -76,9 +76,13 @@ class CriticScorer:
     """r_φ(prompt, action) for many (prompt, action) texts at once."""
 
     def __init__(self, model_cfg: ModelConfig, params, head, tokenizer, agent=None, *, batch_size: int = 32,
-                 seq_buckets: Sequence[int] = SEQ_BUCKETS, add_bos: bool = True, share_prefix: bool = True):
-        if batch_size < 1:
-            raise ValueError(f"CriticScorer: batch_size={batch_size} must be >= 1")
+                 seq_buckets: Sequence[int] = SEQ_BUCKETS, add_bos: bool = True, share_prefix: bool = True,
+                 min_rows: int = 1):
+        """min_rows: the fewest rows (and prompt rows of score_shared) a batch is padded to, capped at batch_size:
+        fewer compiled shapes where compiling costs more than the padding (a tiny model)."""
+        if batch_size < 1 or min_rows < 1:
+            raise ValueError(f"CriticScorer: batch_size={batch_size}, min_rows={min_rows}; both must be >= 1")
+        self.min_rows = min(min_rows, batch_size)
         self.cfg, self.params, self.head, self.tokenizer, self.agent = model_cfg, params, head, tokenizer, agent
         self.share_prefix = share_prefix  # score_states: each state's prompt once for its candidates (score_shared)
         self.batch_size, self.add_bos = batch_size, add_bos
@@ -109,7 +113,7 @@ class CriticScorer:
         return lambda prompt: len(self.tokenizer.encode(prompt, add_bos=self.add_bos)) + reserve <= self.max_len
 
     def _rows(self, n: int) -> int:
-        return _pow2(n, self.batch_size)
+        return max(_pow2(n, self.batch_size), self.min_rows)
 
     def score_ids(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
         """Scores of token sequences (read at each one's last token), [len(seqs)] float32."""
@@ -152,7 +156,7 @@ class CriticScorer:
                 chunk.append(order[i])
                 rows_n += len(actions[order[i]])
                 i += 1
-            P = _pow2(len(chunk), self.batch_size)
+            P = self._rows(len(chunk))
             R = max(_pow2(rows_n, max(self.batch_size, rows_n)), P)
             Tp = pick_bucket(max(len(prompts[j]) for j in chunk), self.seq_buckets, "critic prompt")
             Ta = max(_pow2(max(len(a) for j in chunk for a in actions[j]), self.max_len), 32)  # few shapes

@@ -30,7 +30,7 @@ def agreement_stage(config, workdir, name) -> None:
     if "oracle" not in sources or not sources["oracle"]:
         raise FileNotFoundError(f"{src_dir}/records_oracle.jsonl: missing or empty (run the supervision stage)")
     agent = get_agent(s.agent, mode="plain")
-    sources["critic"] = score_records(critic_scorer(workdir, s.critic, agent), sources["oracle"])
+    sources["critic"] = score_records(critic_scorer(workdir, s.critic, agent, config.get("sampler")), sources["oracle"])
     out = stage_dir(workdir, name)
     write_records(out / "records_critic.jsonl", sources["critic"])
     rows = agreement_table(sources, reference="oracle")
@@ -49,8 +49,8 @@ def bestofn_stage(config, workdir, name) -> None:
     tok = load_tokenizer(workdir)
     retriever = make_retriever(config, workdir)
     agent = get_agent(s.agent, mode="plain")
-    policy = stage_policy(workdir, s.policy, tok)
-    select = critic_select(workdir, s.critic, tok, agent)
+    policy = stage_policy(workdir, s.policy, tok, config.get("sampler"))
+    select = critic_select(workdir, s.critic, tok, agent, config.get("sampler"))
     qs = stratified(load_questions(workdir, s.split), s.max_questions)
     qmap = {q["id"]: q for q in qs}
     rows = []

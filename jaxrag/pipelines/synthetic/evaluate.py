@@ -81,7 +81,7 @@ def eval_stage(config, workdir, name) -> None:
     for system in s.systems:
         agent = get_agent(system["agent"], mode="plain")
         if system["model"] not in policies:  # each stage's model loaded once
-            policies[system["model"]] = stage_policy(workdir, system["model"], tok)
+            policies[system["model"]] = stage_policy(workdir, system["model"], tok, config.get("sampler"))
         policy = policies[system["model"]]
         if system["agent"] in FORCED_ANSWER_AGENTS:
             policy = ForcedAnswerPolicy(policy)
@@ -89,7 +89,7 @@ def eval_stage(config, workdir, name) -> None:
         if system.get("critic"):
             from jaxrag.pipelines.synthetic.preference import critic_select
 
-            select = critic_select(workdir, system["critic"], tok, agent)
+            select = critic_select(workdir, system["critic"], tok, agent, config.get("sampler"))
             rcfg = dataclasses.replace(rcfg, n_candidates=system["n"], temperature=system.get("temperature", 1.0))
         entry = {k: v for k, v in system.items() if k != "name"}
         results["systems"][system["name"]] = {**entry, "splits": {}}

@@ -55,8 +55,9 @@ def preference_stage(config, workdir, name) -> None:
     write_json(stage_dir(workdir, name) / "summary.json", {**info, "steps": result.step, "final": result.metrics})
 
 
-def critic_scorer(workdir, stage: str, agent=None):
-    """A CriticScorer over workdir/<stage>/model (backbone + head.npz) with the checkpoint's own tokenizer."""
+def critic_scorer(workdir, stage: str, agent=None, shapes=None):
+    """A CriticScorer over workdir/<stage>/model (backbone + head.npz) with the checkpoint's own tokenizer; shapes:
+    the config's optional `sampler` section (its min_rows floors the scorer's batches too: world.stage_policy)."""
     from jaxrag.supervision.critic import CriticScorer
     from jaxrag.tokenizer import load_tokenizer as load
 
@@ -66,14 +67,15 @@ def critic_scorer(workdir, stage: str, agent=None):
     # each state's prompt computed once for its N candidates (share_prefix, the library default): on the demo's
     # critic best-of-4 over 200 test questions, 3.9 s of critic scoring against 8.8 s scoring every sequence whole,
     # the same picks (2026-11-24, compiled programs cached)
-    return CriticScorer(mcfg, params, head, load(model_dir(workdir, stage)), agent, batch_size=128)
+    return CriticScorer(mcfg, params, head, load(model_dir(workdir, stage)), agent, batch_size=128,
+                        min_rows=dict(shapes or {}).get("min_rows", 1))
 
 
-def critic_select(workdir, stage: str, tok, agent):
+def critic_select(workdir, stage: str, tok, agent, shapes=None):
     """The rollout engine's `select` for PRM-guided best-of-N (RAG-Gym Alg. 1): execute argmax_a r_φ(s, a)."""
     from jaxrag.supervision.critic import critic_select as select
 
-    return select(critic_scorer(workdir, stage, agent))
+    return select(critic_scorer(workdir, stage, agent, shapes))
 
 
 # jaxrag.main checks the config before any stage runs

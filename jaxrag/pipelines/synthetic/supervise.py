@@ -39,7 +39,7 @@ def sampling_setup(config, workdir, name) -> Sampling:
 
     s = config[name]
     return Sampling(s, stage_dir(workdir, name), make_retriever(config, workdir), get_agent(s.agent, mode="plain"),
-                    stage_policy(workdir, s.policy, load_tokenizer(workdir)),
+                    stage_policy(workdir, s.policy, load_tokenizer(workdir), config.get("sampler")),
                     sampling_questions(config, workdir, s.max_questions))
 
 

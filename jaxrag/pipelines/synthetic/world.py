@@ -80,13 +80,16 @@ def make_retriever(config, workdir, out_dir: str | None = None):
     return build_bm25(load_corpus(corpus_path(workdir)), backend=config.index.backend, out_dir=out_dir)
 
 
-def stage_policy(workdir, stage: str, tok):
-    """A JaxPolicy over the model that stage `stage` trained (workdir/<stage>/model), with the world's tokenizer."""
+def stage_policy(workdir, stage: str, tok, shapes=None):
+    """A JaxPolicy over the model that stage `stage` trained (workdir/<stage>/model), with the world's tokenizer.
+    shapes: the config's optional `sampler` section (min_rows, min_prompt: the sampler's shape floors, which the
+    tiny preset sets so its stages share a few compiled programs; absent = the sampler's own buckets)."""
     from jaxrag.pipelines.common import load_checkpoint, model_dir
     from jaxrag.policy import JaxPolicy
 
     mcfg, params = load_checkpoint(model_dir(workdir, stage))
-    return JaxPolicy(mcfg, params, tok)
+    shapes = dict(shapes or {})
+    return JaxPolicy(mcfg, params, tok, min_rows=shapes.get("min_rows", 1), min_prompt=shapes.get("min_prompt", 16))
 
 
 def load_teacher_episodes(workdir, split: str):
