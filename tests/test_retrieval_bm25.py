@@ -111,3 +111,12 @@ def test_unknown_backend_and_empty_corpus():
         build_bm25(TOY, "faiss")
     with pytest.raises(ValueError, match="no passages"):
         build_bm25([], "bm25s")
+
+
+def test_bm25s_numba_kernels_are_cached_on_disk(bm25s_2k):
+    """bm25s's numba retrieval kernels compile for ~7 s per process unless numba caches them: building or loading a
+    bm25s index turns numba's on-disk cache on for both (one search, the same results)."""
+    from bm25s.numba import retrieve_utils
+
+    for name in ("_retrieve_internal_jitted_serial", "_retrieve_internal_jitted_parallel"):
+        assert type(getattr(retrieve_utils, name)._cache).__name__ == "FunctionCache", name

@@ -37,6 +37,24 @@ _TOKEN = re.compile(r"\w+(?:(?:[.'’]|(?<=\d),(?=\d))\w+)*")
 
 
 @functools.lru_cache(maxsize=1)
+def _bm25s():
+    """bm25s, with its numba retrieval kernels cached on disk (numba's own cache, beside bm25s or in
+    NUMBA_CACHE_DIR): the kernels take ~7 s to compile, once per process otherwise (each pipeline run, each test
+    process, each resumed run). The same machine code either way; a bm25s without these names is left as it is."""
+    import bm25s
+
+    try:
+        from bm25s.numba import retrieve_utils
+    except ImportError:   # bm25s without numba: its numpy backend (nothing to cache)
+        return bm25s
+    for name in ("_retrieve_internal_jitted_serial", "_retrieve_internal_jitted_parallel"):
+        kernel = getattr(retrieve_utils, name, None)
+        if kernel is not None and hasattr(kernel, "enable_caching"):
+            kernel.enable_caching()
+    return bm25s
+
+
+@functools.lru_cache(maxsize=1)
 def _stemmer():
     import Stemmer
 
@@ -73,9 +91,7 @@ class Bm25sScorer:
 
     @classmethod
     def build(cls, passages: Sequence[Passage], show_progress: bool = False) -> "Bm25sScorer":
-        import bm25s
-
-        model = bm25s.BM25(k1=K1, b=B, method="lucene", backend="numba")
+        model = _bm25s().BM25(k1=K1, b=B, method="lucene", backend="numba")
         tokens = [analyze(p.full_text()) for p in passages]
         model.index(tokens, show_progress=show_progress)
         return cls(model)
@@ -85,11 +101,9 @@ class Bm25sScorer:
 
     @classmethod
     def load(cls, index_dir: Path) -> "Bm25sScorer":
-        import bm25s
-
         require_file(index_dir / "params.index.json", "bm25s index")
         try:
-            model = bm25s.BM25.load(str(index_dir), backend="numba", mmap=False, show_progress=False)
+            model = _bm25s().BM25.load(str(index_dir), backend="numba", mmap=False, show_progress=False)
         except Exception as e:
             raise RetrievalIndexError(f"corrupt bm25s index at {index_dir}: {e}") from e
         return cls(model)
