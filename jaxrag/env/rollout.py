@@ -343,6 +343,7 @@ def _rollout_continuous(policy, retriever, agent: Agent, items: Iterable, cfg: R
     sess = policy.continuous(cfg.batch_size * N, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                              stop=list(agent.stop) or None, seed=cfg.seed)
     fits = prompt_fits(policy, cfg.max_new_tokens)
+    keep = N == 1 and bool(getattr(sess, "keeps_sessions", False))   # the pool keeps each episode's row (session i)
     live: dict[int, Episode] = {}
     waiting: dict[int, tuple[State, str]] = {}     # episode -> (state, prompt) of its queued or decoding turn
     got: dict[int, dict[int, tuple[Any, float]]] = {}   # episode -> candidate j -> (completion, its generate_s)
@@ -368,6 +369,8 @@ def _rollout_continuous(policy, retriever, agent: Agent, items: Iterable, cfg: R
         for i, step in zip(idxs, steps):
             if _apply(live[i], step, cfg):
                 done[i] = live.pop(i)
+                if keep:
+                    sess.release([i])
                 bar.update(1)
                 if on_episode is not None:
                     on_episode(done[i])
@@ -387,7 +390,7 @@ def _rollout_continuous(policy, retriever, agent: Agent, items: Iterable, cfg: R
                     continue
                 prompt = agent.render(s, fits)
                 for j in range(N):
-                    sess.submit((i, j), prompt, (i * N + j, len(live[i].steps)))
+                    sess.submit((i, j), prompt, (i * N + j, len(live[i].steps)), *([i] if keep else []))
                 waiting[i], got[i] = (s, prompt), {}
             if not scripted:
                 return
