@@ -29,6 +29,24 @@ agree to float rounding (the prefill and attention run over other shapes).
 
 A request longer than the pool can ever hold (prompt + max_new_tokens > T) is refused at `submit` with an error
 naming the setting (`setting`) that sizes T; a full pool is never an error: requests wait for a free slot.
+
+Sessions (opt-in: `SlotPool(..., sessions=True)`, `submit(..., session=key)`, `release(keys)`): when a request
+with a session key finishes, its row is PARKED in its slot: it keeps the keys/values of prompt + completion (tokens
+decoded past a host stop-string cut are made not valid: `forget`), is done on device (a done row writes nothing
+valid while others decode) and the host remembers the ids it holds. When the session's next request is inserted
+and its ids extend the held ones (kv_sessions.extends: the token-level test of the lock-step sessions), only the
+appended ids are prefilled, into the same slot (`extend_rows`: the row's kept keys/values gathered into a small
+cache, the appended ids run through `forward_cached` at positions continuing the row's, the result compacted and
+written back by `place`, right-aligned before the index, so the row holds exactly its prompt's tokens as after a
+full insert; groups of power-of-two rows, the appended ids padded to a power-of-two bucket, the held ones to
+kv_sessions.fine_bucket: few compiled shapes). Otherwise the request is a full insert, a fallback counted by
+reason in `stats` (fallback_new, fallback_not_prefix, fallback_evicted). Parked rows hold a slot and count as live
+for the left shift (never rolled out); a parked row whose span from its first token to the index would exceed T
+is evicted instead (evicted_span), and a request that needs a slot when none is free evicts a parked session
+(evicted_slot: the oldest with no request queued, else the oldest) rather than wait. A continued row holds its
+whole prompt, so a session request fits exactly when a full insert of it does (prompt + max_new_tokens <= T).
+At temperature 0 a continued request's tokens are the full prefill's (log-probs to float rounding); at T > 0 its
+key is the same fold, so it samples as without sessions.
 """
 from __future__ import annotations
 
@@ -140,6 +158,13 @@ def extend_rows(cfg: ModelConfig, params, cache: dict, rows, held, tokens, posit
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
+def forget(valid, lo, hi):
+    """valid [B,S] with each row's slots [lo, hi) no longer valid (lo = hi: none)."""
+    j = jnp.arange(valid.shape[1])[None, :]
+    return valid & ~((j >= lo[:, None]) & (j < hi[:, None]))
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
 def shift(cache: dict, d) -> dict:
     """Every row's slots moved by d (> 0: toward the end, < 0: toward the start), the slots moved in from the other
     end not valid, index + d. Values do not change (positions are per token; the mask reads slot order)."""
@@ -157,8 +182,11 @@ class SlotPool:
 
     stats: chunks, slot_steps (slots x decode steps run), busy_steps (steps a slot held a live row: the tokens
     generated), prefill_tokens (token slots the inserts computed), prefill_shared (requests served by another
-    request's prefill: same prompt ids in one insert), inserts, shifts (_left / _right), finished; timing: insert_s,
-    decode_s (dispatch + wait for the chunk), host_s (stop strings, results). idle_share = 1 - busy / slot steps."""
+    request's prefill: same prompt ids in one insert), inserts, shifts (_left / _right), finished; with sessions:
+    reused (requests that continued a parked row), continued_inserts, reused_tokens (held ids not prefilled again),
+    appended_tokens (ids the session requests prefilled: appended ones, whole prompts on a fallback), fallback_new /
+    _not_prefix / _evicted, evicted (_slot / _span); timing: insert_s, decode_s (dispatch + wait for the chunk),
+    host_s (stop strings, results). idle_share = 1 - busy / slot steps."""
 
     def __init__(self, cfg: ModelConfig, params, slots: int, max_len: int, sp: SamplingParams, key: jax.Array,
                  stop_strings: Sequence[str] | None = None, tokenizer=None, chunk: int = 16,
@@ -415,6 +443,7 @@ class SlotPool:
         self.stats["slot_steps"] += self.slots * steps
         self.stats["busy_steps"] += int(sum(int(lens[b]) - int(self.seen[b]) for b in held))
         out, done, push, logps = [], np.array(done), False, None
+        cut_lo, cut_hi = np.zeros(self.slots, np.int32), np.zeros(self.slots, np.int32)
         for b in held:
             self.seen[b] = lens[b]
             cut = None
@@ -431,10 +460,14 @@ class SlotPool:
             self.owner[b], self.seen[b] = None, 0
             if req.session is not None:   # parked: the row keeps prompt + completion (to the cut) for the next turn
                 self._park(b, req.session, req.ids + out[-1].tokens)
+                first = self.start[b] + len(req.ids)            # the cache slot of the row's first generated token
+                cut_lo[b], cut_hi[b] = first + n, first + lens[b]   # decoded past a stop-string cut: not kept
             push |= not done[b]            # cut by a stop string on the host: the device row must stop too
             done[b] = True
         if push:
             self.state["done"] = jnp.asarray(done)
+        if (cut_hi > cut_lo).any():
+            self.cache = dict(self.cache, valid=forget(self.cache["valid"], jnp.asarray(cut_lo), jnp.asarray(cut_hi)))
         self.stats["finished"] += len(out)
         self.timing["host_s"] += time.perf_counter() - t1
         return out

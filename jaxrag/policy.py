@@ -19,7 +19,9 @@ seed=)` returns a `ContinuousSession` over a jaxrag.continuous.SlotPool of `slot
 tokens: `submit(rid, prompt, fold)`, `launch()` / `collect() -> [(rid, Completion)]` (or `step()`), so a finished
 request's slot takes the next waiting prompt (requests inserted together with one prompt share its prefill). The
 rollout engine uses it with RolloutConfig(continuous=True), n_candidates > 1 included; a policy without the method
-(the scripted fakes) keeps the lock-step path.
+(the scripted fakes) keeps the lock-step path. With `JaxPolicy(pool_sessions=True)` (or `continuous(...,
+sessions=True)`) the pool keeps KV sessions: `submit(..., session=key)` continues the key's parked row, prefilling
+only the appended ids; `release(keys)`; the session's `keeps_sessions` tells the rollout engine to pass keys.
 """
 
 from __future__ import annotations

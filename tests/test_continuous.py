@@ -441,6 +441,9 @@ def test_pool_session_continues_after_a_stop_string_cut(lpol):
                     sessions=True)
     got = _turns(pool, dict(enumerate(prompts)), 0)
     assert got[i].finish_reason == "stop" and len(got[i].tokens) < 16
+    valid = np.asarray(pool.cache["valid"])       # a parked row's valid slots: its held ids, the cut ones dropped
+    assert [int(valid[pool.parked[j]].sum()) for j in range(3)] == [len(prompts[j]) + len(got[j].tokens)
+                                                                    for j in range(3)]
     nxt = [p + got[j].tokens + [40, 41, 42] for j, p in enumerate(prompts)]
     got = _turns(pool, dict(enumerate(nxt)), 1)
     ref = sample(cfg, params, nxt, sp, jax.random.PRNGKey(0), stop_strings=stop, tokenizer=tok)

@@ -27,8 +27,10 @@ that completed in the chunk) once all N have finished. Request keys fold in (epi
 so at T > 0 the samples do not depend on the batch size (they differ from the lock-step path's per-call keys);
 at T = 0 every episode gets the lock-step path's actions and token ids. Falls back to lock-step: a policy without
 `continuous` (scripted fakes) and agents that summarize (Search-o1 / Re²Search summaries, ReasonRAG grounding: a
-second policy call per turn); and the pool keeps no KV sessions (each turn's prompt is prefilled in full into its
-slot, once per turn).
+second policy call per turn). A pool that keeps sessions (`sess.keeps_sessions`: JaxPolicy(pool_sessions=True))
+gets the episode index as each request's session at n_candidates = 1 (and `release` when the episode ends): a
+turn whose prompt extends the last prompt + completion prefills only what it appends, into the episode's parked
+slot; otherwise (and at n_candidates > 1, no sessions) each turn's prompt is prefilled in full, once per turn.
 """
 from __future__ import annotations
 
