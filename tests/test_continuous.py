@@ -131,10 +131,10 @@ def test_too_long_request_and_bad_pool_are_clear_errors(pol):
         pol.pool_tokens = pol.cfg.max_seq_len
 
 
-def _episodes(policy, batch, n=6, answer_char="4", select=None, **kw):
+def _episodes(policy, batch, n=6, answer_char="4", select=None, agent=None, **kw):
     cfg = RolloutConfig(k=1, batch_size=batch, max_steps=4, max_new_tokens=12, **kw)
     st = {}
-    agent = EchoAgent(answer_char=answer_char, mode="plain")
+    agent = agent or EchoAgent(answer_char=answer_char, mode="plain")
     eps = rollout(policy, HashRetriever(PASSAGES), agent, QUESTIONS[:n], cfg, stats=st, select=select)
     return eps, st
 
@@ -309,11 +309,7 @@ def lpol(pol):
 
 
 def _raw_episodes(policy, batch, n=6, **kw):
-    cfg = RolloutConfig(k=1, batch_size=batch, max_steps=4, max_new_tokens=12, **kw)
-    st = {}
-    eps = rollout(policy, HashRetriever(PASSAGES), RawEcho(mode="plain", max_doc_chars=30), QUESTIONS[:n], cfg,
-                  stats=st)
-    return eps, st
+    return _episodes(policy, batch, n, agent=RawEcho(mode="plain", max_doc_chars=30), **kw)
 
 
 def test_pool_sessions_equal_the_full_prefill_and_lockstep_at_temperature_zero(lpol):
