@@ -320,12 +320,15 @@ def test_pool_sessions_equal_the_full_prefill_and_lockstep_at_temperature_zero(l
         full, _ = _raw_episodes(lpol, 2, continuous=True)
         lpol.pool_sessions = True
         kept, _ = _raw_episodes(lpol, 2, continuous=True)
+        over, _ = _raw_episodes(lpol, 2, continuous=True, overlap=True)   # release / submit during the next chunk
     finally:
         del lpol.continuous
         lpol.pool_sessions = False
     _same_episodes(lock, kept, atol=1e-4)
     _same_episodes(full, kept, atol=1e-4)
+    _same_episodes(kept, over, atol=1e-4)
     a, b = pools[0].pool, pools[1].pool
+    assert pools[2].pool.stats["reused"] == b.stats["reused"] and not pools[2].pool.parked
     turns = sum(len(e.steps) for e in lock)
     assert not a.sessions and b.sessions and a.stats["reused"] == 0
     # each episode's first turn is a full insert; every later turn whose ids extend the last prompt + completion
@@ -338,7 +341,7 @@ def test_pool_sessions_equal_the_full_prefill_and_lockstep_at_temperature_zero(l
     assert b.stats["prefill_tokens"] < 0.75 * a.stats["prefill_tokens"]
     assert b.stats["appended_tokens"] + b.stats["reused_tokens"] == sum(len(s.prompt_ids) for e in kept
                                                                         for s in e.steps)
-    assert lpol.pool_stats["reused"] == b.stats["reused"]
+    assert lpol.pool_stats["reused"] == 2 * b.stats["reused"]                # the policy sums its pools' counters
 
 
 def test_pool_sessions_at_temperature_one_sample_as_without(lpol):
