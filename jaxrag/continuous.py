@@ -38,8 +38,9 @@ and its ids extend the held ones (kv_sessions.extends: the token-level test of t
 appended ids are prefilled, into the same slot (`extend_rows`: the row's kept keys/values gathered into a small
 cache, the appended ids run through `forward_cached` at positions continuing the row's, the result compacted and
 written back by `place`, right-aligned before the index, so the row holds exactly its prompt's tokens as after a
-full insert; groups of power-of-two rows, the appended ids padded to a power-of-two bucket, the held ones to
-kv_sessions.fine_bucket: few compiled shapes). Otherwise the request is a full insert, a fallback counted by
+full insert; groups of power-of-two rows, the appended and the held ids padded to power-of-two buckets: few
+compiled shapes; kv_sessions' finer buckets for the held ids compiled 1.5x as long in bench.rollout --kv's first
+runs for the same throughput). Otherwise the request is a full insert, a fallback counted by
 reason in `stats` (fallback_new, fallback_not_prefix, fallback_evicted). Parked rows hold a slot and count as live
 for the left shift (never rolled out); a parked row whose span from its first token to the index would exceed T
 is evicted instead (evicted_span), and a request that needs a slot when none is free evicts a parked session
@@ -62,7 +63,7 @@ import numpy as np
 
 from jaxrag.generate import (SamplingParams, _decode_chunk, _first_stop, _fork, _prefill, bucket, finish_row,
                              left_pad, on_params_mesh, stop_ids_of)
-from jaxrag.kv_sessions import extends, fine_bucket, take_slots
+from jaxrag.kv_sessions import extends, take_slots
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import forward_cached_hidden, init_cache, logits_from_hidden
 
@@ -368,9 +369,9 @@ class SlotPool:
         self.timing["insert_s"] += time.perf_counter() - t0
 
     def _span(self, cont: list[tuple[int, _Request]]) -> int:
-        """Cache slots a group of continued rows is built in: the held ids' fine bucket + the appended ids' bucket."""
+        """Cache slots a group of continued rows is built in: the held ids' bucket + the appended ids' bucket."""
         held = max(len(self.held[b]) for b, _ in cont)
-        return fine_bucket(held) + bucket(max(len(r.ids) - len(self.held[b]) for b, r in cont), 16)
+        return bucket(held, 16) + bucket(max(len(r.ids) - len(self.held[b]) for b, r in cont), 16)
 
     def _continue(self, group: list[tuple[int, _Request]], room: int) -> None:
         """Parked rows continued (`extend_rows`: the appended ids prefilled against each row's kept keys/values,
@@ -378,7 +379,7 @@ class SlotPool:
         request's key). A row then holds exactly its prompt's len(ids) tokens, as after a full prefill."""
         held = [len(self.held[b]) for b, _ in group]
         appended = [r.ids[h:] for (_, r), h in zip(group, held)]
-        A, M, n = bucket(max(map(len, appended)), 16), fine_bucket(max(held)), len(group)
+        A, M, n = bucket(max(map(len, appended)), 16), bucket(max(held), 16), len(group)
         keep = min(M + A, room)
         tokens, positions, valid = left_pad(appended, n, A)
         slots = jnp.asarray([b for b, _ in group], jnp.int32)
