@@ -29,6 +29,25 @@ agree to float rounding (the prefill and attention run over other shapes).
 
 A request longer than the pool can ever hold (prompt + max_new_tokens > T) is refused at `submit` with an error
 naming the setting (`setting`) that sizes T; a full pool is never an error: requests wait for a free slot.
+
+Sessions (opt-in: `SlotPool(..., sessions=True)`, `submit(..., session=key)`, `release(keys)`): when a request
+with a session key finishes, its row is PARKED in its slot: it keeps the keys/values of prompt + completion (tokens
+decoded past a host stop-string cut are made not valid: `forget`), is done on device (a done row writes nothing
+valid while others decode) and the host remembers the ids it holds. When the session's next request is inserted
+and its ids extend the held ones (kv_sessions.extends: the token-level test of the lock-step sessions), only the
+appended ids are prefilled, into the same slot (`extend_rows`: the row's kept keys/values gathered into a small
+cache, the appended ids run through `forward_cached` at positions continuing the row's, the result compacted and
+written back by `place`, right-aligned before the index, so the row holds exactly its prompt's tokens as after a
+full insert; groups of power-of-two rows, the appended and the held ids padded to power-of-two buckets: few
+compiled shapes; kv_sessions' finer buckets for the held ids compiled 1.5x as long in bench.rollout --kv's first
+runs for the same throughput). Otherwise the request is a full insert, a fallback counted by
+reason in `stats` (fallback_new, fallback_not_prefix, fallback_evicted). Parked rows hold a slot and count as live
+for the left shift (never rolled out); a parked row whose span from its first token to the index would exceed T
+is evicted instead (evicted_span), and a request that needs a slot when none is free evicts a parked session
+(evicted_slot: the oldest with no request queued, else the oldest) rather than wait. A continued row holds its
+whole prompt, so a session request fits exactly when a full insert of it does (prompt + max_new_tokens <= T).
+At temperature 0 a continued request's tokens are the full prefill's (log-probs to float rounding); at T > 0 its
+key is the same fold, so it samples as without sessions.
 """
 from __future__ import annotations
 
@@ -44,8 +63,9 @@ import numpy as np
 
 from jaxrag.generate import (SamplingParams, _decode_chunk, _first_stop, _fork, _prefill, bucket, finish_row,
                              left_pad, on_params_mesh, stop_ids_of)
+from jaxrag.kv_sessions import extends, take_slots
 from jaxrag.models.config import ModelConfig
-from jaxrag.models.transformer import init_cache
+from jaxrag.models.transformer import forward_cached_hidden, init_cache, logits_from_hidden
 
 
 class RequestTooLong(ValueError):
@@ -66,6 +86,7 @@ class _Request:
     rid: Hashable
     ids: list[int]
     fold: tuple[int, int]
+    session: Hashable | None = None
 
 
 # ---- device side -------------------------------------------------------------------------------------------
@@ -114,6 +135,36 @@ def place(cache: dict, state: dict, keys, base_key, logits, small: dict, valid, 
     return cache, state, set_rows(keys, fold)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 8, 9))
+def extend_rows(cfg: ModelConfig, params, cache: dict, rows, held, tokens, positions, valid, M: int, keep: int):
+    """Parked pool rows `rows` [m] continued by appended tokens (tokens/positions/valid [m,A], left-padded,
+    positions continuing each row's own): a small cache gets each row's first held[i] valid slots (its last prompt
+    + completion, in slot order; tokens a host stop-string cut dropped come after them and are left out)
+    right-aligned before slot M, `forward_cached` runs the appended tokens at slots [M, M+A), and every row's
+    valid slots are compacted, right-aligned and in order, into the last `keep` slots. Returns (last-column logits
+    [m,V], that cache {"k", "v"} [m,K,keep,Dh], its valid [m,keep]): what `place` writes into the rows."""
+    A, S = tokens.shape[1], cache["valid"].shape[1]
+    first = jnp.argsort(~cache["valid"][rows], axis=1, stable=True)   # each row's valid slots first, in slot order
+    k = jnp.arange(M)[None, :] - (M - held[:, None])                 # the kept token small slot j holds
+    src = jnp.take_along_axis(first, jnp.clip(k, 0, S - 1), axis=1)
+    pad = lambda a: jnp.pad(a, ((0, 0), (0, 0), (0, A), (0, 0)))
+    gather = lambda bufs: tuple(pad(take_slots(b[rows], src)) for b in bufs)
+    small = {"k": gather(cache["k"]), "v": gather(cache["v"]), "valid": jnp.pad(k >= 0, ((0, 0), (0, A))),
+             "index": jnp.asarray(M, jnp.int32)}
+    hidden, small = forward_cached_hidden(cfg, params, tokens, positions, valid, small)
+    order = jnp.argsort(small["valid"], axis=1, stable=True)[:, M + A - keep:]   # invalid slots first: valid last
+    compact = lambda bufs: tuple(take_slots(b, order) for b in bufs)
+    return (logits_from_hidden(cfg, params, hidden[:, -1]), {"k": compact(small["k"]), "v": compact(small["v"])},
+            jnp.take_along_axis(small["valid"], order, axis=1))
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def forget(valid, lo, hi):
+    """valid [B,S] with each row's slots [lo, hi) no longer valid (lo = hi: none)."""
+    j = jnp.arange(valid.shape[1])[None, :]
+    return valid & ~((j >= lo[:, None]) & (j < hi[:, None]))
+
+
 @functools.partial(jax.jit, donate_argnums=(0,))
 def shift(cache: dict, d) -> dict:
     """Every row's slots moved by d (> 0: toward the end, < 0: toward the start), the slots moved in from the other
@@ -132,12 +183,15 @@ class SlotPool:
 
     stats: chunks, slot_steps (slots x decode steps run), busy_steps (steps a slot held a live row: the tokens
     generated), prefill_tokens (token slots the inserts computed), prefill_shared (requests served by another
-    request's prefill: same prompt ids in one insert), inserts, shifts (_left / _right), finished; timing: insert_s,
-    decode_s (dispatch + wait for the chunk), host_s (stop strings, results). idle_share = 1 - busy / slot steps."""
+    request's prefill: same prompt ids in one insert), inserts, shifts (_left / _right), finished; with sessions:
+    reused (requests that continued a parked row), continued_inserts, reused_tokens (held ids not prefilled again),
+    appended_tokens (ids the session requests prefilled: appended ones, whole prompts on a fallback), fallback_new /
+    _not_prefix / _evicted, evicted (_slot / _span); timing: insert_s, decode_s (dispatch + wait for the chunk),
+    host_s (stop strings, results). idle_share = 1 - busy / slot steps."""
 
     def __init__(self, cfg: ModelConfig, params, slots: int, max_len: int, sp: SamplingParams, key: jax.Array,
                  stop_strings: Sequence[str] | None = None, tokenizer=None, chunk: int = 16,
-                 refill: float = 0.25, setting: str = "max_len"):
+                 refill: float = 0.25, setting: str = "max_len", sessions: bool = False):
         if slots < 1 or max_len < 1 or chunk < 1:
             raise ValueError(f"SlotPool: slots={slots}, max_len={max_len}, chunk={chunk}; each must be >= 1")
         if stop_strings and tokenizer is None:
@@ -164,6 +218,11 @@ class SlotPool:
         self.checked = np.zeros(B, np.int64)            # tokens already checked for stop strings
         self.seen = np.zeros(B, np.int64)               # each row's length at the last collect
         self.queue: collections.deque[_Request] = collections.deque()
+        self.sessions = sessions
+        self.parked: dict[Hashable, int] = {}           # session key -> its parked slot, oldest parked first
+        self.park: list[Hashable | None] = [None] * B   # the session parked in each slot
+        self.held: list[list[int]] = [[] for _ in range(B)]   # the ids a parked row holds (prompt + completion)
+        self.evicted: set = set()                       # sessions evicted and not released since
         self.launched = False
         self.stats = collections.Counter()
         self.timing = {"insert_s": 0.0, "decode_s": 0.0, "host_s": 0.0}
@@ -181,15 +240,42 @@ class SlotPool:
     def idle_share(self) -> float:
         return 1.0 - self.stats["busy_steps"] / max(self.stats["slot_steps"], 1)
 
-    def submit(self, rid: Hashable, ids: Sequence[int], fold: tuple[int, int]) -> None:
-        """Queue a prompt (token ids) under request id `rid`; its key folds in `fold` (two ints)."""
+    def submit(self, rid: Hashable, ids: Sequence[int], fold: tuple[int, int], session: Hashable | None = None) -> None:
+        """Queue a prompt (token ids) under request id `rid`; its key folds in `fold` (two ints). session (a pool
+        built with sessions=True): the key whose parked row this request continues, and where it parks when done."""
+        if session is not None and not self.sessions:
+            raise ValueError("SlotPool.submit(session=...): build the pool with sessions=True")
         if not len(ids):
             raise ValueError("SlotPool.submit: a prompt needs at least one token (add a BOS token)")
         if len(ids) + self.sp.max_new_tokens > self.max_len:
             raise RequestTooLong(f"a request of {len(ids)} prompt + {self.sp.max_new_tokens} new tokens does not fit "
                                  f"the slot pool's {self.max_len} tokens per slot; raise {self.setting} (or shorten "
                                  "the prompt budget)")
-        self.queue.append(_Request(rid, list(ids), (int(fold[0]), int(fold[1]))))
+        self.queue.append(_Request(rid, list(ids), (int(fold[0]), int(fold[1])), session))
+
+    def release(self, keys: Sequence[Hashable]) -> None:
+        """Free the slots of sessions `keys` (finished episodes). A session whose request is still queued or
+        decoding parks when it finishes (and is evicted when its slot is needed)."""
+        for k in keys:
+            if k in self.parked:
+                self._unpark(self.parked[k])
+            self.evicted.discard(k)
+
+    def _unpark(self, b: int) -> None:
+        del self.parked[self.park[b]]
+        self.park[b], self.held[b] = None, []
+
+    def _evict(self, b: int, why: str) -> None:
+        self.evicted.add(self.park[b])
+        self._unpark(b)
+        self.stats["evicted"] += 1
+        self.stats[f"evicted_{why}"] += 1
+
+    def _park(self, b: int, key: Hashable, ids: list[int]) -> None:
+        if key in self.parked:   # an older row of the same session (a request sent before the last one finished)
+            self._unpark(self.parked[key])
+        self.park[b], self.held[b], self.parked[key] = key, ids, b
+        self.evicted.discard(key)
 
     def _shift(self, d: int) -> None:
         self.cache = shift(self.cache, jnp.asarray(d, jnp.int32))
@@ -198,22 +284,62 @@ class SlotPool:
         self.stats["shifts"] += 1
         self.stats["shifts_right" if d > 0 else "shifts_left"] += 1
 
+    def _admit(self) -> tuple[list[tuple[int, _Request]], list[tuple[int, _Request]]]:
+        """Waiting requests out of the queue, in order: (fresh: (free slot, request) to prefill in full, continued:
+        (its parked slot, request) whose appended ids alone are prefilled). A request continues its session's
+        parked row when its ids extend the held ones (kv_sessions.extends); else the row is freed and the request
+        is a fallback, counted by reason (new / not_prefix / evicted). A request that needs a slot when none is free
+        evicts a parked session (not one continued in this insert): the oldest with no request queued, else the
+        oldest; with none to evict it waits."""
+        free = [b for b, o in enumerate(self.owner) if o is None and self.park[b] is None]
+        fresh, cont, wait = [], [], collections.deque()
+        queued = {r.session for r in self.queue}
+        for r in self.queue:
+            b = self.parked.get(r.session) if r.session is not None else None
+            if b is not None and extends(self.held[b], r.ids):
+                cont.append((b, r))
+                self.park[b] = None          # continued: its slot leaves the parked set (it parks again when done)
+                del self.parked[r.session]
+                continue
+            why = "not_prefix" if b is not None else "evicted" if r.session in self.evicted else "new"
+            if b is not None:
+                self._unpark(b)
+                free.append(b)
+            if not free and self.parked:   # the oldest parked session with no request queued, else the oldest
+                b = next((b for k, b in self.parked.items() if k not in queued), next(iter(self.parked.values())))
+                self._evict(b, "slot")
+                free.append(b)
+            if not free:
+                wait.append(r)
+                continue
+            fresh.append((free.pop(0), r))
+            if r.session is not None:
+                self.stats[f"fallback_{why}"] += 1
+                self.stats["appended_tokens"] += len(r.ids)
+                self.evicted.discard(r.session)
+        self.queue = wait
+        return fresh, cont
+
     def _insert(self) -> None:
-        """Waiting requests into free slots. Requests with identical prompt ids share one prefill row (forked to
-        each of their slots on device); the distinct prompts are prefilled in groups of power-of-two sizes (no
+        """Waiting requests into slots (`_admit`). Requests with identical prompt ids share one prefill row (forked
+        to each of their slots on device); the distinct prompts are prefilled in groups of power-of-two sizes (no
         padding rows; a group of n prompts costs n x P tokens, P = its longest prompt's bucket), longest first.
-        A group's slot rows are padded to a power of two with dropped rows, so `place` compiles few shapes."""
-        free = [b for b, o in enumerate(self.owner) if o is None]
-        reqs = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
-        if not reqs:
+        A group's slot rows are padded to a power of two with dropped rows, so `place` compiles few shapes.
+        Continued sessions: `_continue`."""
+        if not self.queue:
+            return
+        fresh, cont = self._admit()
+        if not fresh and not cont:
             return
         t0 = time.perf_counter()
         by_prompt: dict[tuple[int, ...], list[tuple[int, _Request]]] = {}
-        for b, r in zip(free, reqs):
+        for b, r in fresh:
             by_prompt.setdefault(tuple(r.ids), []).append((b, r))
         distinct = sorted(by_prompt, key=len, reverse=True)
         room = self.max_len - self.sp.max_new_tokens    # every prompt fits it (submit); a bucket past it is cut to it
-        P_max = min(bucket(len(distinct[0]), 16), room)
+        cont = sorted(cont, key=lambda p: len(p[1].ids) - len(self.held[p[0]]), reverse=True)   # most appended first
+        P_max = max(min(bucket(len(distinct[0]), 16), room) if distinct else 0,
+                    min(self._span(cont), room) if cont else 0)
         if self.index < P_max:
             self._shift(P_max - self.index)
         while distinct:
@@ -232,11 +358,49 @@ class SlotPool:
                 jnp.asarray(folds, jnp.int32), self.sp.max_new_tokens,
                 jnp.asarray(rows, jnp.int32) if len(placed) > n else None)
             for _, b, r in placed:
-                self.owner[b], self.start[b], self.checked[b], self.seen[b] = r, self.index - len(r.ids), 0, 0
+                self._taken(b, r)
             self.stats["inserts"] += 1
             self.stats["prefill_tokens"] += n * P
             self.stats["prefill_shared"] += len(placed) - n
+        while cont:
+            n = 1 << (len(cont).bit_length() - 1)
+            group, cont = cont[:n], cont[n:]
+            self._continue(group, room)
         self.timing["insert_s"] += time.perf_counter() - t0
+
+    def _span(self, cont: list[tuple[int, _Request]]) -> int:
+        """Cache slots a group of continued rows is built in: the held ids' bucket + the appended ids' bucket."""
+        held = max(len(self.held[b]) for b, _ in cont)
+        return bucket(held, 16) + bucket(max(len(r.ids) - len(self.held[b]) for b, r in cont), 16)
+
+    def _continue(self, group: list[tuple[int, _Request]], room: int) -> None:
+        """Parked rows continued (`extend_rows`: the appended ids prefilled against each row's kept keys/values,
+        then the row compacted) and written back into their own slots by `place` (a fresh sampler state, the
+        request's key). A row then holds exactly its prompt's len(ids) tokens, as after a full prefill."""
+        held = [len(self.held[b]) for b, _ in group]
+        appended = [r.ids[h:] for (_, r), h in zip(group, held)]
+        A, M, n = bucket(max(map(len, appended)), 16), bucket(max(held), 16), len(group)
+        keep = min(M + A, room)
+        tokens, positions, valid = left_pad(appended, n, A)
+        slots = jnp.asarray([b for b, _ in group], jnp.int32)
+        logits, small, small_valid = extend_rows(
+            self.cfg, self.params, self.cache, slots, jnp.asarray(held, jnp.int32), jnp.asarray(tokens),
+            jnp.asarray(positions + np.asarray(held)[:, None]), jnp.asarray(valid), M, keep)
+        folds = jnp.asarray([r.fold for _, r in group], jnp.int32)
+        self.cache, self.state, self.keys = place(self.cache, self.state, self.keys, self.base_key, logits, small,
+                                                  small_valid, slots, folds)
+        for b, r in group:
+            self.held[b] = []
+            self._taken(b, r)
+        self.stats["continued_inserts"] += 1
+        self.stats["prefill_tokens"] += n * A
+        self.stats["reused"] += n
+        self.stats["reused_tokens"] += sum(held)
+        self.stats["appended_tokens"] += sum(map(len, appended))
+
+    def _taken(self, b: int, r: _Request) -> None:
+        """Slot b now decodes request r (its len(r.ids) tokens right-aligned before the index)."""
+        self.owner[b], self.start[b], self.checked[b], self.seen[b] = r, self.index - len(r.ids), 0, 0
 
     def launch(self) -> bool:
         """Insert waiting requests into free slots and dispatch one decode chunk (not waited for: the host may work
@@ -247,8 +411,11 @@ class SlotPool:
         held = [b for b, o in enumerate(self.owner) if o is not None]
         if not held:
             return False
-        if self.index + self.chunk > self.cache["valid"].shape[1]:   # no room for a whole chunk: shift left
-            self._shift(-int(min(self.start[b] for b in held)))
+        need = self.index + self.chunk - self.cache["valid"].shape[1]
+        if need > 0:   # no room for a whole chunk: shift left by the oldest row's start, parked rows included
+            for b in [b for b in self.parked.values() if self.start[b] < need]:
+                self._evict(b, "span")   # parked so long that its row spans more than T: rolled out otherwise
+            self._shift(-int(min(self.start[b] for b in held + list(self.parked.values()))))
         t0 = time.perf_counter()
         if self.refill:
             self.state["exit_done"] = jnp.asarray(min(self.slots, self.slots - len(held) + self.refill), jnp.int32)
@@ -277,6 +444,7 @@ class SlotPool:
         self.stats["slot_steps"] += self.slots * steps
         self.stats["busy_steps"] += int(sum(int(lens[b]) - int(self.seen[b]) for b in held))
         out, done, push, logps = [], np.array(done), False, None
+        cut_lo, cut_hi = np.zeros(self.slots, np.int32), np.zeros(self.slots, np.int32)
         for b in held:
             self.seen[b] = lens[b]
             cut = None
@@ -291,10 +459,16 @@ class SlotPool:
             req = self.owner[b]
             out.append(Finished(req.rid, toks[b, :n].tolist(), logps[b, :n].tolist(), reason, req.ids))
             self.owner[b], self.seen[b] = None, 0
+            if req.session is not None:   # parked: the row keeps prompt + completion (to the cut) for the next turn
+                self._park(b, req.session, req.ids + out[-1].tokens)
+                first = self.start[b] + len(req.ids)            # the cache slot of the row's first generated token
+                cut_lo[b], cut_hi[b] = first + n, first + lens[b]   # decoded past a stop-string cut: not kept
             push |= not done[b]            # cut by a stop string on the host: the device row must stop too
             done[b] = True
         if push:
             self.state["done"] = jnp.asarray(done)
+        if (cut_hi > cut_lo).any():
+            self.cache = dict(self.cache, valid=forget(self.cache["valid"], jnp.asarray(cut_lo), jnp.asarray(cut_hi)))
         self.stats["finished"] += len(out)
         self.timing["host_s"] += time.perf_counter() - t1
         return out

@@ -38,6 +38,14 @@ from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import forward_cached_hidden, init_cache, logits_from_hidden
 
 
+def extends(held: Sequence[int], ids: Sequence[int]) -> bool:
+    """The reuse test: `ids` start with the session's `held` ids (last prompt + completion) and are longer."""
+    return 0 < len(held) < len(ids) and list(ids[:len(held)]) == list(held)
+
+
+take_slots = jax.vmap(lambda buf, idx: jnp.take(buf, idx, axis=1))   # rows [n,K,S,Dh], slots [n,M] -> [n,K,M,Dh]
+
+
 class PoolFull(ValueError):
     """A request the session pool cannot hold (more rows than slots, or a session longer than its slot)."""
 
@@ -110,8 +118,7 @@ def gather_rows(kv: dict, slots, kept, m: int, size: int) -> dict:
     src = j[None, :] - (m - kept[:, None])                        # [B,size]: pool slot each batch slot reads
     valid = (src >= 0) & (src < kept[:, None])
     src = jnp.clip(src, 0, kv["k"][0].shape[2] - 1)
-    take = jax.vmap(lambda buf, idx: jnp.take(buf, idx, axis=1))   # [K,S,Dh] rows, [size] -> [K,size,Dh]
-    pick = lambda bufs: tuple(take(b[slots], src) for b in bufs)
+    pick = lambda bufs: tuple(take_slots(b[slots], src) for b in bufs)
     return {"k": pick(kv["k"]), "v": pick(kv["v"]), "valid": valid, "index": jnp.asarray(m, jnp.int32)}
 
 
@@ -130,8 +137,7 @@ def store_rows(kv: dict, cache: dict, slots, keep_below):
     valid = cache["valid"] & (jnp.arange(size)[None, :] < keep_below[:, None])
     order = jnp.argsort(~valid, axis=1, stable=True)              # valid slots first, in slot order
     n = min(size, kv["k"][0].shape[2])
-    take = jax.vmap(lambda buf, idx: jnp.take(buf, idx, axis=1))
-    put = lambda pool, buf: pool.at[slots, :, :n].set(take(buf, order[:, :n]), mode="drop")
+    put = lambda pool, buf: pool.at[slots, :, :n].set(take_slots(buf, order[:, :n]), mode="drop")
     return {name: tuple(put(p, b) for p, b in zip(kv[name], cache[name])) for name in ("k", "v")}
 
 
@@ -179,7 +185,7 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
     kept, appended = [], []
     for k, p in zip(keys, prompts):
         prev = pool.ids[k]
-        reuse = 0 < len(prev) < len(p) and list(p[:len(prev)]) == prev
+        reuse = extends(prev, p)
         pool.stats["reused" if reuse else ("fallback_not_prefix" if prev else "fallback_new")] += 1
         kept.append(len(prev) if reuse else 0)
         appended.append(list(p[len(prev):]) if reuse else list(p))

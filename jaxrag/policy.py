@@ -19,11 +19,14 @@ seed=)` returns a `ContinuousSession` over a jaxrag.continuous.SlotPool of `slot
 tokens: `submit(rid, prompt, fold)`, `launch()` / `collect() -> [(rid, Completion)]` (or `step()`), so a finished
 request's slot takes the next waiting prompt (requests inserted together with one prompt share its prefill). The
 rollout engine uses it with RolloutConfig(continuous=True), n_candidates > 1 included; a policy without the method
-(the scripted fakes) keeps the lock-step path.
+(the scripted fakes) keeps the lock-step path. With `JaxPolicy(pool_sessions=True)` (or `continuous(...,
+sessions=True)`) the pool keeps KV sessions: `submit(..., session=key)` continues the key's parked row, prefilling
+only the appended ids; `release(keys)`; the session's `keeps_sessions` tells the rollout engine to pass keys.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 from typing import Protocol, Sequence
@@ -81,15 +84,19 @@ class JaxPolicy:
     request whose prompt + max_new_tokens exceeds it is refused with an error naming this setting. Every decode
     step attends over all of a slot's tokens (the lock-step sampler over its batch's bucketed prompt + new tokens),
     so size it to the prompt budget + max_new_tokens, not beyond.
+    pool_sessions: the continuous pool keeps sessions (SlotPool(sessions=True)): a finished request's row stays
+    parked in its slot and the session's next request prefills only the ids it appends (the rollout engine passes
+    one session per episode at n_candidates = 1); `pool_stats` counts reuses and fallbacks.
     min_rows / min_prompt: the sampler's shape floors (generate.sample): fewer compiled programs for small models."""
 
     def __init__(self, cfg: ModelConfig, params, tokenizer, *, top_k: int = 0, top_p: float = 1.0, add_bos: bool = True, max_prompt_tokens: int | None = None,
                  share_prefix: bool = True, unstack: bool = True, session_slots: int = 0,
-                 session_tokens: int | None = None, pool_tokens: int | None = None, min_rows: int = 1,
-                 min_prompt: int = 16):
+                 session_tokens: int | None = None, pool_tokens: int | None = None, pool_sessions: bool = False,
+                 min_rows: int = 1, min_prompt: int = 16):
         self.cfg, self.tokenizer, self.unstack = cfg, tokenizer, unstack
         self.min_rows, self.min_prompt = min_rows, min_prompt
-        self.pool_tokens = pool_tokens or cfg.max_seq_len
+        self.pool_tokens, self.pool_sessions = pool_tokens or cfg.max_seq_len, pool_sessions
+        self.pool_stats = collections.Counter()   # the continuous pools' counters (SlotPool.stats), summed
         self.sessions = SessionPool(cfg, session_slots, session_tokens or cfg.max_seq_len) if session_slots else None
         self.timing = {"prefill_s": 0.0, "decode_s": 0.0}
         self.params = params
@@ -178,14 +185,16 @@ class JaxPolicy:
                               stop_ids=self.stop_token_ids(stop_strings) if self.device_stops else ())
 
     def continuous(self, slots: int, *, temperature=0.0, max_new_tokens=128, stop=None, seed=0,
-                   chunk: int = 16, refill: float = 0.25) -> "ContinuousSession":
+                   chunk: int = 16, refill: float = 0.25, sessions: bool | None = None) -> "ContinuousSession":
         """A continuous-batching session: `slots` decode slots of `pool_tokens` tokens each (module doc); a decode
-        chunk runs up to `chunk` steps and ends early once `refill` x slots more rows are done (SlotPool)."""
+        chunk runs up to `chunk` steps and ends early once `refill` x slots more rows are done (SlotPool).
+        sessions: keep KV sessions in the pool (default: the policy's pool_sessions)."""
         stop_strings = list(stop) if stop else None
         pool = SlotPool(self.cfg, self._sample_params, slots, self.pool_tokens,
                         self._sampling(temperature, max_new_tokens, stop_strings), jax.random.PRNGKey(seed),
                         stop_strings=stop_strings, tokenizer=self.tokenizer, chunk=chunk, refill=refill,
-                        setting="JaxPolicy(pool_tokens=...)")
+                        setting="JaxPolicy(pool_tokens=...)",
+                        sessions=self.pool_sessions if sessions is None else sessions)
         return ContinuousSession(self, pool)
 
     def generate(self, prompts, *, n=1, temperature=0.0, max_new_tokens=128, stop=None, seed=0, sessions=None):
@@ -237,16 +246,29 @@ class ContinuousSession:
         """Slot-steps run with no live row in the slot / all slot-steps so far."""
         return self.pool.idle_share
 
-    def submit(self, rid, prompt: str, fold: tuple[int, int]) -> None:
-        """Queue `prompt` as request `rid`; its sampling key folds in `fold` (e.g. (episode index, step))."""
-        self.pool.submit(rid, self.policy.encode_prompt(prompt, self.pool.sp.max_new_tokens), fold)
+    @property
+    def keeps_sessions(self) -> bool:
+        return self.pool.sessions
+
+    def submit(self, rid, prompt: str, fold: tuple[int, int], session=None) -> None:
+        """Queue `prompt` as request `rid`; its sampling key folds in `fold` (e.g. (episode index, step)).
+        session: a key (e.g. the episode) whose last request's row this one continues (keeps_sessions)."""
+        self.pool.submit(rid, self.policy.encode_prompt(prompt, self.pool.sp.max_new_tokens), fold, session)
+
+    def release(self, keys) -> None:
+        """Free the pool slots of sessions `keys` (finished episodes)."""
+        self.pool.release(keys)
 
     def _count(self) -> None:
-        """The pool's counters since the last call added to the policy's (prefill_tokens, decode_slots, timing)."""
+        """The pool's counters since the last call added to the policy's (prefill_tokens, decode_slots, timing;
+        every SlotPool.stats counter to pool_stats)."""
         now = {"prefill_tokens": self.pool.stats["prefill_tokens"], "slot_steps": self.pool.stats["slot_steps"],
                "insert_s": self.pool.timing["insert_s"], "decode_s": self.pool.timing["decode_s"]}
         last, self._last = getattr(self, "_last", dict.fromkeys(now, 0)), now
         pol = self.policy
+        stats = collections.Counter(self.pool.stats)
+        pol.pool_stats.update(stats - getattr(self, "_last_stats", collections.Counter()))
+        self._last_stats = stats
         pol.prefill_tokens += now["prefill_tokens"] - last["prefill_tokens"]
         pol.decode_slots += now["slot_steps"] - last["slot_steps"]
         pol.timing["prefill_s"] += now["insert_s"] - last["insert_s"]

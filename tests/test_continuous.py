@@ -1,16 +1,21 @@
 """Continuous batching (jaxrag.continuous + RolloutConfig(continuous=True)): a slot pool smaller than the work gives
 the lock-step sampler's tokens per request / per episode, keys that do not depend on the slots, bounded memory."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fakes import ByteTokenizer, OverlapRetriever, Passage, ScriptedPolicy, completion, cut_at_stop
+from fakes import (ByteTokenizer, EchoSearch, Latin1Tokenizer, OverlapRetriever, Passage, ScriptedPolicy, completion,
+                   cut_at_stop)
 from rl_world import PASSAGES, QUESTIONS, EchoAgent, HashRetriever
 from jaxrag.continuous import RequestTooLong, SlotPool
 from jaxrag.env.agents import get_agent
+from jaxrag.env.mdp import ANSWER, Action
 from jaxrag.env.rollout import RolloutConfig, rollout
 from jaxrag.generate import SamplingParams, bucket, sample
+from jaxrag.kv_sessions import extends
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import param_shapes
 from jaxrag.policy import JaxPolicy
@@ -126,10 +131,10 @@ def test_too_long_request_and_bad_pool_are_clear_errors(pol):
         pol.pool_tokens = pol.cfg.max_seq_len
 
 
-def _episodes(policy, batch, n=6, answer_char="4", select=None, **kw):
+def _episodes(policy, batch, n=6, answer_char="4", select=None, agent=None, **kw):
     cfg = RolloutConfig(k=1, batch_size=batch, max_steps=4, max_new_tokens=12, **kw)
     st = {}
-    agent = EchoAgent(answer_char=answer_char, mode="plain")
+    agent = agent or EchoAgent(answer_char=answer_char, mode="plain")
     eps = rollout(policy, HashRetriever(PASSAGES), agent, QUESTIONS[:n], cfg, stats=st, select=select)
     return eps, st
 
@@ -285,3 +290,169 @@ def test_engine_over_the_continuous_protocol_equals_lockstep(agent, overlap, n):
                                                             for s in e.steps]) for e in eps]
     assert view(cont) == view(lock)
     assert st["generations"] == n * sum(1 for e in lock for s in e.steps if s.prompt)
+
+
+# ---- sessions: a finished request's row stays parked; the session's next request prefills only what it appends ----
+class RawEcho(EchoSearch):
+    """EchoSearch (its prompt holds each raw generation, then its documents: a prefix extension at token level under
+    Latin1Tokenizer) whose generation answers when it holds `answer_char`: episodes of different lengths."""
+    answer_char = "4"
+
+    def parse_plain(self, text):
+        return Action(ANSWER, text[:16], text) if self.answer_char in text else super().parse_plain(text)
+
+
+@pytest.fixture(scope="module")
+def lpol(pol):
+    """`pol`'s model under Latin1Tokenizer (generated ids re-encode to themselves) with room for 4-turn prompts."""
+    return JaxPolicy(dataclasses.replace(pol.cfg, max_seq_len=512), pol.params, Latin1Tokenizer(), pool_tokens=320)
+
+
+def _raw_episodes(policy, batch, n=6, **kw):
+    return _episodes(policy, batch, n, agent=RawEcho(mode="plain", max_doc_chars=30), **kw)
+
+
+def test_pool_sessions_equal_the_full_prefill_and_lockstep_at_temperature_zero(lpol):
+    lock, _ = _raw_episodes(lpol, 2)
+    assert len({len(e.steps) for e in lock}) > 1                         # episodes of different lengths
+    pools = _pools(lpol)
+    try:
+        full, _ = _raw_episodes(lpol, 2, continuous=True)
+        lpol.pool_sessions = True
+        kept, _ = _raw_episodes(lpol, 2, continuous=True)
+        over, _ = _raw_episodes(lpol, 2, continuous=True, overlap=True)   # release / submit during the next chunk
+    finally:
+        del lpol.continuous
+        lpol.pool_sessions = False
+    _same_episodes(lock, kept, atol=1e-4)
+    _same_episodes(full, kept, atol=1e-4)
+    _same_episodes(kept, over, atol=1e-4)
+    a, b = pools[0].pool, pools[1].pool
+    assert pools[2].pool.stats["reused"] == b.stats["reused"] and not pools[2].pool.parked
+    turns = sum(len(e.steps) for e in lock)
+    assert not a.sessions and b.sessions and a.stats["reused"] == 0
+    # each episode's first turn is a full insert; every later turn whose ids extend the last prompt + completion
+    # continues its parked row (a completion ending at EOS does not: the text drops it), the others fall back
+    # (2 slots, 6 episodes: finished episodes release their slots, so nothing is evicted)
+    extend = sum(extends(s.prompt_ids + s.token_ids, t.prompt_ids) for e in kept for s, t in zip(e.steps, e.steps[1:]))
+    assert b.stats["fallback_new"] == 6 and b.stats["reused"] == extend > 0
+    assert b.stats["reused"] + b.stats["fallback_not_prefix"] == turns - 6
+    assert b.stats["evicted"] == 0 and not b.parked and b.stats["inserts"] + b.stats["continued_inserts"] < turns
+    assert b.stats["prefill_tokens"] < 0.75 * a.stats["prefill_tokens"]
+    assert b.stats["appended_tokens"] + b.stats["reused_tokens"] == sum(len(s.prompt_ids) for e in kept
+                                                                        for s in e.steps)
+    assert lpol.pool_stats["reused"] == 2 * b.stats["reused"]                # the policy sums its pools' counters
+
+
+def test_pool_sessions_at_temperature_one_sample_as_without(lpol):
+    a, _ = _raw_episodes(lpol, 2, 4, continuous=True, temperature=1.0, seed=5)
+    lpol.pool_sessions = True
+    try:
+        b, _ = _raw_episodes(lpol, 3, 4, continuous=True, temperature=1.0, seed=5)   # another batch size too
+    finally:
+        lpol.pool_sessions = False
+    assert sum(len(e.steps) for e in b) > 4                                # later turns (continued rows) sampled
+    _same_episodes(a, b, atol=1e-4)
+
+
+def _turns(pool, prompts, turn):
+    """prompts: {session: ids}; request id = session; fold (session, turn)."""
+    for i, p in prompts.items():
+        pool.submit(i, p, (i, turn), session=i)
+    return _drain(pool)
+
+
+def test_pool_sessions_fall_back_evict_and_release(lpol):
+    """4 sessions in 3 slots (parked rows evicted for new ones, their next turn re-prefilled), stop strings ending
+    rows at different lengths, a turn that rewrites its prompt (not a prefix extension): the full prefill's tokens
+    throughout."""
+    cfg, params, tok = lpol.cfg, lpol._sample_params, lpol.tokenizer
+    prompts = dict(enumerate(_prompts(4, seed=7)))
+    sp = SamplingParams(max_new_tokens=12)
+    probe = sample(cfg, params, list(prompts.values()), sp, jax.random.PRNGKey(0))
+    rows = [set(probe.row(i)[0]) for i in range(len(prompts))]
+    t = next(t for t in range(35, 130) if 1 <= sum(t in r for r in rows) <= len(rows) - 1)
+    stop = [tok.decode([t])]
+    pool = SlotPool(cfg, params, 3, 120, sp, jax.random.PRNGKey(0), stop_strings=stop, tokenizer=tok, chunk=8,
+                    sessions=True)
+    rng = np.random.default_rng(1)
+    reasons = []
+    for turn, keys in enumerate([(0, 1, 2), (0, 1, 3), (0, 1, 2, 3), (0, 2, 3)]):
+        now = {i: prompts[i] for i in keys}
+        got = _turns(pool, now, turn)
+        ref = sample(cfg, params, list(now.values()), sp, jax.random.PRNGKey(0), stop_strings=stop, tokenizer=tok)
+        for r, i in enumerate(keys):
+            assert got[i].tokens == ref.row(r)[0] and got[i].finish_reason == ref.finish_reason[r]
+            np.testing.assert_allclose(got[i].logprobs, ref.row(r)[1], rtol=0, atol=1e-4)
+            reasons.append(got[i].finish_reason)
+            tail = rng.integers(3, 250, size=2 + 2 * i).tolist()
+            prompts[i] = now[i] + got[i].tokens + tail if (turn, i) != (1, 1) else now[i][:-1] + [3] + tail
+    st = pool.stats
+    assert "stop" in reasons and "length" in reasons
+    # turn 1: 3 evicts 2 (no request queued); turn 2: 2 back (evicted), turn 3: 0 and 3 evicted for 2's, 1's turns
+    assert st["fallback_new"] == 4 and st["fallback_not_prefix"] == 1 and st["evicted"] >= 2
+    assert st["fallback_evicted"] >= 1 and st["reused"] >= 5
+    assert st["reused"] + st["fallback_new"] + st["fallback_not_prefix"] + st["fallback_evicted"] == 13
+    pool.release(range(4))
+    assert not pool.parked and all(k is None for k in pool.park)
+
+
+def test_parked_rows_survive_left_shifts_until_they_span_the_pool(lpol):
+    """Other requests decode while a session is parked: the shared index moves on, the cache is shifted left without
+    rolling the parked row out, and once the row would span more than the pool's tokens it is evicted."""
+    cfg, params = lpol.cfg, lpol._sample_params
+    sp = SamplingParams(max_new_tokens=12)
+    a, others = [1] + list(range(50, 60)), iter(enumerate(_prompts(40, seed=5)))
+    pool = SlotPool(cfg, params, 2, 64, sp, jax.random.PRNGKey(0), chunk=8, sessions=True)
+
+    def turn(ids, t):   # session 0's turn t, checked against the full prefill
+        got = _turns(pool, {0: ids}, t)[0]
+        assert got.tokens == sample(cfg, params, [ids], sp, jax.random.PRNGKey(0)).row(0)[0]
+        return ids + got.tokens + [40 + t, 41]
+
+    def until(done):    # other requests (no session) through the free slot until `done()`
+        while not done():
+            b, p = next(others)
+            pool.submit(("other", b), p, (b, 9))
+            _drain(pool)
+
+    nxt = turn(a, 0)
+    until(lambda: pool.stats["shifts_left"])
+    assert 0 in pool.parked
+    nxt = turn(nxt, 1)
+    assert pool.stats["reused"] == 1
+    until(lambda: 0 not in pool.parked)
+    assert pool.stats["evicted_span"] == 1
+    turn(nxt, 2)
+    assert pool.stats["fallback_evicted"] == 1 and pool.stats["fallback_new"] == 1
+
+
+def test_pool_session_continues_after_a_stop_string_cut(lpol):
+    """A row cut by a host stop string decoded past the cut: its next turn continues the kept ids only."""
+    cfg, params, tok = lpol.cfg, lpol._sample_params, lpol.tokenizer
+    prompts = _prompts(3, seed=11)
+    sp = SamplingParams(max_new_tokens=16)
+    probe = sample(cfg, params, prompts, sp, jax.random.PRNGKey(0))
+    # a stop string two tokens long ends inside a row: the device decodes on until the host's check after the chunk
+    i, n = next((i, n) for i in range(3) for n in range(2, 12) if probe.row(i)[0][n] >= 35)
+    stop = [tok.decode(probe.row(i)[0][n - 1:n + 1])]
+    pool = SlotPool(cfg, params, 3, 120, sp, jax.random.PRNGKey(0), stop_strings=stop, tokenizer=tok, chunk=16,
+                    sessions=True)
+    got = _turns(pool, dict(enumerate(prompts)), 0)
+    assert got[i].finish_reason == "stop" and len(got[i].tokens) < 16
+    valid = np.asarray(pool.cache["valid"])       # a parked row's valid slots: its held ids, the cut ones dropped
+    assert [int(valid[pool.parked[j]].sum()) for j in range(3)] == [len(prompts[j]) + len(got[j].tokens)
+                                                                    for j in range(3)]
+    nxt = [p + got[j].tokens + [40, 41, 42] for j, p in enumerate(prompts)]
+    got = _turns(pool, dict(enumerate(nxt)), 1)
+    ref = sample(cfg, params, nxt, sp, jax.random.PRNGKey(0), stop_strings=stop, tokenizer=tok)
+    assert pool.stats["reused"] == 3
+    for j in range(3):
+        assert got[j].tokens == ref.row(j)[0]
+        np.testing.assert_allclose(got[j].logprobs, ref.row(j)[1], rtol=0, atol=1e-4)
+
+
+def test_pool_sessions_need_an_opt_in(pol):
+    pool = SlotPool(pol.cfg, pol._sample_params, 2, 64, SamplingParams(max_new_tokens=8), jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match="sessions=True"):
+        pool.submit("r", [1, 5, 6], (0, 0), session="e")

@@ -1,13 +1,16 @@
 """Cross-turn KV reuse vs today's full prefill: full multi-turn rollouts on the synthetic world, the real policy.
 
     python -m jaxrag.bench.rollout --kv [--workdir DIR] [--batches 1,8,32] [--episodes 128] [--sft-steps 300]
+        [--paths today,stops,reuse,continuous,cont+reuse]
 
 The world: the synthetic pipeline's `tiny` preset (world, index, teacher, tokenizer) with the demo's model size
 (d_model 128, 4 layers) trained by its SFT stage for --sft-steps (a reused --workdir skips what is done), so
 episodes search and answer in plain ReAct lines. Every path (PATHS: today's sampler, + device stop ids, + KV
-reuse) runs the same questions at each batch size after a warm-up run (every shape compiled), greedy. Per row: episodes/s, policy turns, the prefill token slots computed per
-turn (padded, what the device ran) and the real prompt tokens per turn (the appended ones on the reuse path),
-the reuse path's continuations and fallbacks, whether both paths took the same actions, the decode batch's fill
+reuse; the continuous slot pool of `batch` slots without and with KV sessions in the pool) runs the same questions
+at each batch size after a warm-up run (every shape compiled), greedy. Per row: episodes/s, policy turns, the
+prefill token slots computed per turn (padded, what the device ran) and the real prompt tokens per turn (the
+appended ones on the reuse paths), the reuse paths' continuations and fallbacks, whether the path took the first
+path's actions (same_actions), the decode batch's fill
 (tokens kept / padded row-steps run: a row done early idles until its call's longest row is), and the time split:
 prefill (host batch prep + prefill pass), decode, retrieval, host (tokenizer, rendering, parsing, engine).
 first_run_s: the warm-up run's seconds (its compilations included; a path measured later at the same batch size
@@ -24,9 +27,11 @@ import jax
 from jaxrag.bench.common import table, write_result
 
 
-PATHS = {"today": (False, False),    # the sampler as it was: stop strings checked on the host every 16 steps
-         "stops": (True, False),     # + one-token stop strings ended on device (JaxPolicy.device_stops)
-         "reuse": (True, True)}      # + cross-turn KV reuse (a session pool of `batch` slots)
+PATHS = {"today": (False, False, False),      # the sampler as it was: stop strings checked on the host every 16 steps
+         "stops": (True, False, False),       # + one-token stop strings ended on device (JaxPolicy.device_stops)
+         "reuse": (True, True, False),        # + cross-turn KV reuse (a session pool of `batch` slots)
+         "continuous": (True, False, True),   # the continuous-batching slot pool (RolloutConfig(continuous=True))
+         "cont+reuse": (True, True, True)}    # + KV sessions in the slot pool (JaxPolicy(pool_sessions=True))
 
 
 def synthetic_world(workdir: Path, sft_steps: int):
@@ -53,8 +58,8 @@ def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
     t0 = time.perf_counter()
     rollout(pol, retriever, agent, questions, rcfg)                  # warm-up: compiles every shape met below
     first = time.perf_counter() - t0
-    pool = pol.sessions
-    before = (dict(pol.timing), pol.prefill_tokens, dict(pool.stats) if pool else {}, pol.decode_slots,
+    pool = pol.sessions.stats if pol.sessions else pol.pool_stats if rcfg.continuous and pol.pool_sessions else None
+    before = (dict(pol.timing), pol.prefill_tokens, dict(pool) if pool is not None else {}, pol.decode_slots,
               pol.decode_tokens)
     st: dict = {}
     t0 = time.perf_counter()
@@ -64,8 +69,8 @@ def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
     pre = pol.timing["prefill_s"] - before[0]["prefill_s"]
     dec = pol.timing["decode_s"] - before[0]["decode_s"]
     real = sum(len(s.prompt_ids) for e in eps for s in e.steps if s.prompt)
-    stats = {k: v - before[2].get(k, 0) for k, v in pool.stats.items()} if pool else {}
-    if pool:
+    stats = {k: v - before[2].get(k, 0) for k, v in pool.items()} if pool is not None else {}
+    if pool is not None:
         real = stats.get("appended_tokens", 0)
     row = {"batch": rcfg.batch_size, "episodes_per_s": len(eps) / tot, "total_s": tot, "first_run_s": first,
            "turns": turns,
@@ -74,9 +79,10 @@ def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
            "decode_fill%": 100 * (pol.decode_tokens - before[4]) / max(pol.decode_slots - before[3], 1),
            "prefill%": 100 * pre / tot, "decode%": 100 * dec / tot, "retrieve%": 100 * st["retrieve_s"] / tot,
            "host%": 100 * (tot - pre - dec - st["retrieve_s"] - st["summarize_s"]) / tot}
-    if pool:
+    if pool is not None:
         row.update(reused=stats.get("reused", 0), fallback_new=stats.get("fallback_new", 0),
-                   fallback_not_prefix=stats.get("fallback_not_prefix", 0))
+                   fallback_not_prefix=stats.get("fallback_not_prefix", 0),
+                   fallback_evicted=stats.get("fallback_evicted", 0))
     return row, eps
 
 
@@ -87,7 +93,9 @@ def main(argv=None):
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--sft-steps", type=int, default=300)
     ap.add_argument("--max-new-tokens", type=int, default=40)
+    ap.add_argument("--paths", default=",".join(PATHS), help=f"which of {list(PATHS)} to run (the first is the base)")
     args = ap.parse_args(argv)
+    paths = {p: PATHS[p] for p in args.paths.split(",")}
     from jaxrag.env.agents import get_agent
     from jaxrag.env.rollout import RolloutConfig
     from jaxrag.kv_sessions import SessionPool
@@ -110,22 +118,23 @@ def main(argv=None):
     gflops = 5 * 2 * 2048 ** 3 / (time.perf_counter() - t1) / 1e9
     rows = []
     for b in [int(x) for x in args.batches.split(",")]:
-        rcfg = RolloutConfig(k=config.index.k, max_steps=8, batch_size=b, max_new_tokens=args.max_new_tokens,
-                             reward="em", seed=config.seed)
         acts, base = {}, None
-        for path, (stops, reuse) in PATHS.items():
+        for path, (stops, reuse, cont) in paths.items():
+            rcfg = RolloutConfig(k=config.index.k, max_steps=8, batch_size=b, max_new_tokens=args.max_new_tokens,
+                                 reward="em", seed=config.seed, continuous=cont)
             pol.device_stops = stops
-            pol.sessions = SessionPool(pol.cfg, b, pol.cfg.max_seq_len) if reuse else None
+            pol.sessions = SessionPool(pol.cfg, b, pol.cfg.max_seq_len) if reuse and not cont else None
+            pol.pool_sessions = reuse and cont
             row, eps = measure(pol, retriever, agent, questions, rcfg)
             acts[path] = [[s.action.raw for s in e.steps] for e in eps]
             base = base or row["episodes_per_s"]
             row.update(speedup=row["episodes_per_s"] / base,
-                       same_actions=sum(x == y for x, y in zip(acts["today"], acts[path])) / len(questions))
+                       same_actions=sum(x == y for x, y in zip(acts[next(iter(paths))], acts[path])) / len(questions))
             rows.append({"path": path, **row})
             print(f"  {path} batch {b}: {row['episodes_per_s']:.2f} ep/s", flush=True)
     cols = ["path", "batch", "episodes_per_s", "speedup", "total_s", "first_run_s", "turns_per_episode", "prefill_slots_per_turn",
             "prompt_tokens_per_turn", "decode_fill%", "prefill%", "decode%", "retrieve%", "host%", "reused", "fallback_new",
-            "fallback_not_prefix", "same_actions"]
+            "fallback_not_prefix", "fallback_evicted", "same_actions"]
     print(table(rows, cols))
     print(f"jitted 2048x2048 fp32 matmul: {gflops:.1f} GFLOP/s")
     out = write_result("rollout_kv", {"episodes": len(questions), "agent": "react/plain", "k": config.index.k,

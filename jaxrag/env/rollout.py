@@ -27,8 +27,10 @@ that completed in the chunk) once all N have finished. Request keys fold in (epi
 so at T > 0 the samples do not depend on the batch size (they differ from the lock-step path's per-call keys);
 at T = 0 every episode gets the lock-step path's actions and token ids. Falls back to lock-step: a policy without
 `continuous` (scripted fakes) and agents that summarize (Search-o1 / Re²Search summaries, ReasonRAG grounding: a
-second policy call per turn); and the pool keeps no KV sessions (each turn's prompt is prefilled in full into its
-slot, once per turn).
+second policy call per turn). A pool that keeps sessions (`sess.keeps_sessions`: JaxPolicy(pool_sessions=True))
+gets the episode index as each request's session at n_candidates = 1 (and `release` when the episode ends): a
+turn whose prompt extends the last prompt + completion prefills only what it appends, into the episode's parked
+slot; otherwise (and at n_candidates > 1, no sessions) each turn's prompt is prefilled in full, once per turn.
 """
 from __future__ import annotations
 
@@ -343,6 +345,7 @@ def _rollout_continuous(policy, retriever, agent: Agent, items: Iterable, cfg: R
     sess = policy.continuous(cfg.batch_size * N, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                              stop=list(agent.stop) or None, seed=cfg.seed)
     fits = prompt_fits(policy, cfg.max_new_tokens)
+    keep = N == 1 and bool(getattr(sess, "keeps_sessions", False))   # the pool keeps each episode's row (session i)
     live: dict[int, Episode] = {}
     waiting: dict[int, tuple[State, str]] = {}     # episode -> (state, prompt) of its queued or decoding turn
     got: dict[int, dict[int, tuple[Any, float]]] = {}   # episode -> candidate j -> (completion, its generate_s)
@@ -368,6 +371,8 @@ def _rollout_continuous(policy, retriever, agent: Agent, items: Iterable, cfg: R
         for i, step in zip(idxs, steps):
             if _apply(live[i], step, cfg):
                 done[i] = live.pop(i)
+                if keep:
+                    sess.release([i])
                 bar.update(1)
                 if on_episode is not None:
                     on_episode(done[i])
@@ -387,7 +392,7 @@ def _rollout_continuous(policy, retriever, agent: Agent, items: Iterable, cfg: R
                     continue
                 prompt = agent.render(s, fits)
                 for j in range(N):
-                    sess.submit((i, j), prompt, (i * N + j, len(live[i].steps)))
+                    sess.submit((i, j), prompt, (i * N + j, len(live[i].steps)), *([i] if keep else []))
                 waiting[i], got[i] = (s, prompt), {}
             if not scripted:
                 return
