@@ -212,7 +212,8 @@ def sample(
     share_prefix: prefill each distinct prompt once and fork its cache into its decode rows (identical prompts in
     the batch share too); False = prefill every row (the replicate-and-prefill path; same tokens and log-probs).
     min_rows / min_prompt: the fewest rows (decode and prefill) and prompt columns a batch is padded to (powers of
-    two above them, the prompt capped at max_seq_len - max_new_tokens). Decode row r samples with fold_in(key, r) either way. See the module docstring for what comes back."""
+    two above them, the prompt capped at max_seq_len - max_new_tokens). Decode row r samples with fold_in(key, r)
+    either way. See the module docstring for what comes back."""
     if n < 1:
         raise ValueError(f"sample: n={n}; need n >= 1")
     if not prompts:

@@ -122,3 +122,38 @@ class EchoSearch(base.Agent):
 
     def parse_plain(self, text):
         return Action(QUERY, "topic fact", text)
+
+
+class SlotScripted(ScriptedPolicy):
+    """A scripted policy with the continuous protocol: a pool of `slots`; each collect finishes the request that has
+    been in a slot longest whose (scripted) length is up, so turns end out of order while others keep decoding."""
+
+    def continuous(self, slots, *, temperature=0.0, max_new_tokens=128, stop=None, seed=0):
+        pol = self
+
+        class Session:
+            def __init__(self):
+                self.queue, self.running, self.most = [], [], 0
+
+            @property
+            def busy(self):
+                return len(self.queue) + len(self.running)
+
+            def submit(self, rid, prompt, fold):
+                self.queue.append([rid, prompt, 1 + len(prompt) % 3])    # chunks this turn decodes for
+
+            def launch(self):
+                while self.queue and len(self.running) < slots:
+                    self.running.append(self.queue.pop(0))
+                self.most = max(self.most, len(self.running))
+                for r in self.running:
+                    r[2] -= 1
+                return bool(self.running)
+
+            def collect(self):
+                out = [r for r in self.running if r[2] <= 0]
+                self.running = [r for r in self.running if r[2] > 0]
+                return [(rid, completion(cut_at_stop(pol.respond(p, 0), stop))) for rid, p, _ in out]
+
+        self.session = Session()
+        return self.session

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from fakes import OverlapRetriever, Passage, ScriptedPolicy
+from fakes import OverlapRetriever, Passage, ScriptedPolicy, SlotScripted
 from jaxrag.env.agents import get_agent
 from jaxrag.env.mdp import ANSWER, QUERY, Action
 from jaxrag.supervision.judge_protocol import JudgeResult
@@ -256,3 +256,29 @@ def test_policy_tree_env_batches_and_builds_grounding_nodes(tmp_path):
     assert recs[1].candidates[0].action.extra["evidence"] == "ev0"
     back = read_trees(write_trees(tmp_path / "t.jsonl", trees))
     assert tree_to_json(back[0]) == tree_to_json(t) and back[0].history(back[0].nodes[ev[0].id])[-1].summary == "ev0"
+
+
+def test_policy_tree_env_rollouts_through_the_continuous_pool_build_the_same_trees():
+    """PolicyTreeEnv(continuous=True): the rollouts run through the policy's slot pool (expansions keep their
+    batched candidates call) and every tree, value and pair is the lock-step env's."""
+    items = [{"id": f"q{i}", "question": "w" * (i + 2) + " ?", "golden_answers": [f"a{i % 2}"]} for i in range(4)]
+
+    def respond(prompt, j):
+        q, n = prompt.splitlines()[0], prompt.count("\nsearch: ")
+        return f"search: topic{(len(q) + j) % 3} fact" if n + j < 2 else f"answer: a{(len(q) + n + j) % 2}"
+
+    def untimed(x):   # step timings are wall-clock seconds
+        if isinstance(x, dict):
+            return {k: untimed(v) for k, v in x.items() if k != "timing"}
+        return [untimed(v) for v in x] if isinstance(x, list) else x
+
+    cfg = MCTSConfig(alpha=0.9, max_iterations=3, rollouts_per_node=2)
+    trees = {}
+    for continuous, pol in ((False, ScriptedPolicy(respond)), (True, SlotScripted(respond))):
+        env = PolicyTreeEnv(pol, OverlapRetriever(PASSAGES), get_agent("react", mode="plain"), k=2,
+                            continuous=continuous)
+        trees[continuous] = [untimed(tree_to_json(t)) for t in run_mcts(env, items, cfg)]
+    assert trees[True] == trees[False]
+    assert len({n["Q"] for t in trees[True] for n in t["nodes"]}) > 2   # values that differ between nodes
+    assert pol.session.most > 1 and not pol.session.busy             # the last env's rollouts used the pool
+    assert all(c["n"] == 2 for c in pol.calls)                       # only expansions called generate

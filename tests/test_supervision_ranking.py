@@ -2,7 +2,7 @@
 rollout values (a scripted policy whose continuations have known outcomes)."""
 import pytest
 
-from fakes import OverlapRetriever, Passage, ScriptedPolicy
+from fakes import OverlapRetriever, Passage, ScriptedPolicy, SlotScripted
 from jaxrag.data.synthetic.questions import generate_questions
 from jaxrag.data.synthetic.teacher import QUERY_TEMPLATES
 from jaxrag.data.synthetic.world import generate_world
@@ -165,6 +165,29 @@ def test_rollout_values_exact_means():
     assert st["continuations"] == 8 and st["terminal_candidates"] == 5
     # the candidate query was executed before continuing: its docs are in the continuation prompt
     assert "doc: France: Paris is the capital of France." in pol.calls[0]["prompts"][0]
+
+
+def test_rollout_values_through_the_continuous_pool_equal_lockstep():
+    """RolloutValueConfig(continuous=True): every continuation runs through the policy's slot pool (turns ending out
+    of order) and gives the lock-step engine's values."""
+    ret = OverlapRetriever([Passage(f"p{i}", f"T{i}", f"fact {i} about topic{i % 3}") for i in range(6)])
+    agent = get_agent("react", mode="plain")
+
+    def respond(prompt, j):   # a pure function of the prompt: the same script on either path
+        q, n = prompt.splitlines()[0], prompt.count("\nsearch: ")
+        return f"search: topic{len(q) % 3} fact {n}" if n < len(q) % 3 + 1 else f"answer: a{len(q) % 2}"
+
+    recs = [ProcessRecord(f"q{i}", "q" * (i + 1) + "?", [f"a{i % 2}"], "react", [], "", [
+        _cand("query", f"topic{i % 3}", f"search: topic{i % 3}"), _cand("answer", "a0", "answer: a0"),
+        _cand("query", "fact 2", "search: fact 2")], "rank:oracle") for i in range(5)]
+    cfg = dict(m=3, metric="em", max_steps=4, k=1, batch_size=4)
+    lock = rollout_values(ScriptedPolicy(respond), ret, agent, recs, RolloutValueConfig(**cfg))
+    pol, st = SlotScripted(respond), {}
+    cont = rollout_values(pol, ret, agent, recs, RolloutValueConfig(**cfg, continuous=True), stats=st)
+    view = lambda out: [[(c.score, c.extra["outcomes"]) for c in r.candidates] for r in out]
+    assert view(cont) == view(lock)
+    assert {v for r in view(lock) for c in r for v in c[1]} == {0.0, 1.0}   # both outcomes occur
+    assert not pol.calls and pol.session.most == 4 and not pol.session.busy and "idle_slot_share" in st
 
 
 def test_oracle_rescoring_and_agreement_on_collected_states(world):

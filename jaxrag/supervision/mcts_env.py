@@ -38,6 +38,7 @@ class PolicyTreeEnv:
     batch_size: int = 64  # live episodes per engine step in rollouts
     grounding_stage: bool = True
     summarizer: object = None  # policy for evidence in rollouts (default: `policy`, as ReasonRAG)
+    continuous: bool = False  # rollouts through the policy's slot pool (RolloutConfig.continuous)
     reward: str = "auto"  # v: f1, or acc for multiple choice
     seed: int = 0
     calls: dict = field(default_factory=lambda: {"expand": 0, "rollout": 0, "engine": 0})  # counts per method
@@ -167,7 +168,8 @@ class PolicyTreeEnv:
         cfg = RolloutConfig(k=self.k, max_steps=self.engine_max_steps(max_depth), batch_size=self.batch_size,
                             temperature=self.rollout_temperature, max_new_tokens=self.max_new_tokens,
                             summary_max_new_tokens=self.summary_max_new_tokens,
-                            summary_temperature=self.rollout_temperature, reward=self.reward, seed=self._seed())
+                            summary_temperature=self.rollout_temperature, reward=self.reward, seed=self._seed(),
+                            continuous=self.continuous)
         done = rollout(self.policy, self.retriever, self.agent, episodes, cfg, summarizer=self.summarizer)
         self.calls["engine"] += 1
         self.sampled["evidence"] += len(pending_ev)

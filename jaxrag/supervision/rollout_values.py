@@ -3,7 +3,8 @@
 For every candidate of every record: the candidate is executed as the next step (all candidate queries in one
 batched `execute`: search, and summaries for designs that summarize), then M copies of that partial Episode are
 continued to the end by ONE call of the rollout engine (`jaxrag.env.rollout.rollout`, temperature from config;
-the engine batches every continuation of every candidate of every state together). Outcome = F(final answer,
+the engine batches every continuation of every candidate of every state together; `continuous`: through the
+policy's slot pool, where the M copies of a candidate inserted together share one prefill). Outcome = F(final answer,
 gold) with F = f1 | em | cem | acc (config). A terminal candidate needs no continuation: an answer's value is its
 own outcome, an invalid action that ends the episode (max_invalid) is worth 0, as is a query on the last
 allowed step. Output: one ProcessRecord per input record, source "rollout", score = value, extra["outcomes"] =
@@ -33,6 +34,7 @@ class RolloutValueConfig:
     summary_max_new_tokens: int = 256
     max_invalid: int = 1
     seed: int = 0
+    continuous: bool = False  # the engine's continuous batching (RolloutConfig.continuous: a policy's slot pool)
 
     def __post_init__(self):
         for key in ("m", "max_steps", "k", "batch_size", "max_new_tokens", "max_invalid"):
@@ -81,7 +83,7 @@ def rollout_values(policy, retriever, agent, records: Sequence[ProcessRecord],
         rcfg = RolloutConfig(k=cfg.k, max_steps=cfg.max_steps, batch_size=cfg.batch_size, n_candidates=1,
                              temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                              summary_max_new_tokens=cfg.summary_max_new_tokens, reward=cfg.metric,
-                             max_invalid=cfg.max_invalid, seed=cfg.seed)
+                             max_invalid=cfg.max_invalid, seed=cfg.seed, continuous=cfg.continuous)
         for key, ep in zip(keys, rollout(policy, retriever, agent, live, rcfg, summarizer=summarizer, stats=rst)):
             outcomes.setdefault(key, []).append(answer_reward(ep.answer, ep.gold, cfg.metric, ep.choices))
     out = []
@@ -98,5 +100,6 @@ def rollout_values(policy, retriever, agent, records: Sequence[ProcessRecord],
     if stats is not None:
         stats.update({"candidates": len(parts), "continuations": len(live), "terminal_candidates": len(terminal),
                       "policy_calls": rst.get("policy_calls", 0), "engine_steps": rst.get("engine_steps", 0),
-                      "total_s": time.perf_counter() - t0})
+                      "total_s": time.perf_counter() - t0,
+                      **({"idle_slot_share": rst["idle_slot_share"]} if "idle_slot_share" in rst else {})})
     return out
