@@ -95,6 +95,9 @@ def main(argv=None):
     ap.add_argument("--max-new-tokens", type=int, default=40)
     ap.add_argument("--paths", default=",".join(PATHS), help=f"which of {list(PATHS)} to run (the first is the base)")
     args = ap.parse_args(argv)
+    unknown = [p for p in args.paths.split(",") if p not in PATHS]
+    if unknown:
+        ap.error(f"--paths: unknown {unknown}; choose from {list(PATHS)}")
     paths = {p: PATHS[p] for p in args.paths.split(",")}
     from jaxrag.env.agents import get_agent
     from jaxrag.env.rollout import RolloutConfig
