@@ -19,6 +19,9 @@ Policies measured in the same run:
   geometric number of tokens up to --new-tokens, as real actions of different lengths do.
   idle% = decode slot-steps that held no live row (a finished row waiting for its batch, padding rows, free
   slots) / all decode slot-steps run.
+  vs_pure_decode% = the rollout's new tokens per second of its whole run (prefill, retrieval and host included)
+  / a pure decode's at the same batch: `generate.sample` of `batch` one-token prompts decoding --new-tokens
+  tokens each with no stop (`pure_decode`, timed after a warm-up): how close the engine comes to the decoder.
 Retrieval: BM25 (bm25s) over the multihop contexts corpus (11k passages). Agent: plain ReAct, k = RolloutConfig's default.
 Shares: gen = inside policy.generate (tok = the part of it in the tokenizer: encode, decode, stop strings),
 ret = retriever.search, host = the rest of the engine (render, parse, bookkeeping).
@@ -150,6 +153,24 @@ def _timed(pol, retriever, agent, examples, cfg: RolloutConfig, tok=None) -> dic
     return row
 
 
+def pure_decode(pol, batch: int, new_tokens: int, repeats: int = 3) -> float:
+    """New tokens/s of the JaxPolicy's sampler decoding `new_tokens` for `batch` one-token prompts (no EOS, no stop:
+    every row runs to the end), the fastest of `repeats` runs after a warm-up."""
+    import jax
+
+    from jaxrag.generate import SamplingParams, sample
+
+    cfg, sp = dataclasses.replace(pol.cfg, eos_ids=()), SamplingParams(max_new_tokens=new_tokens)
+    run = lambda: sample(cfg, pol._sample_params, [[cfg.bos_id]] * batch, sp, jax.random.PRNGKey(0))
+    run()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = run()
+        best = min(best, time.perf_counter() - t0)
+    return float(out.lengths.sum()) / best
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--kv" in argv:
@@ -185,14 +206,16 @@ def main(argv=None):
     policies = {} if args.no_fake else {"fake(20ms+10us/tok)": (LatencyPolicy(_script, call_s=0.02, token_s=1e-5),
                                                                  None, False)}
     if args.jax:
-        pol = tiny_jax(args.d_model, args.layers)
+        jaxpol = tiny_jax(args.d_model, args.layers)
         name = (f"jax(L{args.layers},d{args.d_model},{args.new_tokens}tok,{args.stop_chars}stops,T{args.temperature:g}"
                 f"{f',N{args.candidates}' if args.candidates > 1 else ''})")
-        scripted = ScriptedJax(pol, args.new_tokens, list(STOP_CHARS[:args.stop_chars]))
-        policies[f"{name} lock-step"] = (scripted, pol.tokenizer, False)
-        policies[f"{name} continuous"] = (scripted, pol.tokenizer, True)
-    rows = []
+        scripted = ScriptedJax(jaxpol, args.new_tokens, list(STOP_CHARS[:args.stop_chars]))
+        policies[f"{name} lock-step"] = (scripted, jaxpol.tokenizer, False)
+        policies[f"{name} continuous"] = (scripted, jaxpol.tokenizer, True)
+    rows, pure = [], {}
     for b in batches:   # the peers back to back at each batch size (a shared machine's load drifts)
+        if args.jax:
+            pure[b] = pure_decode(jaxpol, b, args.new_tokens)
         for pname, (pol, tok, cont) in policies.items():
             r = {"policy": pname, **measure(pol, retriever, agent, examples, b, tok, cont, args.temperature,
                                             args.repeats, args.candidates)}
@@ -209,9 +232,12 @@ def main(argv=None):
             r["vs_lock_step"] = r["episodes_per_s"] / lock[(r["policy"][:-len(" continuous")], r["batch"])]
         r.update({f"{k}%": 100 * r[f"{k}_share"] for k in ("generate", "tokenizer", "retrieve", "host")
                   if f"{k}_share" in r})
+        if "new_tokens_per_s" in r:
+            r["pure_decode_tokens_per_s"] = pure[r["batch"]]
+            r["vs_pure_decode%"] = 100 * r["new_tokens_per_s"] * r["generate_share"] / pure[r["batch"]]
     cols = ["policy", "batch", "episodes_per_s", "speedup_vs_smallest_batch", "vs_lock_step", "generate%", "tokenizer%",
             "retrieve%", "host%", "idle%", "retrieve_ms_per_query", "prompt_tokens_per_s", "new_tokens_per_s",
-            "policy_calls"]
+            "pure_decode_tokens_per_s", "vs_pure_decode%", "policy_calls"]
     print(table(rows, cols))
     out = write_result("rollout", {"episodes": len(examples), "agent": "react/plain", "k": K,
                                    "searches_per_episode": SEARCHES, "new_tokens": args.new_tokens,
