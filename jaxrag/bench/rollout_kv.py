@@ -14,7 +14,9 @@ path's actions (same_actions), the decode batch's fill
 (tokens kept / padded row-steps run: a row done early idles until its call's longest row is), and the time split:
 prefill (host batch prep + prefill pass), decode, retrieval, host (tokenizer, rendering, parsing, engine).
 first_run_s: the warm-up run's seconds (its compilations included; a path measured later at the same batch size
-reuses the shapes an earlier one compiled). Writes results/bench/rollout_kv.json.
+reuses the shapes an earlier one compiled). vs_pure_decode%: the run's new tokens per second of its whole time /
+a pure decode's at the same batch (bench.rollout.pure_decode: one-token prompts, --max-new-tokens each, no stop).
+Writes results/bench/rollout_kv.json.
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ def synthetic_world(workdir: Path, sft_steps: int):
     config.model.update(dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, head_dim=32, d_ff=384))
     config.sft.train.steps = sft_steps
     config.sft.train.optimizer.lr = 2e-3
+    del config["sampler"]   # tiny's sampler floors are for its tiny model (and the bench builds its own policy)
     jmain.run(config, workdir, only=["world", "index", "teacher", "tokenizer", "sft"])
     return config
 
@@ -78,7 +81,8 @@ def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
            "prefill_slots_per_turn": (pol.prefill_tokens - before[1]) / turns, "prompt_tokens_per_turn": real / turns,
            "decode_fill%": 100 * (pol.decode_tokens - before[4]) / max(pol.decode_slots - before[3], 1),
            "prefill%": 100 * pre / tot, "decode%": 100 * dec / tot, "retrieve%": 100 * st["retrieve_s"] / tot,
-           "host%": 100 * (tot - pre - dec - st["retrieve_s"] - st["summarize_s"]) / tot}
+           "host%": 100 * (tot - pre - dec - st["retrieve_s"] - st["summarize_s"]) / tot,
+           "new_tokens_per_s": sum(len(s.token_ids) for e in eps for s in e.steps if s.prompt) / tot}
     if pool is not None:
         row.update(reused=stats.get("reused", 0), fallback_new=stats.get("fallback_new", 0),
                    fallback_not_prefix=stats.get("fallback_not_prefix", 0),
@@ -99,6 +103,7 @@ def main(argv=None):
     if unknown:
         ap.error(f"--paths: unknown {unknown}; choose from {list(PATHS)}")
     paths = {p: PATHS[p] for p in args.paths.split(",")}
+    from jaxrag.bench.rollout import pure_decode
     from jaxrag.env.agents import get_agent
     from jaxrag.env.rollout import RolloutConfig
     from jaxrag.kv_sessions import SessionPool
@@ -122,6 +127,7 @@ def main(argv=None):
     rows = []
     for b in [int(x) for x in args.batches.split(",")]:
         acts, base = {}, None
+        pure = pure_decode(pol, b, args.max_new_tokens)
         for path, (stops, reuse, cont) in paths.items():
             rcfg = RolloutConfig(k=config.index.k, max_steps=8, batch_size=b, max_new_tokens=args.max_new_tokens,
                                  reward="em", seed=config.seed, continuous=cont)
@@ -131,13 +137,15 @@ def main(argv=None):
             row, eps = measure(pol, retriever, agent, questions, rcfg)
             acts[path] = [[s.action.raw for s in e.steps] for e in eps]
             base = base or row["episodes_per_s"]
-            row.update(speedup=row["episodes_per_s"] / base,
+            row.update(speedup=row["episodes_per_s"] / base, pure_decode_tokens_per_s=pure,
+                       **{"vs_pure_decode%": 100 * row["new_tokens_per_s"] / pure},
                        same_actions=sum(x == y for x, y in zip(acts[next(iter(paths))], acts[path])) / len(questions))
             rows.append({"path": path, **row})
             print(f"  {path} batch {b}: {row['episodes_per_s']:.2f} ep/s", flush=True)
     cols = ["path", "batch", "episodes_per_s", "speedup", "total_s", "first_run_s", "turns_per_episode", "prefill_slots_per_turn",
             "prompt_tokens_per_turn", "decode_fill%", "prefill%", "decode%", "retrieve%", "host%", "reused", "fallback_new",
-            "fallback_not_prefix", "fallback_evicted", "same_actions"]
+            "fallback_not_prefix", "fallback_evicted", "same_actions", "new_tokens_per_s", "pure_decode_tokens_per_s",
+            "vs_pure_decode%"]
     print(table(rows, cols))
     print(f"jitted 2048x2048 fp32 matmul: {gflops:.1f} GFLOP/s")
     out = write_result("rollout_kv", {"episodes": len(questions), "agent": "react/plain", "k": config.index.k,
