@@ -186,8 +186,12 @@ class SlotPool:
     request's prefill: same prompt ids in one insert), inserts, shifts (_left / _right), finished; with sessions:
     reused (requests that continued a parked row), continued_inserts, reused_tokens (held ids not prefilled again),
     appended_tokens (ids the session requests prefilled: appended ones, whole prompts on a fallback), fallback_new /
-    _not_prefix / _evicted, evicted (_slot / _span); timing: insert_s, decode_s (dispatch + wait for the chunk),
-    host_s (stop strings, results). idle_share = 1 - busy / slot steps."""
+    _not_prefix / _evicted, evicted (_slot / _span); timing: insert_s (host prep + dispatch of the inserts, and the
+    wait for their prefill / place to finish: `collect` waits for the last `place` output first, as the device runs
+    the inserts before the chunk), decode_s (dispatch + the rest of the wait: the chunk), host_s (stop strings,
+    results). Without that split every insert's device time fell into decode_s (dispatch is asynchronous): at batch
+    32 of bench.rollout --kv 70% of the pool's reported decode time was its prefill. idle_share = 1 - busy /
+    slot steps."""
 
     def __init__(self, cfg: ModelConfig, params, slots: int, max_len: int, sp: SamplingParams, key: jax.Array,
                  stop_strings: Sequence[str] | None = None, tokenizer=None, chunk: int = 16,
@@ -224,6 +228,7 @@ class SlotPool:
         self.held: list[list[int]] = [[] for _ in range(B)]   # the ids a parked row holds (prompt + completion)
         self.evicted: set = set()                       # sessions evicted and not released since
         self.launched = False
+        self.placed = None    # an output of the last insert's `place` not yet waited for (collect times it first)
         self.stats = collections.Counter()
         self.timing = {"insert_s": 0.0, "decode_s": 0.0, "host_s": 0.0}
 
@@ -359,6 +364,7 @@ class SlotPool:
                 jnp.asarray(rows, jnp.int32) if len(placed) > n else None)
             for _, b, r in placed:
                 self._taken(b, r)
+            self.placed = self.keys
             self.stats["inserts"] += 1
             self.stats["prefill_tokens"] += n * P
             self.stats["prefill_shared"] += len(placed) - n
@@ -392,6 +398,7 @@ class SlotPool:
         for b, r in group:
             self.held[b] = []
             self._taken(b, r)
+        self.placed = self.keys
         self.stats["continued_inserts"] += 1
         self.stats["prefill_tokens"] += n * A
         self.stats["reused"] += n
@@ -433,6 +440,11 @@ class SlotPool:
             return []
         self.launched = False
         t0 = time.perf_counter()
+        if self.placed is not None:   # the device runs the launch's inserts before its chunk: their time is insert_s
+            jax.block_until_ready(self.placed)
+            self.placed, t_placed = None, time.perf_counter()
+            self.timing["insert_s"] += t_placed - t0
+            t0 = t_placed
         st = self.state
         t, toks, lens, done, stopped = jax.device_get((st["t"], st["tokens"], st["lengths"], st["done"], st["stopped"]))
         t1 = time.perf_counter()

@@ -76,6 +76,25 @@ def test_slot_pool_equals_lockstep_sampler_with_reused_slots_and_stop_strings(po
     assert 0 <= pool.idle_share < 1
 
 
+def test_collect_counts_the_inserts_device_time_as_insert_time(pol):
+    """launch dispatches the inserts without waiting; collect waits for the last `place` output first (the device
+    runs the inserts before the chunk) and counts that as insert_s, the rest of its wait as decode_s."""
+    prompts = _prompts(3)
+    pool = SlotPool(pol.cfg, pol._sample_params, 4, 64, SamplingParams(max_new_tokens=4), jax.random.PRNGKey(0))
+    for i, p in enumerate(prompts + prompts[:1]):   # 3 distinct prompts, one shared: prefill groups of 2 and 1
+        pool.submit(i, p, (i, 0))
+    assert pool.launch() and pool.stats["inserts"] == 2
+    assert pool.placed is pool.keys   # the last group's output (the first group's keys were donated to the second)
+    before = dict(pool.timing)
+    pool.collect()
+    assert pool.placed is None
+    assert pool.timing["insert_s"] > before["insert_s"] and pool.timing["decode_s"] > before["decode_s"]
+    ins = pool.timing["insert_s"]
+    while pool.busy:   # no more inserts: nothing more counts as insert time
+        pool.step()
+    assert pool.timing["insert_s"] == ins and pool.placed is None
+
+
 def test_identical_prompts_share_one_prefill_with_the_lockstep_tokens(pol):
     cfg, params = pol.cfg, pol._sample_params
     a, b = _prompts(2, seed=3)
