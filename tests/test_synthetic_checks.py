@@ -45,6 +45,8 @@ def test_agent_aliases_that_get_agent_takes_pass():
      r"config.supervision.policy: stage 'grpo' runs after 'supervision'"),
     (lambda c: c.sft.update(dict(agent="re2serch")), r"config.sft.agent: unknown agent 're2serch'"),
     (lambda c: c.bestofn_transfer.update(dict(critic="critc")), r"config.bestofn_transfer.critic: 'critc' is not"),
+    (lambda c: c.sampler.update(dict(min_row=8)), r"config.sampler.min_row: unknown key \(known: min_rows, min_prompt"),
+    (lambda c: c.sampler.update(dict(min_prompt=0)), r"config.sampler.min_prompt: 0 must be an integer >= 1"),
 ])
 def test_typos_fail_before_compute_naming_the_key(tmp_path, edit, message):
     c = load("tiny")

@@ -29,8 +29,21 @@ def _agent(key: str, value) -> None:
         config_fail(key, e.args[0])
 
 
+SAMPLER_KEYS = ("min_rows", "min_prompt")   # the optional `sampler` section: world.stage_policy's shape floors
+
+
+def _sampler(config) -> None:
+    for key, value in dict(config.get("sampler") or {}).items():
+        if key not in SAMPLER_KEYS:
+            config_fail(f"sampler.{key}", f"unknown key (known: {', '.join(SAMPLER_KEYS)})")
+        if not isinstance(value, int) or value < 1:
+            config_fail(f"sampler.{key}", f"{value!r} must be an integer >= 1")
+
+
 def check_stage(config, name: str) -> None:
-    """Every stage reference names an earlier stage; the agent, if any, is a known one."""
+    """Every stage reference names an earlier stage; the agent, if any, is a known one; the optional `sampler`
+    section has only known keys with positive integer values."""
+    _sampler(config)
     s = config[name]
     for key in STAGE_REFS:
         value = s.get(key)
