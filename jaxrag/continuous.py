@@ -227,6 +227,7 @@ class SlotPool:
         self.park: list[Hashable | None] = [None] * B   # the session parked in each slot
         self.held: list[list[int]] = [[] for _ in range(B)]   # the ids a parked row holds (prompt + completion)
         self.evicted: set = set()                       # sessions evicted and not released since
+        self.released: set = set()                      # sessions released while a request of theirs was in flight
         self.launched = False
         self.placed = None    # an output of the last insert's `place` not yet waited for (collect times it first)
         self.stats = collections.Counter()
@@ -257,13 +258,17 @@ class SlotPool:
                                  f"the slot pool's {self.max_len} tokens per slot; raise {self.setting} (or shorten "
                                  "the prompt budget)")
         self.queue.append(_Request(rid, list(ids), (int(fold[0]), int(fold[1])), session))
+        self.released.discard(session)
 
     def release(self, keys: Sequence[Hashable]) -> None:
         """Free the slots of sessions `keys` (finished episodes). A session whose request is still queued or
-        decoding parks when it finishes (and is evicted when its slot is needed)."""
+        decoding does not park when it finishes (unless the key is submitted again first)."""
+        live = {r.session for r in self.queue} | {o.session for o in self.owner if o is not None}
         for k in keys:
             if k in self.parked:
                 self._unpark(self.parked[k])
+            if k in live:
+                self.released.add(k)
             self.evicted.discard(k)
 
     def _unpark(self, b: int) -> None:
@@ -471,7 +476,9 @@ class SlotPool:
             req = self.owner[b]
             out.append(Finished(req.rid, toks[b, :n].tolist(), logps[b, :n].tolist(), reason, req.ids))
             self.owner[b], self.seen[b] = None, 0
-            if req.session is not None:   # parked: the row keeps prompt + completion (to the cut) for the next turn
+            if req.session in self.released:   # released while in flight: its slot is simply free
+                self.released.discard(req.session)
+            elif req.session is not None:   # parked: the row keeps prompt + completion (to the cut) for the next turn
                 self._park(b, req.session, req.ids + out[-1].tokens)
                 first = self.start[b] + len(req.ids)            # the cache slot of the row's first generated token
                 cut_lo[b], cut_hi[b] = first + n, first + lens[b]   # decoded past a stop-string cut: not kept

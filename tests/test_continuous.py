@@ -381,6 +381,25 @@ def test_pool_sessions_fall_back_evict_and_release(lpol):
     assert not pool.parked and all(k is None for k in pool.park)
 
 
+def test_a_session_released_in_flight_does_not_park(lpol):
+    """release() of a session whose request is queued or decoding: the request still finishes, its slot is then
+    free (not parked until evicted); a key submitted again after its release parks as usual."""
+    cfg, params = lpol.cfg, lpol._sample_params
+    pool = SlotPool(cfg, params, 2, 64, SamplingParams(max_new_tokens=4), jax.random.PRNGKey(0), sessions=True)
+    a, b = _prompts(2, seed=9)
+    pool.submit("a", a, (0, 0), session="A")
+    pool.release(["A"])               # queued
+    pool.submit("b", b, (1, 0), session="B")
+    pool.launch()
+    pool.release(["B"])               # decoding
+    pool.submit("b2", b, (2, 0), session="B")   # B is live again: its new request parks
+    done = [f.rid for f in pool.collect()]
+    while pool.busy:
+        done += [f.rid for f in pool.step()]
+    assert sorted(done) == ["a", "b", "b2"]
+    assert list(pool.parked) == ["B"] and sum(k is not None for k in pool.park) == 1 and not pool.released
+
+
 def test_parked_rows_survive_left_shifts_until_they_span_the_pool(lpol):
     """Other requests decode while a session is parked: the shared index moves on, the cache is shifted left without
     rolling the parked row out, and once the row would span more than the pool's tokens it is evicted."""
