@@ -262,17 +262,16 @@ class ContinuousSession:
     def _count(self) -> None:
         """The pool's counters since the last call added to the policy's (prefill_tokens, decode_slots, timing;
         every SlotPool.stats counter to pool_stats)."""
-        now = {"prefill_tokens": self.pool.stats["prefill_tokens"], "slot_steps": self.pool.stats["slot_steps"],
-               "insert_s": self.pool.timing["insert_s"], "decode_s": self.pool.timing["decode_s"]}
-        last, self._last = getattr(self, "_last", dict.fromkeys(now, 0)), now
+        stats, timing = collections.Counter(self.pool.stats), dict(self.pool.timing)
+        new = stats - getattr(self, "_last_stats", collections.Counter())   # counters only grow
+        last = getattr(self, "_last_timing", dict.fromkeys(timing, 0.0))
+        self._last_stats, self._last_timing = stats, timing
         pol = self.policy
-        stats = collections.Counter(self.pool.stats)
-        pol.pool_stats.update(stats - getattr(self, "_last_stats", collections.Counter()))
-        self._last_stats = stats
-        pol.prefill_tokens += now["prefill_tokens"] - last["prefill_tokens"]
-        pol.decode_slots += now["slot_steps"] - last["slot_steps"]
-        pol.timing["prefill_s"] += now["insert_s"] - last["insert_s"]
-        pol.timing["decode_s"] += now["decode_s"] - last["decode_s"]
+        pol.pool_stats.update(new)
+        pol.prefill_tokens += new["prefill_tokens"]
+        pol.decode_slots += new["slot_steps"]
+        pol.timing["prefill_s"] += timing["insert_s"] - last["insert_s"]
+        pol.timing["decode_s"] += timing["decode_s"] - last["decode_s"]
 
     def launch(self) -> bool:
         launched = self.pool.launch()

@@ -88,8 +88,7 @@ def stage_policy(workdir, stage: str, tok, shapes=None):
     from jaxrag.policy import JaxPolicy
 
     mcfg, params = load_checkpoint(model_dir(workdir, stage))
-    shapes = dict(shapes or {})
-    return JaxPolicy(mcfg, params, tok, min_rows=shapes.get("min_rows", 1), min_prompt=shapes.get("min_prompt", 16))
+    return JaxPolicy(mcfg, params, tok, **dict(shapes or {}))   # keys checked before any stage: checks.SAMPLER_KEYS
 
 
 def load_teacher_episodes(workdir, split: str):
