@@ -48,6 +48,14 @@ is evicted instead (evicted_span), and a request that needs a slot when none is 
 whole prompt, so a session request fits exactly when a full insert of it does (prompt + max_new_tokens <= T).
 At temperature 0 a continued request's tokens are the full prefill's (log-probs to float rounding); at T > 0 its
 key is the same fold, so it samples as without sessions.
+Candidates (N requests of one turn with one session key and the same ids, e.g. the rollout engine at
+n_candidates = N): their N rows park side by side as the session's BRANCHES (`parked[key]`: a list of slots; a
+row of another turn replaces them). The next turn's first request continues the branch its ids extend (the
+candidate the engine selected; the longest if several), the session's other branches are freed, and the turn's
+other requests (same session, same ids) take free slots as copies of the continued row: its appended ids are
+prefilled once and the result forked on device (generate.fork) before `place`, as a full insert shares one
+prefill. Counters are per request (reused, reused_tokens, fallbacks; the copies also count in prefill_shared),
+appended_tokens per prefill computed (a turn's N requests append once).
 """
 from __future__ import annotations
 
@@ -183,9 +191,10 @@ class SlotPool:
 
     stats: chunks, slot_steps (slots x decode steps run), busy_steps (steps a slot held a live row: the tokens
     generated), prefill_tokens (token slots the inserts computed), prefill_shared (requests served by another
-    request's prefill: same prompt ids in one insert), inserts, shifts (_left / _right), finished; with sessions:
-    reused (requests that continued a parked row), continued_inserts, reused_tokens (held ids not prefilled again),
-    appended_tokens (ids the session requests prefilled: appended ones, whole prompts on a fallback), fallback_new /
+    request's prefill: same prompt ids in one insert, or a continued row's copies), inserts, shifts (_left / _right),
+    finished; with sessions: reused (requests that continued a parked row, or a copy of one), continued_inserts,
+    reused_tokens (held ids not prefilled again, per request), appended_tokens (ids the session requests prefilled,
+    once per prefill: appended ones, whole prompts on a fallback), fallback_new /
     _not_prefix / _evicted, evicted (_slot / _span); timing: insert_s (host prep + dispatch of the inserts, and the
     wait for their prefill / place to finish: `collect` waits for the last `place` output first, as the device runs
     the inserts before the chunk), decode_s (dispatch + the rest of the wait: the chunk), host_s (stop strings,
@@ -223,7 +232,9 @@ class SlotPool:
         self.seen = np.zeros(B, np.int64)               # each row's length at the last collect
         self.queue: collections.deque[_Request] = collections.deque()
         self.sessions = sessions
-        self.parked: dict[Hashable, int] = {}           # session key -> its parked slot, oldest parked first
+        self.parked: dict[Hashable, list[int]] = {}     # session key -> its parked slots (its last turn's
+                                                        # candidates: branches), oldest parked key first
+        self.turn: dict[Hashable, list[int]] = {}       # session key -> the prompt ids its parked branches answered
         self.park: list[Hashable | None] = [None] * B   # the session parked in each slot
         self.held: list[list[int]] = [[] for _ in range(B)]   # the ids a parked row holds (prompt + completion)
         self.evicted: set = set()                       # sessions evicted and not released since
@@ -263,16 +274,23 @@ class SlotPool:
     def release(self, keys: Sequence[Hashable]) -> None:
         """Free the slots of sessions `keys` (finished episodes). A session whose request is still queued or
         decoding does not park when it finishes (unless the key is submitted again first)."""
-        live = {r.session for r in self.queue} | {o.session for o in self.owner if o is not None}
+        live = self._in_flight()
         for k in keys:
-            if k in self.parked:
-                self._unpark(self.parked[k])
+            for b in list(self.parked.get(k, ())):
+                self._unpark(b)
             if k in live:
                 self.released.add(k)
             self.evicted.discard(k)
 
+    def _in_flight(self) -> set:
+        """The sessions with a request queued or in a slot."""
+        return {r.session for r in self.queue} | {o.session for o in self.owner if o is not None}
+
     def _unpark(self, b: int) -> None:
-        del self.parked[self.park[b]]
+        k = self.park[b]
+        self.parked[k].remove(b)
+        if not self.parked[k]:
+            del self.parked[k], self.turn[k]
         self.park[b], self.held[b] = None, []
 
     def _evict(self, b: int, why: str) -> None:
@@ -281,10 +299,14 @@ class SlotPool:
         self.stats["evicted"] += 1
         self.stats[f"evicted_{why}"] += 1
 
-    def _park(self, b: int, key: Hashable, ids: list[int]) -> None:
-        if key in self.parked:   # an older row of the same session (a request sent before the last one finished)
-            self._unpark(self.parked[key])
-        self.park[b], self.held[b], self.parked[key] = key, ids, b
+    def _park(self, b: int, key: Hashable, prompt: list[int], ids: list[int]) -> None:
+        """Slot b's row parks as a branch of session `key`: the rows of one turn (its candidates, same prompt) park
+        side by side; a row of another turn (a request sent before the last one finished) replaces them."""
+        if key in self.parked and self.turn[key] != prompt:
+            for old in list(self.parked[key]):
+                self._unpark(old)
+        self.parked.setdefault(key, []).append(b)
+        self.turn[key], self.park[b], self.held[b] = prompt, key, ids
         self.evicted.discard(key)
 
     def _shift(self, d: int) -> None:
@@ -294,41 +316,65 @@ class SlotPool:
         self.stats["shifts"] += 1
         self.stats["shifts_right" if d > 0 else "shifts_left"] += 1
 
-    def _admit(self) -> tuple[list[tuple[int, _Request]], list[tuple[int, _Request]]]:
+    def _admit(self) -> tuple[list[tuple[int, _Request]], dict[int, list]]:
         """Waiting requests out of the queue, in order: (fresh: (free slot, request) to prefill in full, continued:
-        (its parked slot, request) whose appended ids alone are prefilled). A request continues its session's
-        parked row when its ids extend the held ones (kv_sessions.extends); else the row is freed and the request
-        is a fallback, counted by reason (new / not_prefix / evicted). A request that needs a slot when none is free
-        evicts a parked session (not one continued in this insert): the oldest with no request queued, else the
+        {parked slot: [held length, (slot, request), ...]}: rows whose appended ids alone are prefilled, once, and
+        copied to each of their requests' slots, the parked slot itself first). A request continues the branch of
+        its session (the parked rows of the session's last turn: one per candidate) whose held ids it extends
+        (kv_sessions.extends; the longest); the session's other branches are freed (the episode went on from that
+        one), and the requests after it with the same session and ids (the turn's other candidates) take free slots
+        as copies of the continued row. A request that extends no branch frees them and is a fallback, counted by
+        reason (new / not_prefix / evicted) with its siblings. A request that needs a slot when none is free evicts
+        a parked row (not one continued in this insert): of the oldest session with no request queued, else of the
         oldest; with none to evict it waits."""
         free = [b for b, o in enumerate(self.owner) if o is None and self.park[b] is None]
-        fresh, cont, wait = [], [], collections.deque()
+        fresh, wait = [], collections.deque()
+        cont: dict[int, list] = {}                 # continued parked slot -> [held length, (slot, request), ...]
+        turn: dict[Hashable, tuple] = {}           # session -> (its ids, its continued slot or None) in this insert
         queued = {r.session for r in self.queue}
+
         for r in self.queue:
-            b = self.parked.get(r.session) if r.session is not None else None
-            if b is not None and extends(self.held[b], r.ids):
-                cont.append((b, r))
-                self.park[b] = None          # continued: its slot leaves the parked set (it parks again when done)
-                del self.parked[r.session]
-                continue
-            why = "not_prefix" if b is not None else "evicted" if r.session in self.evicted else "new"
-            if b is not None:
-                self._unpark(b)
-                free.append(b)
-            if not free and self.parked:   # the oldest parked session with no request queued, else the oldest
-                b = next((b for k, b in self.parked.items() if k not in queued), next(iter(self.parked.values())))
-                self._evict(b, "slot")
-                free.append(b)
-            if not free:
+            k = r.session
+            if k is not None and k in turn and turn[k][0] == r.ids:   # a sibling of a request admitted above
+                src, why = turn[k][1:]
+            else:
+                branches = self.parked.get(k, []) if k is not None else []
+                src = max((b for b in branches if extends(self.held[b], r.ids)), key=lambda b: len(self.held[b]),
+                          default=None)
+                why = "not_prefix" if branches else "evicted" if k in self.evicted else "new"
+                for b in list(branches):   # the episode goes on from branch src (or from none): free the rest
+                    held = len(self.held[b])
+                    self._unpark(b)
+                    if b == src:
+                        cont[b] = [held, (b, r)]
+                    else:
+                        free.append(b)
+                if k is not None:
+                    turn[k] = (r.ids, src, why)
+                if src is not None:
+                    continue
+            b = self._free_slot(free, queued)
+            if b is None:
                 wait.append(r)
-                continue
-            fresh.append((free.pop(0), r))
-            if r.session is not None:
-                self.stats[f"fallback_{why}"] += 1
-                self.stats["appended_tokens"] += len(r.ids)
-                self.evicted.discard(r.session)
+            elif src is not None:
+                cont[src].append((b, r))
+            else:
+                fresh.append((b, r))
+                if k is not None:
+                    self.stats[f"fallback_{why}"] += 1
+                    self.evicted.discard(k)
         self.queue = wait
         return fresh, cont
+
+    def _free_slot(self, free: list[int], queued: set) -> int | None:
+        """A free slot; when none is, a parked row evicted for it (of the oldest parked session with no request
+        queued, else of the oldest); None when no slot can be had."""
+        if not free and self.parked:
+            bs = next((bs for k, bs in self.parked.items() if k not in queued), next(iter(self.parked.values())))
+            b = bs[-1]
+            self._evict(b, "slot")
+            free.append(b)
+        return free.pop(0) if free else None
 
     def _insert(self) -> None:
         """Waiting requests into slots (`_admit`). Requests with identical prompt ids share one prefill row (forked
@@ -347,7 +393,8 @@ class SlotPool:
             by_prompt.setdefault(tuple(r.ids), []).append((b, r))
         distinct = sorted(by_prompt, key=len, reverse=True)
         room = self.max_len - self.sp.max_new_tokens    # every prompt fits it (submit); a bucket past it is cut to it
-        cont = sorted(cont, key=lambda p: len(p[1].ids) - len(self.held[p[0]]), reverse=True)   # most appended first
+        cont = sorted(([src, held, members] for src, (held, *members) in cont.items()),
+                      key=lambda c: len(c[2][0][1].ids) - c[1], reverse=True)             # most appended first
         P_max = max(min(bucket(len(distinct[0]), 16), room) if distinct else 0,
                     min(self._span(cont), room) if cont else 0)
         if self.index < P_max:
@@ -373,41 +420,52 @@ class SlotPool:
             self.stats["inserts"] += 1
             self.stats["prefill_tokens"] += n * P
             self.stats["prefill_shared"] += len(placed) - n
+            self.stats["appended_tokens"] += sum(len(ids) for ids in group
+                                                 if any(r.session is not None for _, r in by_prompt[ids]))
         while cont:
             n = 1 << (len(cont).bit_length() - 1)
             group, cont = cont[:n], cont[n:]
             self._continue(group, room)
         self.timing["insert_s"] += time.perf_counter() - t0
 
-    def _span(self, cont: list[tuple[int, _Request]]) -> int:
+    @staticmethod
+    def _span(cont: list[list]) -> int:
         """Cache slots a group of continued rows is built in: the held ids' bucket + the appended ids' bucket."""
-        held = max(len(self.held[b]) for b, _ in cont)
-        return bucket(held, 16) + bucket(max(len(r.ids) - len(self.held[b]) for b, r in cont), 16)
+        return (bucket(max(held for _, held, _ in cont), 16)
+                + bucket(max(len(members[0][1].ids) - held for _, held, members in cont), 16))
 
-    def _continue(self, group: list[tuple[int, _Request]], room: int) -> None:
-        """Parked rows continued (`extend_rows`: the appended ids prefilled against each row's kept keys/values,
-        then the row compacted) and written back into their own slots by `place` (a fresh sampler state, the
-        request's key). A row then holds exactly its prompt's len(ids) tokens, as after a full prefill."""
-        held = [len(self.held[b]) for b, _ in group]
-        appended = [r.ids[h:] for (_, r), h in zip(group, held)]
+    def _continue(self, group: list[list], room: int) -> None:
+        """Parked rows continued ([parked slot, held length, [(slot, request), ...]] each; `extend_rows`: the
+        appended ids prefilled once against the row's kept keys/values, then the row compacted) and written by
+        `place` into the slots of their requests (a fresh sampler state, each request's key): the parked slot
+        itself, and for a turn of N candidates N - 1 more, copies forked on device (generate.fork), as the full
+        insert shares one prefill. A row then holds exactly its prompt's len(ids) tokens, as after a full prefill."""
+        held = [h for _, h, _ in group]
+        appended = [members[0][1].ids[h:] for _, h, members in group]
         A, M, n = bucket(max(map(len, appended)), 16), bucket(max(held), 16), len(group)
         keep = min(M + A, room)
         tokens, positions, valid = left_pad(appended, n, A)
-        slots = jnp.asarray([b for b, _ in group], jnp.int32)
         logits, small, small_valid = extend_rows(
-            self.cfg, self.params, self.cache, slots, jnp.asarray(held, jnp.int32), jnp.asarray(tokens),
-            jnp.asarray(positions + np.asarray(held)[:, None]), jnp.asarray(valid), M, keep)
-        folds = jnp.asarray([r.fold for _, r in group], jnp.int32)
+            self.cfg, self.params, self.cache, jnp.asarray([src for src, _, _ in group], jnp.int32),
+            jnp.asarray(held, jnp.int32), jnp.asarray(tokens), jnp.asarray(positions + np.asarray(held)[:, None]),
+            jnp.asarray(valid), M, keep)
+        placed = [(u, b, r) for u, (_, _, members) in enumerate(group) for b, r in members]   # (row, slot, request)
+        rows, slots, folds = [u for u, _, _ in placed], [b for _, b, _ in placed], [r.fold for _, _, r in placed]
+        if len(placed) > n:   # forked: slot rows padded to a power of two; a padding row's slot B is dropped
+            pad = bucket(len(placed), 1) - len(placed)
+            rows, slots, folds = rows + [0] * pad, slots + [self.slots] * pad, folds + [(0, 0)] * pad
+            logits, small, small_valid = _fork((logits, small, small_valid), jnp.asarray(rows, jnp.int32))
         self.cache, self.state, self.keys = place(self.cache, self.state, self.keys, self.base_key, logits, small,
-                                                  small_valid, slots, folds)
-        for b, r in group:
-            self.held[b] = []
+                                                  small_valid, jnp.asarray(slots, jnp.int32),
+                                                  jnp.asarray(folds, jnp.int32))
+        for (_, b, r), u in zip(placed, rows):
             self._taken(b, r)
+            self.stats["reused_tokens"] += held[u]
         self.placed = self.keys
         self.stats["continued_inserts"] += 1
         self.stats["prefill_tokens"] += n * A
-        self.stats["reused"] += n
-        self.stats["reused_tokens"] += sum(held)
+        self.stats["reused"] += len(placed)
+        self.stats["prefill_shared"] += len(placed) - n
         self.stats["appended_tokens"] += sum(map(len, appended))
 
     def _taken(self, b: int, r: _Request) -> None:
@@ -425,9 +483,10 @@ class SlotPool:
             return False
         need = self.index + self.chunk - self.cache["valid"].shape[1]
         if need > 0:   # no room for a whole chunk: shift left by the oldest row's start, parked rows included
-            for b in [b for b in self.parked.values() if self.start[b] < need]:
+            parked = [b for bs in self.parked.values() for b in bs]
+            for b in [b for b in parked if self.start[b] < need]:
                 self._evict(b, "span")   # parked so long that its row spans more than T: rolled out otherwise
-            self._shift(-int(min(self.start[b] for b in held + list(self.parked.values()))))
+            self._shift(-int(min(self.start[b] for b in held + [b for bs in self.parked.values() for b in bs])))
         t0 = time.perf_counter()
         if self.refill:
             self.state["exit_done"] = jnp.asarray(min(self.slots, self.slots - len(held) + self.refill), jnp.int32)
@@ -477,9 +536,10 @@ class SlotPool:
             out.append(Finished(req.rid, toks[b, :n].tolist(), logps[b, :n].tolist(), reason, req.ids))
             self.owner[b], self.seen[b] = None, 0
             if req.session in self.released:   # released while in flight: its slot is simply free
-                self.released.discard(req.session)
+                if req.session not in self._in_flight():
+                    self.released.discard(req.session)
             elif req.session is not None:   # parked: the row keeps prompt + completion (to the cut) for the next turn
-                self._park(b, req.session, req.ids + out[-1].tokens)
+                self._park(b, req.session, req.ids, req.ids + out[-1].tokens)
                 first = self.start[b] + len(req.ids)            # the cache slot of the row's first generated token
                 cut_lo[b], cut_hi[b] = first + n, first + lens[b]   # decoded past a stop-string cut: not kept
             push |= not done[b]            # cut by a stop string on the host: the device row must stop too

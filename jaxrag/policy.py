@@ -86,7 +86,8 @@ class JaxPolicy:
     so size it to the prompt budget + max_new_tokens, not beyond.
     pool_sessions: the continuous pool keeps sessions (SlotPool(sessions=True)): a finished request's row stays
     parked in its slot and the session's next request prefills only the ids it appends (the rollout engine passes
-    one session per episode at n_candidates = 1); `pool_stats` counts reuses and fallbacks.
+    one session per episode; at n_candidates > 1 the session's rows of a turn park as branches and the next turn
+    continues the picked one, forked to its candidates); `pool_stats` counts reuses and fallbacks.
     min_rows / min_prompt: the sampler's shape floors (generate.sample): fewer compiled programs for small models."""
 
     def __init__(self, cfg: ModelConfig, params, tokenizer, *, top_k: int = 0, top_p: float = 1.0, add_bos: bool = True, max_prompt_tokens: int | None = None,

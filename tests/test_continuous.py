@@ -459,3 +459,66 @@ def test_pool_sessions_need_an_opt_in(pol):
     pool = SlotPool(pol.cfg, pol._sample_params, 2, 64, SamplingParams(max_new_tokens=8), jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match="sessions=True"):
         pool.submit("r", [1, 5, 6], (0, 0), session="e")
+
+
+def test_pool_sessions_with_candidates_continue_the_picked_branch(lpol):
+    """2 sessions x 3 candidates a turn at T = 1 (the candidates differ), each later turn extending a different
+    candidate (j = turn % 3): the turn continues that branch, its prefill computed once and forked to the 3 slots,
+    the other branches freed; samples are the ones of a pool without sessions (same folds), to float rounding."""
+    cfg, params = lpol.cfg, lpol._sample_params
+    sp = SamplingParams(temperature=1.0, max_new_tokens=10)
+
+    def run(sessions):
+        pool = SlotPool(cfg, params, 6, 200, sp, jax.random.PRNGKey(3), chunk=8, sessions=sessions)
+        prompts, out = dict(enumerate(_prompts(2, seed=4))), []
+        for turn in range(4):
+            for i, p in prompts.items():
+                for j in range(3):
+                    pool.submit((i, j), p, (3 * i + j, turn), **({"session": i} if sessions else {}))
+            got = _drain(pool)
+            out.append(got)
+            assert all(len({tuple(got[i, j].tokens) for j in range(3)}) > 1 for i in prompts)   # branches differ
+            if sessions and turn < 3:
+                assert sorted(pool.parked) == [0, 1] and all(len(bs) == 3 for bs in pool.parked.values())
+            pick = turn % 3
+            prompts = {i: p + got[i, pick].tokens + [40 + turn, 41] for i, p in prompts.items()}
+        return pool, out
+
+    full, ref = run(False)
+    kept, got = run(True)
+    for a, b in zip(ref, got):
+        for rid in a:
+            assert a[rid].tokens == b[rid].tokens and a[rid].prompt_ids == b[rid].prompt_ids
+            np.testing.assert_allclose(a[rid].logprobs, b[rid].logprobs, rtol=0, atol=1e-4)
+    st = kept.stats
+    # turn 0: one full prefill per session (shared by its 3 candidates); turns 1-3: every request continues its
+    # session's picked branch, the appended ids prefilled once per session
+    assert st["fallback_new"] == 6 and st["reused"] == 18 and st["prefill_shared"] == 2 * 2 + 3 * 2 * 2
+    appended = sum(len(got[t][i, 0].prompt_ids) - len(got[t - 1][i, (t - 1) % 3].prompt_ids)
+                   - len(got[t - 1][i, (t - 1) % 3].tokens) for t in range(1, 4) for i in range(2))
+    assert st["appended_tokens"] == sum(len(got[0][i, 0].prompt_ids) for i in range(2)) + appended
+    assert st["prefill_tokens"] < 0.5 * full.stats["prefill_tokens"]
+    kept.release([0, 1])
+    assert not kept.parked and all(k is None for k in kept.park)
+
+
+def test_pool_sessions_with_candidates_in_the_rollout_engine(lpol):
+    """n_candidates = 3 with the pool's KV sessions: the episodes of the pool without sessions (T = 1, same folds),
+    and the turns that extend the picked candidate continue its parked row."""
+    def largest(states, cands):
+        return [max(range(len(cs)), key=lambda j: (list(cs[j].completion.token_ids), j)) for cs in cands]
+
+    kw = dict(continuous=True, temperature=1.0, seed=5, n_candidates=3, select=largest)
+    a, _ = _raw_episodes(lpol, 2, 4, **kw)
+    pools = _pools(lpol)
+    lpol.pool_sessions = True
+    try:
+        b, _ = _raw_episodes(lpol, 2, 4, **kw)
+    finally:
+        del lpol.continuous
+        lpol.pool_sessions = False
+    _same_episodes(a, b, atol=1e-4)
+    st = pools[0].pool.stats
+    extend = sum(extends(s.prompt_ids + s.token_ids, t.prompt_ids) for e in b for s, t in zip(e.steps, e.steps[1:]))
+    assert extend > 0 and st["reused"] == 3 * extend and st["fallback_new"] == 3 * 4
+    assert not pools[0].pool.parked

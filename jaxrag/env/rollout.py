@@ -28,9 +28,10 @@ so at T > 0 the samples do not depend on the batch size (they differ from the lo
 at T = 0 every episode gets the lock-step path's actions and token ids. Falls back to lock-step: a policy without
 `continuous` (scripted fakes) and agents that summarize (Search-o1 / Re²Search summaries, ReasonRAG grounding: a
 second policy call per turn). A pool that keeps sessions (`sess.keeps_sessions`: JaxPolicy(pool_sessions=True))
-gets the episode index as each request's session at n_candidates = 1 (and `release` when the episode ends): a
-turn whose prompt extends the last prompt + completion prefills only what it appends, into the episode's parked
-slot; otherwise (and at n_candidates > 1, no sessions) each turn's prompt is prefilled in full, once per turn.
+gets the episode index as the session of each of its turn's N requests (and `release` when the episode ends): a
+turn whose prompt extends the last prompt + the picked candidate's completion prefills only what it appends,
+once, into that candidate's parked slot, forked to the turn's other N - 1 slots; otherwise each turn's prompt is
+prefilled in full, once per turn.
 """
 from __future__ import annotations
 
@@ -345,7 +346,7 @@ def _rollout_continuous(policy, retriever, agent: Agent, items: Iterable, cfg: R
     sess = policy.continuous(cfg.batch_size * N, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                              stop=list(agent.stop) or None, seed=cfg.seed)
     fits = prompt_fits(policy, cfg.max_new_tokens)
-    keep = N == 1 and bool(getattr(sess, "keeps_sessions", False))   # the pool keeps each episode's row (session i)
+    keep = bool(getattr(sess, "keeps_sessions", False))   # the pool keeps each episode's rows (session i)
     live: dict[int, Episode] = {}
     waiting: dict[int, tuple[State, str]] = {}     # episode -> (state, prompt) of its queued or decoding turn
     got: dict[int, dict[int, tuple[Any, float]]] = {}   # episode -> candidate j -> (completion, its generate_s)
