@@ -97,6 +97,9 @@ def test_load_policy_reads_checkpoint_and_tokenizer(run):
     assert pol.sessions is None                         # cross-turn KV reuse only when the section asks for it
     kv = load_policy({"path": str(wd / "model"), "session_slots": 4, "session_tokens": 300}, "/nowhere")
     assert kv.keeps_sessions and (kv.sessions.slots, kv.sessions.max_len) == (4, 300)
+    assert not pol.pool_sessions and not pol.continuous(2).keeps_sessions
+    pooled = load_policy({"path": str(wd / "model"), "pool_sessions": True, "pool_tokens": 300}, "/nowhere")
+    assert pooled.continuous(2).keeps_sessions and pooled.continuous(2).pool.max_len == 300
     for method in ("react", "RAG"):                     # what the eval stage sampled
         for ep in read_episodes(wd / "eval" / f"{method}__HotpotQA.episodes.jsonl"):
             s = ep.steps[-1]

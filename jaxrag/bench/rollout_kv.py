@@ -1,16 +1,18 @@
 """Cross-turn KV reuse vs today's full prefill: full multi-turn rollouts on the synthetic world, the real policy.
 
     python -m jaxrag.bench.rollout --kv [--workdir DIR] [--batches 1,8,32] [--episodes 128] [--sft-steps 300]
-        [--paths today,stops,reuse,continuous,cont+reuse]
+        [--paths today,stops,reuse,continuous,cont+reuse] [--n 1] [--temperature 0]
 
 The world: the synthetic pipeline's `tiny` preset (world, index, teacher, tokenizer) with the demo's model size
 (d_model 128, 4 layers) trained by its SFT stage for --sft-steps (a reused --workdir skips what is done), so
-episodes search and answer in plain ReAct lines. Every path (PATHS: today's sampler, + device stop ids, + KV
-reuse; the continuous slot pool of `batch` slots without and with KV sessions in the pool) runs the same questions
-at each batch size after a warm-up run (every shape compiled), greedy. Per row: episodes/s, policy turns, the
-prefill token slots computed per turn (padded, what the device ran) and the real prompt tokens per turn (the
-appended ones on the reuse paths), the reuse paths' continuations and fallbacks, whether the path took the first
-path's actions (same_actions), the decode batch's fill
+episodes search and answer in plain ReAct lines. --n N samples N candidate actions per state (the first valid one
+is taken: best-of-N's shape without a critic; use --temperature > 0, or the N are identical). Every path (PATHS: today's sampler, + device stop ids, + KV
+reuse; the continuous slot pool of `batch` x N slots without and with KV sessions in the pool) runs the same
+questions at each batch size after a warm-up run (every shape compiled). Per row: episodes/s, candidates/s (actions
+sampled), policy turns (a state's N candidates are one turn), the prefill token slots computed per turn (padded,
+what the device ran) and the real prompt tokens computed per turn (the appended ones on the reuse paths), the reuse paths' continuations and fallbacks, whether the path took the first
+path's actions (same_actions; at T > 0 the lock-step paths draw per-call keys, the pool per-request folds, so only
+paths of one kind sample alike), the decode batch's fill
 (tokens kept / padded row-steps run: a row done early idles until its call's longest row is), and the time split:
 prefill (host batch prep + prefill pass), decode, retrieval, host (tokenizer, rendering, parsing, engine).
 first_run_s: the warm-up run's seconds (its compilations included; a path measured later at the same batch size
@@ -68,21 +70,23 @@ def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
     t0 = time.perf_counter()
     eps = rollout(pol, retriever, agent, questions, rcfg, stats=st)
     tot = time.perf_counter() - t0
-    turns = st["generations"]
+    turns = st["generations"] // rcfg.n_candidates     # states that sampled: a turn's N candidates are one turn
     pre = pol.timing["prefill_s"] - before[0]["prefill_s"]
     dec = pol.timing["decode_s"] - before[0]["decode_s"]
     real = sum(len(s.prompt_ids) for e in eps for s in e.steps if s.prompt)
     stats = {k: v - before[2].get(k, 0) for k, v in pool.items()} if pool is not None else {}
     if pool is not None:
         real = stats.get("appended_tokens", 0)
-    row = {"batch": rcfg.batch_size, "episodes_per_s": len(eps) / tot, "total_s": tot, "first_run_s": first,
+    row = {"batch": rcfg.batch_size, "episodes_per_s": len(eps) / tot, "candidates_per_s": st["generations"] / tot,
+           "total_s": tot, "first_run_s": first,
            "turns": turns,
            "turns_per_episode": turns / len(eps),
            "prefill_slots_per_turn": (pol.prefill_tokens - before[1]) / turns, "prompt_tokens_per_turn": real / turns,
            "decode_fill%": 100 * (pol.decode_tokens - before[4]) / max(pol.decode_slots - before[3], 1),
            "prefill%": 100 * pre / tot, "decode%": 100 * dec / tot, "retrieve%": 100 * st["retrieve_s"] / tot,
            "host%": 100 * (tot - pre - dec - st["retrieve_s"] - st["summarize_s"]) / tot,
-           "new_tokens_per_s": sum(len(s.token_ids) for e in eps for s in e.steps if s.prompt) / tot}
+           "new_tokens_per_s": sum(len(s.token_ids) + sum(len(c["token_ids"]) for c in s.candidates)
+                                   for e in eps for s in e.steps if s.prompt) / tot}   # every candidate's tokens
     if pool is not None:
         row.update(reused=stats.get("reused", 0), fallback_new=stats.get("fallback_new", 0),
                    fallback_not_prefix=stats.get("fallback_not_prefix", 0),
@@ -98,6 +102,8 @@ def main(argv=None):
     ap.add_argument("--sft-steps", type=int, default=300)
     ap.add_argument("--max-new-tokens", type=int, default=40)
     ap.add_argument("--paths", default=",".join(PATHS), help=f"which of {list(PATHS)} to run (the first is the base)")
+    ap.add_argument("--n", type=int, default=1, help="candidate actions sampled per state")
+    ap.add_argument("--temperature", type=float, default=0.0)
     args = ap.parse_args(argv)
     unknown = [p for p in args.paths.split(",") if p not in PATHS]
     if unknown:
@@ -127,12 +133,13 @@ def main(argv=None):
     rows = []
     for b in [int(x) for x in args.batches.split(",")]:
         acts, base = {}, None
-        pure = pure_decode(pol, b, args.max_new_tokens)
+        pure = pure_decode(pol, b * args.n, args.max_new_tokens)   # the decode batch: N rows per live episode
         for path, (stops, reuse, cont) in paths.items():
             rcfg = RolloutConfig(k=config.index.k, max_steps=8, batch_size=b, max_new_tokens=args.max_new_tokens,
-                                 reward="em", seed=config.seed, continuous=cont)
+                                 reward="em", seed=config.seed, continuous=cont, n_candidates=args.n,
+                                 temperature=args.temperature)
             pol.device_stops = stops
-            pol.sessions = SessionPool(pol.cfg, b, pol.cfg.max_seq_len) if reuse and not cont else None
+            pol.sessions = SessionPool(pol.cfg, b * args.n, pol.cfg.max_seq_len) if reuse and not cont else None
             pol.pool_sessions = reuse and cont
             row, eps = measure(pol, retriever, agent, questions, rcfg)
             acts[path] = [[s.action.raw for s in e.steps] for e in eps]
@@ -142,7 +149,7 @@ def main(argv=None):
                        same_actions=sum(x == y for x, y in zip(acts[next(iter(paths))], acts[path])) / len(questions))
             rows.append({"path": path, **row})
             print(f"  {path} batch {b}: {row['episodes_per_s']:.2f} ep/s", flush=True)
-    cols = ["path", "batch", "episodes_per_s", "speedup", "total_s", "first_run_s", "turns_per_episode", "prefill_slots_per_turn",
+    cols = ["path", "batch", "episodes_per_s", "candidates_per_s", "speedup", "total_s", "first_run_s", "turns_per_episode", "prefill_slots_per_turn",
             "prompt_tokens_per_turn", "decode_fill%", "prefill%", "decode%", "retrieve%", "host%", "reused", "fallback_new",
             "fallback_not_prefix", "fallback_evicted", "same_actions", "new_tokens_per_s", "pure_decode_tokens_per_s",
             "vs_pure_decode%"]
@@ -151,6 +158,7 @@ def main(argv=None):
     out = write_result("rollout_kv", {"episodes": len(questions), "agent": "react/plain", "k": config.index.k,
                                       "world": "synthetic tiny", "sft_steps": args.sft_steps,
                                       "max_new_tokens": args.max_new_tokens, "matmul_gflops": gflops,
+                                      "n_candidates": args.n, "temperature": args.temperature,
                                       "model": {"d_model": pol.cfg.d_model, "n_layers": pol.cfg.n_layers,
                                                 "max_seq_len": pol.cfg.max_seq_len}, "rows": rows})
     print(f"wrote {out}")

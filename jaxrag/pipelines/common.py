@@ -121,7 +121,8 @@ def load_policy(pc, workdir):
     `max_prompt_tokens` (agents render over-long prompts shorter), `top_k`, `top_p`, `add_bos`, and the cross-turn
     KV reuse pool (jaxrag.kv_sessions; off unless set): `session_slots` (live episodes, >= the rollout batch),
     `session_tokens` (per episode; default max_seq_len); `pool_tokens`: tokens per slot of the continuous-batching
-    pool (jaxrag.continuous, used with rollout `continuous: True`; default max_seq_len); `min_rows`, `min_prompt`:
+    pool (jaxrag.continuous, used with rollout `continuous: True`; default max_seq_len) and `pool_sessions` (that
+    pool keeps each episode's KV cache between turns; default off); `min_rows`, `min_prompt`:
     the sampler's shape floors (generate.sample; defaults 1 and 16).
     `policy.tokenizer_path` says where the tokenizer came from (stages copy it beside the models they train)."""
     from jaxrag.models import load_hf
@@ -142,7 +143,8 @@ def load_policy(pc, workdir):
     policy = JaxPolicy(cfg, params, tok, top_k=pc.get("top_k") or 0, top_p=pc.get("top_p") or 1.0,
                        add_bos=pc.get("add_bos", True), max_prompt_tokens=pc.get("max_prompt_tokens") or None,
                        session_slots=pc.get("session_slots") or 0, session_tokens=pc.get("session_tokens") or None,
-                       pool_tokens=pc.get("pool_tokens") or None, min_rows=pc.get("min_rows") or 1,
+                       pool_tokens=pc.get("pool_tokens") or None, pool_sessions=bool(pc.get("pool_sessions", False)),
+                       min_rows=pc.get("min_rows") or 1,
                        min_prompt=pc.get("min_prompt") or 16)
     policy.tokenizer_path = tok_path
     return policy
