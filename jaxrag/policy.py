@@ -198,18 +198,20 @@ class JaxPolicy:
         return ContinuousSession(self, pool)
 
     def generate(self, prompts, *, n=1, temperature=0.0, max_new_tokens=128, stop=None, seed=0, sessions=None):
-        """sessions: one key per prompt (needs session_slots > 0 and n == 1): continue each key's KV cache."""
+        """sessions: one key per prompt (needs session_slots >= prompts x n): each prompt continues the KV cache of
+        the key's branch (one per candidate of its last call) whose ids it extends; its n samples become the key's
+        branches."""
         if not prompts:
             return []
         encoded = [self.encode_prompt(p, max_new_tokens) for p in prompts]
         stop_strings, key = (list(stop) if stop else None), jax.random.PRNGKey(seed)
         sp = self._sampling(temperature, max_new_tokens, stop_strings)
         if sessions is not None:
-            if self.sessions is None or n != 1 or len(sessions) != len(prompts):
-                raise ValueError(f"generate(sessions=...): needs a policy built with session_slots > 0, n == 1 "
-                                 f"(got {n}) and one key per prompt ({len(sessions)} keys, {len(prompts)} prompts)")
+            if self.sessions is None or len(sessions) != len(prompts):
+                raise ValueError(f"generate(sessions=...): needs a policy built with session_slots > 0 and one key "
+                                 f"per prompt ({len(sessions)} keys, {len(prompts)} prompts)")
             out = sample_sessions(self.cfg, self._sample_params, self.sessions, list(sessions), encoded, sp, key,
-                                  stop_strings=stop_strings, tokenizer=self.tokenizer)
+                                  stop_strings=stop_strings, tokenizer=self.tokenizer, n=n)
         else:
             out = sample(self.cfg, self._sample_params, encoded, sp, key, stop_strings=stop_strings,
                          tokenizer=self.tokenizer, n=n, share_prefix=self.share_prefix, min_rows=self.min_rows,

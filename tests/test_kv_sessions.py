@@ -96,8 +96,8 @@ def test_pool_limits_are_clear_errors_and_new_params_forget_sessions():
         pol.generate(["x" * 30], max_new_tokens=16, sessions=[1])
     with pytest.raises(ValueError, match="session_slots > 0"):
         policy().generate(["a"], sessions=[1])
-    with pytest.raises(ValueError, match="n == 1"):
-        pol.generate(["a"], n=2, sessions=[1])
+    with pytest.raises(PoolFull, match=r"1 sessions x 3 candidates does not fit a pool of 2 slots.*batch x n_cand"):
+        pol.generate(["a"], n=3, max_new_tokens=4, sessions=[1])   # a session needs a slot per candidate
     pol.generate(["a", "b"], max_new_tokens=4, sessions=[1, 2])
     pol.generate(["c"], max_new_tokens=4, sessions=[3])            # a full pool evicts the least recently used
     assert set(pol.sessions.slot_of) == {2, 3} and pol.sessions.stats["evicted"] == 1
