@@ -270,7 +270,7 @@ def rollout(policy, retriever, agent: Agent, items: Iterable, cfg: RolloutConfig
     st, bar = run_stats.st, run_stats.bar
     it = 0
     run = object()   # session keys (run, index): unique to this call
-    keep = bool(getattr(policy, "keeps_sessions", False)) and cfg.n_candidates == 1
+    keep = bool(getattr(policy, "keeps_sessions", False))   # at any n_candidates: a branch per candidate
     while pending or live:
         # refill; ARENA without dataset paragraphs: the question's top-k documents are the references
         fresh = []
