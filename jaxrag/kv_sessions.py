@@ -1,25 +1,31 @@
 """Cross-turn KV reuse: an episode keeps its cache between turns and only the appended tokens are prefilled.
 
-A `SessionPool` holds the keys/values of up to `slots` live sessions (an episode's action thread), each up to
-`max_len` tokens, in per-layer device buffers [slots, K, max_len, Dh] (memory fixed when the pool is built:
-`nbytes`), plus on the host each session's token ids (prompt + completion, as the model saw them) and its slot.
+A `SessionPool` holds the keys/values of up to `slots` live branches, each up to `max_len` tokens, in per-layer
+device buffers [slots, K, max_len, Dh] (memory fixed when the pool is built: `nbytes`), plus on the host each
+session's (an episode's action thread's) BRANCHES: one per candidate of its last call, each a slot and the token
+ids it holds (prompt + that candidate's completion, as the model saw them). At n = 1 a session is one branch.
 
-`sample_sessions` is `generate.sample` (n = 1) for prompts that carry a session key. A row REUSES its session
-when the new prompt's token ids start with the session's ids (the last prompt's ids + the completion's ids) and
-are longer: a token-level test, so what the model reads is exactly the ids a full prefill would read (the
-prompt's own tokenization, not a splice of id lists). Any other row (a new episode, a design whose prompt is
-not a prefix extension, a completion whose ids the tokenizer would not reproduce, a prompt the agent shortened)
-is prefilled in full: the FALLBACK, counted by reason in `SessionPool.stats`.
+`sample_sessions` is `generate.sample` (n candidates per prompt, rows i*n + j) for prompts that carry a session
+key. A prompt REUSES a branch of its session when the prompt's token ids start with the branch's ids and are
+longer (the longest such branch; best-of-N: the next prompt extends the candidate `select` picked): a token-level
+test, so what the model reads is exactly the ids a full prefill would read (the prompt's own tokenization, not a
+splice of id lists). Any other prompt (a new episode, a design whose prompt is not a prefix extension, a
+completion whose ids the tokenizer would not reproduce, a prompt the agent shortened) is prefilled in full: the
+FALLBACK, counted by reason in `SessionPool.stats` (once per prompt, whatever n). A session takes n slots (the
+pool needs keys x n); its n new candidates replace its old branches (the reused one's slot among them).
 
-Device side, per call: fallback rows' whole prompts get their own prefill pass (generate's) straight into their
-pool slots; then the batch cache is gathered from the pool with every row's kept tokens right-aligned before a
-shared slot M (rows are ragged; holes are masked by the cache's `valid`, RoPE reads each token's own position),
-the reusing rows' appended tokens are run through `forward_cached` at slots [M, M+T) with positions continuing
-each row's own, the generate.decode loop samples, and each row's valid slots (a stop-string cut applied) are
-compacted back into its pool slot (left-aligned, in order). A call whose rows are all new takes generate's own
-prefill on an empty cache: the first turn is the plain path, bit for bit, when its prompts are distinct (identical
-prompts, e.g. a GRPO group's first turn, are prefilled once per row here; generate.sample prefills them once).
-Later turns equal the full prefill up to float rounding (attention over the cache sums in another order).
+Device side, per call, per PROMPT row (not per candidate): fallback prompts get their own prefill pass
+(generate's) straight into a pool slot of theirs; then the batch cache is gathered from the pool with every
+row's kept tokens right-aligned before a shared slot M (rows are ragged; holes are masked by the cache's `valid`,
+RoPE reads each token's own position), the reusing rows' appended tokens are run through `forward_cached` at
+slots [M, M+T) with positions continuing each row's own, and at n > 1 the cache is forked to the n decode rows
+of each prompt (generate's share_prefix: every appended token is computed once). The generate.decode loop
+samples, and each decode row's valid slots (a stop-string cut applied) are compacted back into its branch's pool
+slot (left-aligned, in order; the gather copied the reused slot before this store overwrites it). A call whose
+prompts are all new takes generate's own prefill on an empty cache (forked as generate.sample forks it): the
+first turn is the plain path, bit for bit, when its prompts are distinct (identical prompts, e.g. a GRPO group's
+first turn, are prefilled once per row here; generate.sample prefills them once). Later turns equal the full
+prefill up to float rounding (attention over the cache sums in another order).
 """
 from __future__ import annotations
 
