@@ -262,9 +262,8 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
         rows[:R] = np.arange(R) // n
         logits, cache, position = _fork((logits, cache, position), rows)
     jax.block_until_ready(logits)
-    t1 = time.perf_counter()
+    t1, R_pad = time.perf_counter(), logits.shape[0]
     out, cache = decode(cfg, params, cache, logits, position, R, sp, key, stop_strings, tokenizer, chunk)
-    R_pad = logits.shape[0]
     dest = np.full(R_pad, pool.slots, np.int32)   # decode row i*n+j -> branch j of key i; padding rows: never stored
     dest[:R] = np.asarray(slots).reshape(-1)
     keep_below = np.zeros(R_pad, np.int32)

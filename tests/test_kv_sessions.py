@@ -121,14 +121,17 @@ def test_n_candidates_continue_the_picked_branch_as_the_share_prefix_path(temper
     st = reuse.sessions.stats
     prompts = ["question: a\n", "question: something longer here\n", "q: mid\n"]
     keys, held = ["e0", "e1", "e2"], [[], [], []]   # held: the ids of the candidate each next prompt extends
+    stop, cut = None, 0
     for turn in range(4):
         ids = [reuse.tokenizer.encode(p, add_bos=True) for p in prompts]
         kept = [len(h) if extends(h, x) else 0 for h, x in zip(held, ids)]   # an EOS id in the text: not re-encoded
         new = [len(x) for x, k in zip(ids, kept) if not k]
         pre, count = reuse.prefill_tokens, collections.Counter(st)
-        a = full.generate(prompts, n=n, temperature=temperature, max_new_tokens=10, seed=turn)
-        b = reuse.generate(prompts, n=n, temperature=temperature, max_new_tokens=10, seed=turn, sessions=keys)
+        a = full.generate(prompts, n=n, temperature=temperature, max_new_tokens=10, seed=turn, stop=stop)
+        b = reuse.generate(prompts, n=n, temperature=temperature, max_new_tokens=10, seed=turn, stop=stop,
+                           sessions=keys)
         same(a, b, first_turn=turn == 0, tol=1e-5)
+        cut += sum(c.finish_reason == "stop" for o in b for c in o)
         assert all(len({tuple(h) for _, h in reuse.sessions.branches[k]}) == (1 if temperature == 0 else n)
                    for k in keys)   # greedy: n equal candidates; T = 1: n different branches
         if any(kept):   # one row of appended tokens per prompt (a new prompt: its own pass), none per candidate
@@ -137,12 +140,14 @@ def test_n_candidates_continue_the_picked_branch_as_the_share_prefix_path(temper
                 bucket(len(new), 1) * fine_bucket(max(new)) if new else 0)
             assert st["reused"] - count["reused"] == len(appended) >= 2
             assert st["appended_tokens"] - count["appended_tokens"] == sum(appended) + sum(new)
+        if turn == 0:  # a stop string inside a later completion: the tokens after its cut leave that branch's slot
+            stop = [a[0][1].text[4]]
         j = turn % n
         held = [o[j].prompt_ids + o[j].token_ids for o in b]
         prompts = [p + o[j].text + f"doc: {'xy' * (2 * i + turn)}\n" for i, (p, o) in enumerate(zip(prompts, a))]
         if turn == 0:  # a new episode joins continuing ones: its own prefill pass, then one forked decode batch
             prompts, keys, held = prompts + ["question: a late one\n"], keys + ["e3"], held + [[]]
-    assert st["reused"] + st["fallback_not_prefix"] == 3 + 4 + 4 and st["fallback_new"] == 4
+    assert st["reused"] + st["fallback_not_prefix"] == 3 + 4 + 4 and st["fallback_new"] == 4 and cut > 0
     assert reuse.prefill_tokens < full.prefill_tokens
     assert sorted(s for k in keys for s, _ in reuse.sessions.branches[k]) == list(range(4 * n))
     assert [[h for _, h in reuse.sessions.branches[k]] for k in keys] == [
@@ -154,7 +159,8 @@ def test_a_prompt_continues_the_branch_it_extends_else_falls_back():
     sess = pol.sessions
     first = pol.generate(["question: which branch?\n"], n=n, temperature=1.0, max_new_tokens=8, seed=1,
                          sessions=["a"])[0]
-    assert len({tuple(c.token_ids) for c in first}) == n and all(pol.tokenizer.encode(c.text) == c.token_ids for c in first)
+    assert len({tuple(c.token_ids) for c in first}) == n                      # three different branches
+    assert all(pol.tokenizer.encode(c.text) == c.token_ids for c in first)   # each one's text re-encodes
     slot2, held2 = sess.branches["a"][2]
     prompt = "question: which branch?\n" + first[2].text + "obs: seen\n"
     ids = pol.encode_prompt(prompt, 8)
