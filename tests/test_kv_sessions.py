@@ -194,8 +194,9 @@ def test_branches_take_a_slot_each_and_leave_together():
     assert all(len(sess.branches[k]) == 2 for k in "bd")
 
 
-def test_rollout_at_n_candidates_keeps_sessions_and_matches_the_plain_path():
-    cfg = RolloutConfig(k=2, batch_size=3, max_steps=3, max_new_tokens=10, temperature=1.0, n_candidates=3)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rollout_at_n_candidates_keeps_sessions_and_matches_the_plain_path(temperature):
+    cfg = RolloutConfig(k=2, batch_size=3, max_steps=3, max_new_tokens=10, temperature=temperature, n_candidates=3)
     agent = EchoSearch(mode="plain", max_doc_chars=40)
 
     def run(pol):   # a random select, the same draws in both runs
