@@ -218,11 +218,11 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
                        "tokens per slot; build the policy with a larger session_tokens (or a shorter prompt budget)")
     t0 = time.perf_counter()
     picked = [pool.pick(k, p) for k, p in zip(keys, prompts)]   # (slot, kept) of the branch each prompt extends
-    for k, (_, kept) in zip(keys, picked):
-        held = any(h for _, h in pool.branches.get(k, ()))
-        pool.stats["reused" if kept else ("fallback_not_prefix" if held else "fallback_new")] += 1
+    held = [any(h for _, h in pool.branches.get(k, ())) for k in keys]
     slots = pool.assign(list(keys), n, [s for s, _ in picked])   # [B][n]: the reused branch's slot first
     kept = [k for _, k in picked]
+    for k, h in zip(kept, held):   # counted once the call fits (assign resets the held ids)
+        pool.stats["reused" if k else ("fallback_not_prefix" if h else "fallback_new")] += 1
     appended = [list(p[k:]) for p, k in zip(prompts, kept)]
     pool.stats["reused_tokens"] += sum(kept)
     pool.stats["appended_tokens"] += sum(len(a) for a in appended)

@@ -182,6 +182,7 @@ def test_branches_take_a_slot_each_and_leave_together():
     sess = pol.sessions
     with pytest.raises(PoolFull, match=r"4 sessions x 2 candidates .* pool of 6 slots.*session_slots >= batch x "):
         pol.generate(list("abcd"), n=2, max_new_tokens=4, sessions=list("abcd"))
+    assert not sess.stats and not sess.branches                    # a refused call leaves the pool as it was
     pol.generate(["a", "b"], n=3, max_new_tokens=4, sessions=["a", "b"])
     assert sorted(s for k in "ab" for s, _ in sess.branches[k]) == list(range(6))
     freed = {s for s, _ in sess.branches["a"]}
