@@ -1,25 +1,31 @@
 """Cross-turn KV reuse: an episode keeps its cache between turns and only the appended tokens are prefilled.
 
-A `SessionPool` holds the keys/values of up to `slots` live sessions (an episode's action thread), each up to
-`max_len` tokens, in per-layer device buffers [slots, K, max_len, Dh] (memory fixed when the pool is built:
-`nbytes`), plus on the host each session's token ids (prompt + completion, as the model saw them) and its slot.
+A `SessionPool` holds the keys/values of up to `slots` live branches, each up to `max_len` tokens, in per-layer
+device buffers [slots, K, max_len, Dh] (memory fixed when the pool is built: `nbytes`), plus on the host each
+session's (an episode's action thread's) BRANCHES: one per candidate of its last call, each a slot and the token
+ids it holds (prompt + that candidate's completion, as the model saw them). At n = 1 a session is one branch.
 
-`sample_sessions` is `generate.sample` (n = 1) for prompts that carry a session key. A row REUSES its session
-when the new prompt's token ids start with the session's ids (the last prompt's ids + the completion's ids) and
-are longer: a token-level test, so what the model reads is exactly the ids a full prefill would read (the
-prompt's own tokenization, not a splice of id lists). Any other row (a new episode, a design whose prompt is
-not a prefix extension, a completion whose ids the tokenizer would not reproduce, a prompt the agent shortened)
-is prefilled in full: the FALLBACK, counted by reason in `SessionPool.stats`.
+`sample_sessions` is `generate.sample` (n candidates per prompt, rows i*n + j) for prompts that carry a session
+key. A prompt REUSES a branch of its session when the prompt's token ids start with the branch's ids and are
+longer (the longest such branch; best-of-N: the next prompt extends the candidate `select` picked): a token-level
+test, so what the model reads is exactly the ids a full prefill would read (the prompt's own tokenization, not a
+splice of id lists). Any other prompt (a new episode, a design whose prompt is not a prefix extension, a
+completion whose ids the tokenizer would not reproduce, a prompt the agent shortened) is prefilled in full: the
+FALLBACK, counted by reason in `SessionPool.stats` (once per prompt, whatever n). A session takes n slots (the
+pool needs keys x n); its n new candidates replace its old branches (the reused one's slot among them).
 
-Device side, per call: fallback rows' whole prompts get their own prefill pass (generate's) straight into their
-pool slots; then the batch cache is gathered from the pool with every row's kept tokens right-aligned before a
-shared slot M (rows are ragged; holes are masked by the cache's `valid`, RoPE reads each token's own position),
-the reusing rows' appended tokens are run through `forward_cached` at slots [M, M+T) with positions continuing
-each row's own, the generate.decode loop samples, and each row's valid slots (a stop-string cut applied) are
-compacted back into its pool slot (left-aligned, in order). A call whose rows are all new takes generate's own
-prefill on an empty cache: the first turn is the plain path, bit for bit, when its prompts are distinct (identical
-prompts, e.g. a GRPO group's first turn, are prefilled once per row here; generate.sample prefills them once).
-Later turns equal the full prefill up to float rounding (attention over the cache sums in another order).
+Device side, per call, per PROMPT row (not per candidate): fallback prompts get their own prefill pass
+(generate's) straight into a pool slot of theirs; then the batch cache is gathered from the pool with every
+row's kept tokens right-aligned before a shared slot M (rows are ragged; holes are masked by the cache's `valid`,
+RoPE reads each token's own position), the reusing rows' appended tokens are run through `forward_cached` at
+slots [M, M+T) with positions continuing each row's own, and at n > 1 the cache is forked to the n decode rows
+of each prompt (generate's share_prefix: every appended token is computed once). The generate.decode loop
+samples, and each decode row's valid slots (a stop-string cut applied) are compacted back into its branch's pool
+slot (left-aligned, in order; the gather copied the reused slot before this store overwrites it). A call whose
+prompts are all new takes generate's own prefill on an empty cache (forked as generate.sample forks it): the
+first turn is the plain path, bit for bit, when its prompts are distinct (identical prompts, e.g. a GRPO group's
+first turn, are prefilled once per row here; generate.sample prefills them once). Later turns equal the full
+prefill up to float rounding (attention over the cache sums in another order).
 """
 from __future__ import annotations
 
@@ -33,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrag.generate import Completions, SamplingParams, _prefill, bucket, decode, left_pad
+from jaxrag.generate import Completions, SamplingParams, _fork, _prefill, bucket, decode, left_pad
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import forward_cached_hidden, init_cache, logits_from_hidden
 
@@ -56,8 +62,8 @@ class SessionPool:
     slots: int
     max_len: int
     kv: dict = dataclasses.field(init=False, repr=False)          # {"k": (L x [slots,K,max_len,Dh]), "v": ...}
-    ids: dict = dataclasses.field(default_factory=dict, init=False)      # key -> token ids held in its slot
-    slot_of: dict = dataclasses.field(default_factory=dict, init=False)  # key -> slot
+    # key -> [(slot, token ids held in it)]: one BRANCH per candidate of the key's last call (one at n = 1)
+    branches: dict = dataclasses.field(default_factory=dict, init=False)
     used: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict, init=False)  # LRU
     stats: collections.Counter = dataclasses.field(default_factory=collections.Counter, init=False)
 
@@ -71,41 +77,67 @@ class SessionPool:
     def nbytes(self) -> int:
         return sum(int(b.nbytes) for b in self.kv["k"] + self.kv["v"])
 
+    @property
+    def slot_of(self) -> dict:
+        """key -> its first branch's slot (its only one at n = 1)."""
+        return {k: b[0][0] for k, b in self.branches.items()}
+
+    @property
+    def ids(self) -> dict:
+        """key -> its first branch's held ids (its only ones at n = 1)."""
+        return {k: b[0][1] for k, b in self.branches.items()}
+
     def clear(self) -> None:
         """Forget every session (new params: cached keys/values are stale)."""
-        self.ids.clear()
-        self.slot_of.clear()
+        self.branches.clear()
         self.used.clear()
 
     def release(self, keys: Sequence[Hashable]) -> None:
+        """Free the sessions `keys`, all their branches' slots."""
         for k in keys:
-            self.ids.pop(k, None)
-            self.slot_of.pop(k, None)
+            self.branches.pop(k, None)
             self.used.pop(k, None)
 
-    def assign(self, keys: Sequence[Hashable]) -> list[int]:
-        """A slot per key (its own when it has one; else a free one, else the least recently used session not in
-        `keys` is evicted). PoolFull when the call has more distinct keys than the pool has slots."""
+    def pick(self, key: Hashable, ids: Sequence[int]) -> tuple[int | None, int]:
+        """The branch of `key` that `ids` extend (the longest held ids if several): (its slot, its held length);
+        (None, 0) when none does."""
+        kept, slot = max(((len(h), s) for s, h in self.branches.get(key, ()) if extends(h, ids)), default=(0, None))
+        return slot, kept
+
+    def assign(self, keys: Sequence[Hashable], n: int = 1, keep: Sequence[int | None] | None = None
+               ) -> list[list[int]]:
+        """n slots per key, one per branch: its own first (keep[i], the branch the call reuses, always stays; extra
+        ones beyond n are freed), then free ones, else the least recently used sessions not in `keys` are evicted
+        whole. The keys' held ids are reset (their slots are about to be overwritten). PoolFull when keys x n
+        exceeds the pool's slots."""
         if len(set(keys)) != len(keys):
             raise ValueError("sample_sessions: a session key appears twice in one call")
-        if len(keys) > self.slots:
-            raise PoolFull(f"a batch of {len(keys)} sessions does not fit a pool of {self.slots} slots "
-                           f"({self.nbytes / 2**20:.1f} MiB); build the policy with session_slots >= the rollout "
-                           "batch size")
-        free = sorted(set(range(self.slots)) - set(self.slot_of.values()), reverse=True)
+        if len(keys) * n > self.slots:
+            raise PoolFull(f"a batch of {len(keys)} sessions x {n} candidates does not fit a pool of {self.slots} "
+                           f"slots ({self.nbytes / 2**20:.1f} MiB); build the policy with session_slots >= batch x "
+                           "n_candidates (the rollout's batch_size x n_candidates)")
+        keep = keep if keep is not None else [None] * len(keys)
+        mine = {}
+        for k, s in zip(keys, keep):
+            own = [b[0] for b in self.branches.get(k, ()) if b[0] != s]
+            mine[k] = ([] if s is None else [s]) + own[:n - (s is not None)]
+        taken = {s for own in mine.values() for s in own}
+        taken |= {b[0] for k, bs in self.branches.items() if k not in mine for b in bs}
+        free = sorted(set(range(self.slots)) - taken, reverse=True)
         out = []
         for k in keys:
-            if k not in self.slot_of:
+            own = mine[k]
+            while len(own) < n:
                 if not free:
-                    victim = next(v for v in self.used if v not in keys)
-                    free.append(self.slot_of[victim])
+                    victim = next(v for v in self.used if v not in mine)
+                    free = sorted(free + [b[0] for b in self.branches[victim]], reverse=True)
                     self.release([victim])
                     self.stats["evicted"] += 1
-                self.slot_of[k] = free.pop()
-                self.ids[k] = []
+                own.append(free.pop())
+            self.branches[k] = [(s, []) for s in own]
             self.used.pop(k, None)
             self.used[k] = True
-            out.append(self.slot_of[k])
+            out.append(own)
         return out
 
 
@@ -166,10 +198,14 @@ def prefill_into_pool(cfg: ModelConfig, params, pool: SessionPool, slots: Sequen
 
 def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[Hashable],
                     prompts: Sequence[Sequence[int]], sp: SamplingParams, key: jax.Array,
-                    stop_strings: Sequence[str] | None = None, tokenizer=None, chunk: int | None = None) -> Completions:
-    """One completion per prompt; row i continues session keys[i] (see the module doc). Decode row r samples with
+                    stop_strings: Sequence[str] | None = None, tokenizer=None, chunk: int | None = None, *,
+                    n: int = 1) -> Completions:
+    """n completions per prompt, rows i*n .. i*n+n-1 prompt i's (as `generate.sample`); prompt i continues a branch
+    of session keys[i] and the n rows become its n branches (see the module doc). Decode row r samples with
     fold_in(key, r), as `generate.sample`, so results match the full-prefill path row for row."""
     B, N = len(prompts), sp.max_new_tokens
+    if n < 1:
+        raise ValueError(f"sample_sessions: n={n}; need n >= 1")
     if B == 0:
         return Completions(np.zeros((0, N), np.int32), np.zeros((0, N), np.float32), np.zeros(0, np.int32), [])
     if any(len(p) == 0 for p in prompts):
@@ -181,19 +217,18 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
         raise PoolFull(f"a session of {too_long} prompt + {N} new tokens does not fit the pool's {pool.max_len} "
                        "tokens per slot; build the policy with a larger session_tokens (or a shorter prompt budget)")
     t0 = time.perf_counter()
-    slots = pool.assign(list(keys))
-    kept, appended = [], []
-    for k, p in zip(keys, prompts):
-        prev = pool.ids[k]
-        reuse = extends(prev, p)
-        pool.stats["reused" if reuse else ("fallback_not_prefix" if prev else "fallback_new")] += 1
-        kept.append(len(prev) if reuse else 0)
-        appended.append(list(p[len(prev):]) if reuse else list(p))
+    picked = [pool.pick(k, p) for k, p in zip(keys, prompts)]   # (slot, kept) of the branch each prompt extends
+    held = [any(h for _, h in pool.branches.get(k, ())) for k in keys]
+    slots = pool.assign(list(keys), n, [s for s, _ in picked])   # [B][n]: the reused branch's slot first
+    kept = [k for _, k in picked]
+    for k, h in zip(kept, held):   # counted once the call fits (assign resets the held ids)
+        pool.stats["reused" if k else ("fallback_not_prefix" if h else "fallback_new")] += 1
+    appended = [list(p[k:]) for p, k in zip(prompts, kept)]
     pool.stats["reused_tokens"] += sum(kept)
     pool.stats["appended_tokens"] += sum(len(a) for a in appended)
-    B_pad = bucket(B, 1)
-    slots_pad = np.full(B_pad, pool.slots, np.int32)   # padding rows: an out-of-range slot, never stored
-    slots_pad[:B] = slots
+    B_pad, R = bucket(B, 1), B * n
+    src = np.zeros(B_pad, np.int32)     # the pool slot each prompt row is gathered from (padding rows: none kept)
+    src[:B] = [s[0] for s in slots]
     kept_pad = np.zeros(B_pad, np.int32)
     kept_pad[:B] = kept
     if not any(kept):   # every row new: generate.sample's own prefill (the first turn is the plain path, bit for bit)
@@ -208,28 +243,35 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
         fresh = [i for i in range(B) if kept[i] == 0]
         prefilled = 0
         if fresh:   # their own prefill pass (a whole prompt must not widen every row's appended block), into the pool
-            logits_new, prefilled = prefill_into_pool(cfg, params, pool, [slots[i] for i in fresh],
+            logits_new, prefilled = prefill_into_pool(cfg, params, pool, [src[i] for i in fresh],
                                                       [appended[i] for i in fresh])
             for i in fresh:
                 kept_pad[i], appended[i] = len(appended[i]), []
         T, M = fine_bucket(max(len(a) for a in appended)), fine_bucket(int(kept_pad.max()))
         tokens, positions, valid = left_pad(appended, B_pad, T)
         positions = positions + kept_pad[:, None]
-        cache = gather_rows(pool.kv, jnp.asarray(np.minimum(slots_pad, pool.slots - 1)), jnp.asarray(kept_pad), M,
-                            fine_bucket(M + T) + N)
+        # a copy: the store below (which donates the pool) overwrites the reused branch's slot only after this
+        cache = gather_rows(pool.kv, jnp.asarray(src), jnp.asarray(kept_pad), M, fine_bucket(M + T) + N)
         logits, cache = extend(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
         if fresh:
             logits = logits.at[jnp.asarray(fresh)].set(logits_new[:len(fresh)])
         start, prefilled = M + T, prefilled + B_pad * T
     position = jnp.asarray(kept_pad + valid.sum(1), jnp.int32)
+    if n > 1:   # each prompt's cache (computed once) forked to its n decode rows, as generate.sample's share_prefix
+        rows = np.zeros(bucket(R, 1), np.int32)
+        rows[:R] = np.arange(R) // n
+        logits, cache, position = _fork((logits, cache, position), rows)
     jax.block_until_ready(logits)
-    t1 = time.perf_counter()
-    out, cache = decode(cfg, params, cache, logits, position, B, sp, key, stop_strings, tokenizer, chunk)
-    keep_below = np.zeros(B_pad, np.int32)
-    keep_below[:B] = start + out.lengths
-    pool.kv = store_rows(pool.kv, cache, jnp.asarray(slots_pad), jnp.asarray(keep_below))
+    t1, R_pad = time.perf_counter(), logits.shape[0]
+    out, cache = decode(cfg, params, cache, logits, position, R, sp, key, stop_strings, tokenizer, chunk)
+    dest = np.full(R_pad, pool.slots, np.int32)   # decode row i*n+j -> branch j of key i; padding rows: never stored
+    dest[:R] = np.asarray(slots).reshape(-1)
+    keep_below = np.zeros(R_pad, np.int32)
+    keep_below[:R] = start + out.lengths
+    pool.kv = store_rows(pool.kv, cache, jnp.asarray(dest), jnp.asarray(keep_below))
     for i, k in enumerate(keys):
-        pool.ids[k] = list(prompts[i]) + out.tokens[i, :out.lengths[i]].tolist()
+        pool.branches[k] = [(s, list(prompts[i]) + out.tokens[i * n + j, :out.lengths[i * n + j]].tolist())
+                            for j, s in enumerate(slots[i])]
     out.prefill_tokens = prefilled
     out.timing.update(prefill_s=t1 - t0, decode_s=time.perf_counter() - t1)
     return out

@@ -10,8 +10,9 @@ the middle of the token ids, keeping the head (BOS, system prompt) and the tail 
 `prompts_cut` and warned about once.
 
 Sessions (optional, off by default): a JaxPolicy built with `session_slots > 0` keeps each episode's KV cache
-between turns (jaxrag.kv_sessions): `generate(..., sessions=[key per prompt])` prefills only what a prompt
-appends to its session's last prompt + completion (else the whole prompt, counted as a fallback), and
+between turns (jaxrag.kv_sessions): `generate(..., n=N, sessions=[key per prompt])` prefills only what a prompt
+appends to its session's last prompt + one of its last N completions (a branch per candidate, a slot each: the
+pool needs prompts x N slots; else the whole prompt, counted as a fallback), once per prompt, and
 `release(keys)` frees finished episodes' slots. `keeps_sessions` tells the rollout engine to pass keys.
 
 Continuous batching (optional part of the protocol): `policy.continuous(slots, temperature=, max_new_tokens=, stop=,
@@ -78,8 +79,9 @@ class JaxPolicy:
     stacked one; one copy of the layer weights). `prefill_tokens` counts the token slots prefilled so far,
     `decode_slots` / `decode_tokens` the decode row-steps run / the tokens kept (their ratio: how full the decode
     batch was), `timing` the seconds in prefill (with the host's batch preparation) and in decode.
-    session_slots / session_tokens: the session pool (module doc; 0 slots = off); session_tokens defaults to
-    max_seq_len, the longest prompt + completion the policy can take anyway.
+    session_slots / session_tokens: the session pool (module doc; 0 slots = off; the rollout's batch_size x
+    n_candidates slots); session_tokens defaults to max_seq_len, the longest prompt + completion the policy can
+    take anyway.
     pool_tokens: the tokens per slot of the continuous-batching pool (`continuous`; default max_seq_len): a
     request whose prompt + max_new_tokens exceeds it is refused with an error naming this setting. Every decode
     step attends over all of a slot's tokens (the lock-step sampler over its batch's bucketed prompt + new tokens),
@@ -199,18 +201,20 @@ class JaxPolicy:
         return ContinuousSession(self, pool)
 
     def generate(self, prompts, *, n=1, temperature=0.0, max_new_tokens=128, stop=None, seed=0, sessions=None):
-        """sessions: one key per prompt (needs session_slots > 0 and n == 1): continue each key's KV cache."""
+        """sessions: one key per prompt (needs session_slots >= prompts x n): each prompt continues the KV cache of
+        the key's branch (one per candidate of its last call) whose ids it extends; its n samples become the key's
+        branches."""
         if not prompts:
             return []
         encoded = [self.encode_prompt(p, max_new_tokens) for p in prompts]
         stop_strings, key = (list(stop) if stop else None), jax.random.PRNGKey(seed)
         sp = self._sampling(temperature, max_new_tokens, stop_strings)
         if sessions is not None:
-            if self.sessions is None or n != 1 or len(sessions) != len(prompts):
-                raise ValueError(f"generate(sessions=...): needs a policy built with session_slots > 0, n == 1 "
-                                 f"(got {n}) and one key per prompt ({len(sessions)} keys, {len(prompts)} prompts)")
+            if self.sessions is None or len(sessions) != len(prompts):
+                raise ValueError(f"generate(sessions=...): needs a policy built with session_slots > 0 and one key "
+                                 f"per prompt ({len(sessions)} keys, {len(prompts)} prompts)")
             out = sample_sessions(self.cfg, self._sample_params, self.sessions, list(sessions), encoded, sp, key,
-                                  stop_strings=stop_strings, tokenizer=self.tokenizer)
+                                  stop_strings=stop_strings, tokenizer=self.tokenizer, n=n)
         else:
             out = sample(self.cfg, self._sample_params, encoded, sp, key, stop_strings=stop_strings,
                          tokenizer=self.tokenizer, n=n, share_prefix=self.share_prefix, min_rows=self.min_rows,

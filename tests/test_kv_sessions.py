@@ -1,4 +1,7 @@
 """Cross-turn KV reuse (jaxrag.kv_sessions): the reuse path equals the full-prefill path over multi-turn episodes."""
+import collections
+import random
+
 import jax
 import numpy as np
 import pytest
@@ -7,7 +10,8 @@ from fakes import EchoSearch, Latin1Tokenizer, OverlapRetriever, Passage, tiny_j
 from jaxrag.env.agents import get_agent
 from jaxrag.env.mdp import QUERY, Action, Doc, State, Step
 from jaxrag.env.rollout import RolloutConfig, rollout
-from jaxrag.kv_sessions import PoolFull, SessionPool
+from jaxrag.generate import bucket
+from jaxrag.kv_sessions import PoolFull, SessionPool, extends, fine_bucket
 
 
 def policy(slots=0, tokens=None):
@@ -18,15 +22,16 @@ def policy(slots=0, tokens=None):
     return pol
 
 
-def same(a, b, first_turn=False):
-    for x, y in zip(a, b):
-        x, y = x[0], y[0]
-        assert x.token_ids == y.token_ids and x.finish_reason == y.finish_reason
-        assert x.prompt_ids == y.prompt_ids
-        if first_turn:   # the first turn is generate.sample's own prefill
-            assert x.logprobs == y.logprobs
-        else:            # later turns: attention over the cache sums in another order
-            np.testing.assert_allclose(x.logprobs, y.logprobs, rtol=1e-4, atol=1e-4)
+def same(a, b, first_turn=False, tol=1e-4):
+    for xs, ys in zip(a, b):
+        assert len(xs) == len(ys)
+        for x, y in zip(xs, ys):   # every candidate of the prompt
+            assert x.token_ids == y.token_ids and x.finish_reason == y.finish_reason
+            assert x.prompt_ids == y.prompt_ids
+            if first_turn:   # the first turn is generate.sample's own prefill
+                assert x.logprobs == y.logprobs
+            else:            # later turns: attention over the cache sums in another order
+                np.testing.assert_allclose(x.logprobs, y.logprobs, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -96,11 +101,119 @@ def test_pool_limits_are_clear_errors_and_new_params_forget_sessions():
         pol.generate(["x" * 30], max_new_tokens=16, sessions=[1])
     with pytest.raises(ValueError, match="session_slots > 0"):
         policy().generate(["a"], sessions=[1])
-    with pytest.raises(ValueError, match="n == 1"):
-        pol.generate(["a"], n=2, sessions=[1])
+    with pytest.raises(PoolFull, match=r"1 sessions x 3 candidates does not fit a pool of 2 slots.*batch x n_cand"):
+        pol.generate(["a"], n=3, max_new_tokens=4, sessions=[1])   # a session needs a slot per candidate
     pol.generate(["a", "b"], max_new_tokens=4, sessions=[1, 2])
     pol.generate(["c"], max_new_tokens=4, sessions=[3])            # a full pool evicts the least recently used
     assert set(pol.sessions.slot_of) == {2, 3} and pol.sessions.stats["evicted"] == 1
     pol.params = jax.tree.map(lambda x: x, pol.params)
     assert not pol.sessions.slot_of and not pol.sessions.ids
     assert pol.sessions.nbytes == 2 * 2 * 2 * 40 * 16 * 4          # k+v x layers x slots x tokens x (K*Dh) x fp32
+
+
+# ---- n > 1: a session keeps a branch per candidate ------------------------------------------------------------
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_n_candidates_continue_the_picked_branch_as_the_share_prefix_path(temperature):
+    """Each turn's prompt extends candidate j = turn % n: the same tokens as generate.sample(n=n), log-probs to
+    1e-5, and each prompt's appended tokens are prefilled once, not n times."""
+    n = 3
+    full, reuse = policy(), policy(slots=4 * n)
+    st = reuse.sessions.stats
+    prompts = ["question: a\n", "question: something longer here\n", "q: mid\n"]
+    keys, held = ["e0", "e1", "e2"], [[], [], []]   # held: the ids of the candidate each next prompt extends
+    stop, cut = None, 0
+    for turn in range(4):
+        ids = [reuse.tokenizer.encode(p, add_bos=True) for p in prompts]
+        kept = [len(h) if extends(h, x) else 0 for h, x in zip(held, ids)]   # an EOS id in the text: not re-encoded
+        new = [len(x) for x, k in zip(ids, kept) if not k]
+        pre, count = reuse.prefill_tokens, collections.Counter(st)
+        a = full.generate(prompts, n=n, temperature=temperature, max_new_tokens=10, seed=turn, stop=stop)
+        b = reuse.generate(prompts, n=n, temperature=temperature, max_new_tokens=10, seed=turn, stop=stop,
+                           sessions=keys)
+        same(a, b, first_turn=turn == 0, tol=1e-5)
+        cut += sum(c.finish_reason == "stop" for o in b for c in o)
+        assert all(len({tuple(h) for _, h in reuse.sessions.branches[k]}) == (1 if temperature == 0 else n)
+                   for k in keys)   # greedy: n equal candidates; T = 1: n different branches
+        if any(kept):   # one row of appended tokens per prompt (a new prompt: its own pass), none per candidate
+            appended = [len(x) - k for x, k in zip(ids, kept) if k]
+            assert reuse.prefill_tokens - pre == bucket(len(prompts), 1) * fine_bucket(max(appended)) + (
+                bucket(len(new), 1) * fine_bucket(max(new)) if new else 0)
+            assert st["reused"] - count["reused"] == len(appended) >= 2
+            assert st["appended_tokens"] - count["appended_tokens"] == sum(appended) + sum(new)
+        if turn == 0:  # a stop string inside a later completion: the tokens after its cut leave that branch's slot
+            stop = [a[0][1].text[4]]
+        j = turn % n
+        held = [o[j].prompt_ids + o[j].token_ids for o in b]
+        prompts = [p + o[j].text + f"doc: {'xy' * (2 * i + turn)}\n" for i, (p, o) in enumerate(zip(prompts, a))]
+        if turn == 0:  # a new episode joins continuing ones: its own prefill pass, then one forked decode batch
+            prompts, keys, held = prompts + ["question: a late one\n"], keys + ["e3"], held + [[]]
+    assert st["reused"] + st["fallback_not_prefix"] == 3 + 4 + 4 and st["fallback_new"] == 4 and cut > 0
+    assert reuse.prefill_tokens < full.prefill_tokens
+    assert sorted(s for k in keys for s, _ in reuse.sessions.branches[k]) == list(range(4 * n))
+    assert [[h for _, h in reuse.sessions.branches[k]] for k in keys] == [
+        [c.prompt_ids + c.token_ids for c in o] for o in b]
+
+
+def test_a_prompt_continues_the_branch_it_extends_else_falls_back():
+    n, pol, full = 3, policy(slots=3), policy()
+    sess = pol.sessions
+    first = pol.generate(["question: which branch?\n"], n=n, temperature=1.0, max_new_tokens=8, seed=1,
+                         sessions=["a"])[0]
+    assert len({tuple(c.token_ids) for c in first}) == n                      # three different branches
+    assert all(pol.tokenizer.encode(c.text) == c.token_ids for c in first)   # each one's text re-encodes
+    slot2, held2 = sess.branches["a"][2]
+    prompt = "question: which branch?\n" + first[2].text + "obs: seen\n"
+    ids = pol.encode_prompt(prompt, 8)
+    assert sess.pick("a", ids) == (slot2, len(held2)) and held2 == first[2].prompt_ids + first[2].token_ids
+    pre = pol.prefill_tokens
+    b = pol.generate([prompt], n=n, max_new_tokens=8, seed=2, sessions=["a"])
+    same(full.generate([prompt], n=n, max_new_tokens=8, seed=2), b, tol=1e-5)
+    assert sess.stats["reused"] == 1 and sess.stats["reused_tokens"] == len(held2)
+    assert pol.prefill_tokens - pre == fine_bucket(len(ids) - len(held2))      # once, not n times
+    assert sess.branches["a"][0][0] == slot2 and sorted(s for s, _ in sess.branches["a"]) == [0, 1, 2]
+    other = "question: another thread\n"       # extends no branch: the whole prompt, counted as a fallback
+    b = pol.generate([other], n=n, max_new_tokens=8, seed=3, sessions=["a"])
+    same(full.generate([other], n=n, max_new_tokens=8, seed=3), b, first_turn=True)
+    assert sess.stats["fallback_not_prefix"] == 1 and sess.stats["reused"] == 1
+
+
+def test_branches_take_a_slot_each_and_leave_together():
+    pol = policy(slots=6, tokens=64)
+    sess = pol.sessions
+    with pytest.raises(PoolFull, match=r"4 sessions x 2 candidates .* pool of 6 slots.*session_slots >= batch x "):
+        pol.generate(list("abcd"), n=2, max_new_tokens=4, sessions=list("abcd"))
+    assert not sess.stats and not sess.branches                    # a refused call leaves the pool as it was
+    pol.generate(["a", "b"], n=3, max_new_tokens=4, sessions=["a", "b"])
+    assert sorted(s for k in "ab" for s, _ in sess.branches[k]) == list(range(6))
+    freed = {s for s, _ in sess.branches["a"]}
+    pol.release(["a"])                                             # all its n slots are free again
+    assert "a" not in sess.branches
+    pol.generate(["c"], n=3, max_new_tokens=4, sessions=["c"])
+    assert {s for s, _ in sess.branches["c"]} == freed and sess.stats["evicted"] == 0
+    pol.generate(["d", "b"], n=2, max_new_tokens=4, sessions=["d", "b"])   # b keeps 2 of its 3, d evicts c whole
+    assert set(sess.branches) == {"b", "d"} and sess.stats["evicted"] == 1
+    assert all(len(sess.branches[k]) == 2 for k in "bd")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rollout_at_n_candidates_keeps_sessions_and_matches_the_plain_path(temperature):
+    cfg = RolloutConfig(k=2, batch_size=3, max_steps=3, max_new_tokens=10, temperature=temperature, n_candidates=3)
+    agent = EchoSearch(mode="plain", max_doc_chars=40)
+
+    def run(pol):   # a random select, the same draws in both runs
+        rng = random.Random(0)
+        return rollout(pol, OverlapRetriever(PASSAGES), agent, EXAMPLES, cfg,
+                       select=lambda states, cands: [rng.randrange(len(c)) for c in cands])
+
+    plain, pol = run(policy()), policy(slots=3 * 3)
+    kept = run(pol)
+    for e, f in zip(plain, kept):
+        assert len(e.steps) == len(f.steps) == 3
+        for s, t in zip(e.steps, f.steps):
+            assert s.token_ids == t.token_ids and s.prompt_ids == t.prompt_ids
+            assert [c["token_ids"] for c in s.candidates] == [c["token_ids"] for c in t.candidates]
+            np.testing.assert_allclose(s.logprobs, t.logprobs, rtol=1e-4, atol=1e-4)
+    st = pol.sessions.stats   # a turn continues the picked candidate's branch (unless an EOS id left its text)
+    picked = [extends(s.prompt_ids + s.token_ids, t.prompt_ids) for e in kept for s, t in zip(e.steps, e.steps[1:])]
+    assert st["fallback_new"] == 5 and st["reused"] == sum(picked) >= 5 and len(picked) == 10
+    assert not pol.sessions.branches                               # every finished episode released its slots

@@ -9,8 +9,10 @@ Knows only the Policy protocol (`generate(prompts, n, temperature, max_new_token
 list[list[Completion]]`) and the Retriever protocol (`search(queries, k) -> list[list[Hit]]`).
 
 A policy that keeps sessions (`policy.keeps_sessions`, a JaxPolicy with session_slots: jaxrag.kv_sessions) gets
-one session key per episode with each action call (n_candidates == 1 only) and `release(keys)` when episodes
-finish: an episode's KV cache then lives across its turns and only what its prompt appends is prefilled.
+one session key per episode with each action call and `release(keys)` when episodes finish: an episode's KV cache
+then lives across its turns and only what its prompt appends is prefilled. At n_candidates = N > 1 the session
+keeps a branch per candidate (batch_size x N slots) and the next turn continues the one `select` picked, its
+appended tokens prefilled once for the N new candidates.
 
 Continuous batching (RolloutConfig(continuous=True), a policy with `continuous`: JaxPolicy): instead of one
 generate call per engine step, the episodes' turns go through a slot pool of batch_size decode slots (x N below)
@@ -271,7 +273,7 @@ def rollout(policy, retriever, agent: Agent, items: Iterable, cfg: RolloutConfig
     st, bar = run_stats.st, run_stats.bar
     it = 0
     run = object()   # session keys (run, index): unique to this call
-    keep = bool(getattr(policy, "keeps_sessions", False)) and cfg.n_candidates == 1
+    keep = bool(getattr(policy, "keeps_sessions", False))   # at any n_candidates: a branch per candidate
     while pending or live:
         # refill; ARENA without dataset paragraphs: the question's top-k documents are the references
         fresh = []

@@ -119,7 +119,7 @@ def load_policy(pc, workdir):
     """A JaxPolicy from a config section (dict or ConfigDict): `path` (a HF checkpoint dir: absolute, relative to the
     workdir, or "stage:<s>"), optional `tokenizer` (a tokenizer dir / *.model; default: the checkpoint dir), `dtype`,
     `max_prompt_tokens` (agents render over-long prompts shorter), `top_k`, `top_p`, `add_bos`, and the cross-turn
-    KV reuse pool (jaxrag.kv_sessions; off unless set): `session_slots` (live episodes, >= the rollout batch),
+    KV reuse pool (jaxrag.kv_sessions; off unless set): `session_slots` (>= the rollout batch x n_candidates),
     `session_tokens` (per episode; default max_seq_len); `pool_tokens`: tokens per slot of the continuous-batching
     pool (jaxrag.continuous, used with rollout `continuous: True`; default max_seq_len) and `pool_sessions` (that
     pool keeps each episode's KV cache between turns; default off); `min_rows`, `min_prompt`:
