@@ -6,18 +6,20 @@
 The world: the synthetic pipeline's `tiny` preset (world, index, teacher, tokenizer) with the demo's model size
 (d_model 128, 4 layers) trained by its SFT stage for --sft-steps (a reused --workdir skips what is done), so
 episodes search and answer in plain ReAct lines. --n N samples N candidate actions per state (the first valid one
-is taken: best-of-N's shape without a critic; use --temperature > 0, or the N are identical). Every path (PATHS: today's sampler, + device stop ids, + KV
-reuse; the continuous slot pool of `batch` x N slots without and with KV sessions in the pool) runs the same
-questions at each batch size after a warm-up run (every shape compiled). Per row: episodes/s, candidates/s (actions
-sampled), policy turns (a state's N candidates are one turn), the prefill token slots computed per turn (padded,
-what the device ran) and the real prompt tokens computed per turn (the appended ones on the reuse paths), the reuse paths' continuations and fallbacks, whether the path took the first
-path's actions (same_actions; at T > 0 the lock-step paths draw per-call keys, the pool per-request folds, so only
-paths of one kind sample alike), the decode batch's fill
-(tokens kept / padded row-steps run: a row done early idles until its call's longest row is), and the time split:
-prefill (host batch prep + prefill pass), decode, retrieval, host (tokenizer, rendering, parsing, engine).
-first_run_s: the warm-up run's seconds (its compilations included; a path measured later at the same batch size
-reuses the shapes an earlier one compiled). vs_pure_decode%: the run's new tokens per second of its whole time /
-a pure decode's at the same batch (bench.rollout.pure_decode: one-token prompts, --max-new-tokens each, no stop).
+is taken: best-of-N's shape without a critic; use --temperature > 0, or the N are identical). Every path (PATHS:
+today's sampler, + device stop ids, + KV reuse (a session pool of batch x N slots); the continuous slot pool of
+batch x N slots without and with KV sessions in the pool) runs the same questions at each batch size after a
+warm-up run (every shape compiled). Per row: episodes/s, candidates/s (actions sampled), policy turns (a state's
+N candidates are one turn), the prefill token slots computed per turn (padded, what the device ran) and the real
+prompt tokens computed per turn (the appended ones on the reuse paths), the reuse paths' continuations and
+fallbacks (counted per turn), whether the path took the first path's actions (same_actions; at T > 0 the
+lock-step paths draw per-call keys and the pool per-request folds, so only paths of one kind sample alike), the
+decode batch's fill (tokens kept / padded row-steps run: a row done early idles until its call's longest row is),
+and the time split: prefill (host batch prep + prefill pass), decode, retrieval, host (tokenizer, rendering,
+parsing, engine). first_run_s: the warm-up run's seconds (its compilations included; a path measured later at the
+same batch size reuses the shapes an earlier one compiled). vs_pure_decode%: the run's new tokens (every
+candidate's) per second of its whole time / a pure decode's at the same decode batch, batch x N rows
+(bench.rollout.pure_decode: one-token prompts, --max-new-tokens each, no stop).
 Writes results/bench/rollout_kv.json.
 """
 from __future__ import annotations
@@ -88,9 +90,9 @@ def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
            "new_tokens_per_s": sum(len(s.token_ids) + sum(len(c["token_ids"]) for c in s.candidates)
                                    for e in eps for s in e.steps if s.prompt) / tot}   # every candidate's tokens
     if pool is not None:
-        row.update(reused=stats.get("reused", 0), fallback_new=stats.get("fallback_new", 0),
-                   fallback_not_prefix=stats.get("fallback_not_prefix", 0),
-                   fallback_evicted=stats.get("fallback_evicted", 0))
+        per = rcfg.n_candidates if rcfg.continuous else 1   # the slot pool counts requests: N a turn
+        row.update({k: stats.get(k, 0) // per for k in ("reused", "fallback_new", "fallback_not_prefix",
+                                                         "fallback_evicted")})
     return row, eps
 
 
