@@ -54,8 +54,8 @@ row of another turn replaces them). The next turn's first request continues the 
 candidate the engine selected; the longest if several), the session's other branches are freed, and the turn's
 other requests (same session, same ids) take free slots as copies of the continued row: its appended ids are
 prefilled once and the result copied to each of their slots by `place` (a fork on device), as a full insert
-shares one prefill. Counters are per request (reused, reused_tokens, fallbacks; the copies also count in prefill_shared),
-appended_tokens per prefill computed (a turn's N requests append once).
+shares one prefill. Counters are per request (reused, reused_tokens, fallbacks; the copies also count in
+prefill_shared), appended_tokens per prefill computed (a turn's N requests append once).
 """
 from __future__ import annotations
 
@@ -335,7 +335,7 @@ class SlotPool:
         free = [b for b, o in enumerate(self.owner) if o is None and self.park[b] is None]
         fresh, wait = [], collections.deque()
         cont: dict[int, list] = {}                 # continued parked slot -> [held length, (slot, request), ...]
-        turn: dict[Hashable, tuple] = {}           # session -> (its ids, its continued slot or None) in this insert
+        turn: dict[Hashable, tuple] = {}   # session -> (its ids, its continued slot or None, fallback reason)
         queued = {r.session for r in self.queue}
 
         for r in self.queue:

@@ -151,8 +151,9 @@ def main(argv=None):
                        same_actions=sum(x == y for x, y in zip(acts[next(iter(paths))], acts[path])) / len(questions))
             rows.append({"path": path, **row})
             print(f"  {path} batch {b}: {row['episodes_per_s']:.2f} ep/s", flush=True)
-    cols = ["path", "batch", "episodes_per_s", "candidates_per_s", "speedup", "total_s", "first_run_s", "turns_per_episode", "prefill_slots_per_turn",
-            "prompt_tokens_per_turn", "decode_fill%", "prefill%", "decode%", "retrieve%", "host%", "reused", "fallback_new",
+    cols = ["path", "batch", "episodes_per_s", "candidates_per_s", "speedup", "total_s", "first_run_s",
+            "turns_per_episode", "prefill_slots_per_turn", "prompt_tokens_per_turn", "decode_fill%", "prefill%",
+            "decode%", "retrieve%", "host%", "reused", "fallback_new",
             "fallback_not_prefix", "fallback_evicted", "same_actions", "new_tokens_per_s", "pure_decode_tokens_per_s",
             "vs_pure_decode%"]
     print(table(rows, cols))
