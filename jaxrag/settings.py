@@ -20,11 +20,26 @@ def flatten(d, prefix: str = "") -> dict:
     return out
 
 
+# Keys added after runs were recorded without them, each with the value that does what their absence did: at that
+# value a key reads as absent, so older workdirs keep their stage fingerprints and older checkpoints resume.
+LATER = {"rl.continuous": False}
+
+
+def _match(key: str, name: str) -> bool:
+    return key == name or key.endswith("." + name)
+
+
 def is_neutral(key: str) -> bool:
-    return any(key == n or key.endswith("." + n) for n in NEUTRAL)
+    return any(_match(key, n) for n in NEUTRAL)
+
+
+def as_before(key: str, value) -> bool:
+    """`key` is a LATER key at the value its absence meant."""
+    return any(_match(key, n) and value == v for n, v in LATER.items())
 
 
 def changed_keys(old: dict, new: dict, ignore=()) -> list[str]:
-    """Dotted keys whose values differ between two nested settings dicts, `ignore`d keys left out."""
-    a, b = flatten(old), flatten(new)
+    """Dotted keys whose values differ between two nested settings dicts, `ignore`d keys left out (a LATER key at
+    its old meaning and an absent one are the same)."""
+    a, b = ({k: v for k, v in flatten(d).items() if not as_before(k, v)} for d in (old, new))
     return sorted(k for k in set(a) | set(b) if k not in ignore and a.get(k) != b.get(k))

@@ -24,7 +24,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from jaxrag.settings import is_neutral
+from jaxrag.settings import as_before, is_neutral
 
 
 class WorkdirError(RuntimeError):
@@ -97,7 +97,7 @@ def _drop_neutral(d, path: str = ""):
     out = {}
     for k, v in d.items():
         key = f"{path}.{k}" if path else k
-        if not is_neutral(key):
+        if not is_neutral(key) and not as_before(key, v):
             out[k] = _drop_neutral(v, key)
     return out
 

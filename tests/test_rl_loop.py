@@ -34,13 +34,16 @@ def test_grpo_raises_the_reward_and_logs_the_telemetry():
     assert m["episodes_per_s"] > 0 and m["time/training_s"] > 0
 
 
-def test_first_step_loss_and_advantages_match_hand_values(tmp_path):
+@pytest.mark.parametrize("continuous", [False, True])
+def test_first_step_loss_and_advantages_match_hand_values(tmp_path, continuous):
     """token_mean, β > 0, ratio 1 and KL 0 on the first inner step: loss = -Σ_e A_e n_e / Σ_e n_e, with A_e the
     group-normalized reward and n_e the generated tokens of episode e over all its actions (rows split into two
-    length groups whose partial losses add up)."""
+    length groups whose partial losses add up). continuous: the episodes sampled through the policy's slot pool
+    with KV sessions (rl.continuous, pool_sessions): the sampler's log-probs are still the trainer's (ratio 1)."""
     policy, retriever, agent = world(seed=2)
+    policy.pool_sessions = continuous
     rc = RLConfig(steps=1, questions_per_step=2, group_size=3, inner_steps=2, temperature=0.7, max_new_tokens=6,
-                  max_steps=2, k=1, seed=3, length_groups=True)
+                  max_steps=2, k=1, seed=3, length_groups=True, continuous=continuous)
     tc = {"loss": "grpo", "seq_buckets": (64, 256), "optimizer": {"lr": 1e-2}, "progress": False,
           "grpo": {"beta": 0.04, "aggregation": "token_mean"}, "checkpoint": {"async_save": False}}
     res = train_rl(policy, retriever, agent, QUESTIONS, "test_ascii", rc, tc, tmp_path)
@@ -60,6 +63,11 @@ def test_first_step_loss_and_advantages_match_hand_values(tmp_path):
     assert m["kl/k2"] < 1e-9 and m["ratio_max_dev"] < 1e-3
     assert m["last_inner/ratio_max_dev"] > 1e-3  # the second inner step sees the first one's update
     assert (tmp_path / "checkpoints" / "1").is_dir()
+    if continuous:   # every action went through the pool; a group's 3 identical first prompts shared one prefill
+        st = policy.pool_stats
+        assert st["finished"] == m["rows"] and st["prefill_shared"] == 2 * 2 and st["fallback_new"] == 6
+        # EchoAgent's second prompt is not its first + the completion (it renders the parsed action): no reuse
+        assert st["fallback_not_prefix"] == m["rows"] - 6 and st["reused"] == 0
     # the checkpoint resumes only under its own settings: another beta or group size is refused, naming the keys
     changed = {**tc, "grpo": {"beta": 0.1, "aggregation": "token_mean"}}
     with pytest.raises(ConfigChanged, match=r"rl.group_size, train.batch_size, train.grpo.beta, train.grpo.group_size"):

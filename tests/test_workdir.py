@@ -121,6 +121,25 @@ def test_result_neutral_settings_do_not_block_a_rerun(tmp_path):
     assert "progress" not in json.loads((tmp_path / "b" / "DONE").read_text())["settings"]["b"]["train"]
 
 
+def test_a_key_added_later_at_its_old_meaning_keeps_the_fingerprint_and_the_resume(tmp_path):
+    """settings.LATER: rl.continuous = False reads as absent (a workdir made before the key existed is still done,
+    a checkpoint recorded without it resumes); True is a change, named."""
+    from jaxrag.settings import changed_keys
+
+    c = _config()
+    c.b.rl = ml_collections.ConfigDict({"steps": 2})
+    run(c, tmp_path)                                   # recorded before rl.continuous existed
+    with c.b.rl.unlocked():
+        c.b.rl.continuous = False
+    assert run(c, tmp_path) == []
+    c.b.rl.continuous = True
+    with pytest.raises(StageError, match=r"changed: b\.rl\.continuous"):
+        run(c, tmp_path)
+    old = {"rl": {"steps": 2}}
+    assert changed_keys(old, {"rl": {"steps": 2, "continuous": False}}) == []
+    assert changed_keys(old, {"rl": {"steps": 2, "continuous": True}}) == ["rl.continuous"]
+
+
 def test_a_subset_run_refuses_inputs_made_under_other_settings(tmp_path):
     run(_config(), tmp_path)
     c = _config()

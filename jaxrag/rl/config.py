@@ -27,6 +27,10 @@ class RLConfig:
     k: int = RolloutConfig.k  # documents per search (the engine's default)
     max_invalid: int = 1  # an episode ends after this many Invalid actions
     rollout_batch: int = 0  # live episodes per engine step; 0 = all B·G at once
+    # sample through the policy's continuous slot pool (RolloutConfig.continuous: a finished turn's slot takes the
+    # next waiting one; a group's identical first prompts share one prefill); with the policy section's
+    # pool_sessions, each episode's later turns prefill only what they append. False = lock-step engine steps
+    continuous: bool = False
     summary_max_new_tokens: int = 256  # Search-o1 / ReasonRAG summaries (never trained)
     norm_tokens: int = 0  # Dr. GRPO's constant token budget per trajectory; 0 = max_new_tokens · max_steps
     # one sub-batch per sequence bucket, gradients summed: less padding, but more compiled shapes (pays off once

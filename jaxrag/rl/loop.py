@@ -318,7 +318,7 @@ def train_rl(
                                  batch_size=rc.rollout_batch or len(questions_t) * rc.group_size,
                                  n_candidates=1, temperature=rc.temperature, max_new_tokens=rc.max_new_tokens,
                                  summary_max_new_tokens=rc.summary_max_new_tokens, max_invalid=rc.max_invalid,
-                                 seed=rollout_seed(rc.seed, step))
+                                 seed=rollout_seed(rc.seed, step), continuous=rc.continuous)
             stats: dict = {}
             episodes = sample_groups(sampler, questions_t, rc, rcfg, stats)
             t_host = time.perf_counter()
