@@ -2,6 +2,7 @@
 the step's time goes (sampling / retrieval / training / host).
 
     python -m jaxrag.bench.rl [--steps 5] [--questions 2] [--group 4] [--new-tokens 16] [--preset tiny|1b]
+        [--modes batch1,batched,batched_groups,continuous]
 
 Modes (same world, model and update rule):
 - batch1:  one episode per RL step (B = G = 1): every policy call samples one action, the update has one
@@ -9,7 +10,9 @@ Modes (same world, model and update rule):
 - batched: B·G episodes per RL step: all of them advance in one policy call per engine step, one update on all rows
            padded to the longest;
 - batched_groups: the same with rl.length_groups (one sub-batch per sequence bucket, gradients summed): less
-           padding, more compiled shapes (new_shapes_timed counts the train-step compiles inside the timed steps).
+           padding, more compiled shapes (new_shapes_timed counts the train-step compiles inside the timed steps);
+- continuous: batched, sampled through the policy's continuous slot pool (rl.continuous: a finished turn's slot
+           takes the next waiting one after every decode chunk; a group's G identical first prompts prefilled once).
 World: plain ReAct over BM25 (bm25s) on the multihop contexts corpus (11k passages), k = 5, a random Llama with the
 byte tokenizer. The model's tokens are really sampled (and their log-probs trained on), but a random model's text
 would end every episode Invalid at step 1, so the action the environment executes is scripted: 2 searches, then an
@@ -61,6 +64,33 @@ class ScriptedActions:
         return [[Completion(_script(p), c.token_ids, c.logprobs, c.finish_reason, c.prompt_ids) for c in row]
                 for p, row in zip(prompts, out)]
 
+    def continuous(self, *args, **kw):
+        return ScriptedSession(self.inner.continuous(*args, **kw))
+
+
+class ScriptedSession:
+    """The same for the policy's continuous session: each finished request's text scripted from its prompt."""
+
+    def __init__(self, session):
+        self.inner, self.prompts = session, {}
+
+    def __getattr__(self, name):  # launch, busy, idle_share, release, keeps_sessions
+        return getattr(self.inner, name)
+
+    def submit(self, rid, prompt, fold, *session):
+        self.prompts[rid] = prompt
+        self.inner.submit(rid, prompt, fold, *session)
+
+    def collect(self):
+        from jaxrag.policy import Completion
+
+        return [(rid, Completion(_script(self.prompts.pop(rid)), c.token_ids, c.logprobs, c.finish_reason,
+                                 c.prompt_ids)) for rid, c in self.inner.collect()]
+
+    def step(self):
+        self.launch()
+        return self.collect()
+
 
 def make_policy(preset: str, max_prompt_tokens: int):
     import jax
@@ -93,7 +123,7 @@ def run_mode(mode: str, args, retriever, agent, questions) -> dict:
     n_ep = b * g
     rc = RLConfig(steps=args.warmup + args.steps, questions_per_step=b, group_size=g, temperature=1.0,
                   max_new_tokens=args.new_tokens, max_steps=SEARCHES + 1, k=5,
-                  length_groups=mode == "batched_groups")
+                  length_groups=mode == "batched_groups", continuous=mode == "continuous")
     big = args.preset == "1b"
     tc = {"loss": "grpo", "seq_buckets": (128, 256, args.max_prompt_tokens + args.new_tokens), "progress": False,
           "compute_dtype": "bfloat16" if big else "float32", "remat": big, "optimizer": {"lr": 1e-5},
@@ -123,7 +153,7 @@ def main(argv=None):
     ap.add_argument("--max-prompt-tokens", type=int, default=448)
     ap.add_argument("--steps", type=int, default=3, help="timed RL steps per mode")
     ap.add_argument("--warmup", type=int, default=2, help="untimed RL steps per mode (compilation)")
-    ap.add_argument("--modes", default="batch1,batched,batched_groups")
+    ap.add_argument("--modes", default="batch1,batched,batched_groups,continuous")
     args = ap.parse_args(argv)
     logging.getLogger("jaxrag.policy").setLevel(logging.ERROR)
     from jaxrag.data.qa import load_qa
