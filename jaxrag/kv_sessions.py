@@ -161,16 +161,35 @@ def extend(cfg: ModelConfig, params, tokens, positions, token_valid, cache):
     return logits_from_hidden(cfg, params, hidden[:, -1]), cache
 
 
-@functools.partial(jax.jit, donate_argnums=(0,))
-def store_rows(kv: dict, cache: dict, slots, keep_below):
-    """Each batch row's valid slots below keep_below[b] (a host stop-string cut drops the later ones), in order,
-    written left-aligned into pool slot slots[b]; a slot index >= the pool's rows is dropped (padding rows)."""
-    size = cache["valid"].shape[1]
-    valid = cache["valid"] & (jnp.arange(size)[None, :] < keep_below[:, None])
-    order = jnp.argsort(~valid, axis=1, stable=True)              # valid slots first, in slot order
-    n = min(size, kv["k"][0].shape[2])
-    put = lambda pool, buf: pool.at[slots, :, :n].set(take_slots(buf, order[:, :n]), mode="drop")
-    return {name: tuple(put(p, b) for p, b in zip(kv[name], cache[name])) for name in ("k", "v")}
+@functools.partial(jax.jit, static_argnums=(5, 6), donate_argnums=(0,))
+def store_rows(kv: dict, cache: dict, slots, kept, appended, M: int, T: int):
+    """Each batch row's tokens written left-aligned, in order, into pool slot slots[b] (the real rows first; a slot
+    >= the pool's rows marks the padding rows after them, not stored). A row's layout in the batch cache: its kept
+    tokens kept[b] right-aligned before slot M, its appended ones appended[b] right-aligned before M + T (left
+    padding before them), its decoded ones from M + T on: two runs, copied as two contiguous windows (no gather),
+    so the pool row holds kept + appended + decoded tokens from slot 0; what follows (tokens past a stop-string cut
+    or the decode's end) is never read, as the session's held ids say how many tokens the row holds. On XLA:CPU,
+    160 rows of ~330 slots: 45 ms against 92 for the argsort compaction + gather + scatter this replaced."""
+    S, P = cache["valid"].shape[1], kv["k"][0].shape[2]
+    n = min(S, P)
+
+    def copy_row(i, bufs):
+        out = []
+        for pool, buf in zip(bufs, cache["k"] + cache["v"]):
+            row = jax.lax.dynamic_index_in_dim(buf, i, 0, keepdims=False)              # [K,S,Dh]
+            tmp = jnp.zeros((row.shape[0], M + S, row.shape[2]), row.dtype)          # the row at offset M
+            if S > M:   # appended + decoded: slot M + T - appended[i] lands at M + kept[i]
+                tmp = jax.lax.dynamic_update_slice(tmp, row[:, M:], (0, M + kept[i] - T + appended[i], 0))
+            # kept: slots [0, M) at kept[i], so slot M - kept[i] lands at M and the run ends at M + kept[i], over
+            # the appended block's padding written just before
+            tmp = jax.lax.dynamic_update_slice(tmp, row[:, :M], (0, kept[i], 0))
+            out.append(jax.lax.dynamic_update_slice(pool, jax.lax.dynamic_slice_in_dim(tmp, M, n, axis=1)[None],
+                                                    (slots[i], 0, 0, 0)))
+        return tuple(out)
+
+    bufs = jax.lax.fori_loop(0, jnp.sum(slots < kv["k"][0].shape[0]), copy_row, kv["k"] + kv["v"])
+    L = len(kv["k"])
+    return {"k": bufs[:L], "v": bufs[L:]}
 
 
 # ---- host side -----------------------------------------------------------------------------------------------
@@ -192,7 +211,9 @@ def prefill_into_pool(cfg: ModelConfig, params, pool: SessionPool, slots: Sequen
     logits, cache = _prefill(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
     rows = np.full(n_pad, pool.slots, np.int32)
     rows[:len(slots)] = slots
-    pool.kv = store_rows(pool.kv, cache, jnp.asarray(rows), jnp.full((n_pad,), T, jnp.int32))
+    lengths = np.zeros(n_pad, np.int32)
+    lengths[:len(prompts)] = [len(p) for p in prompts]
+    pool.kv = store_rows(pool.kv, cache, jnp.asarray(rows), jnp.asarray(lengths), jnp.zeros(n_pad, jnp.int32), T, 0)
     return logits, n_pad * T
 
 
@@ -238,7 +259,9 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
         tokens, positions, valid = left_pad(appended, B_pad, T)
         cache = init_cache(cfg, B_pad, T + N)
         logits, cache = _prefill(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
-        start, prefilled = T, B_pad * T
+        prefilled, M, T = B_pad * T, T, 0   # the layout store_rows reads: prompts before M = T, no appended block
+        app_len = np.zeros(B_pad, np.int32)
+        kept_pad[:B] = [len(a) for a in appended]
     else:
         fresh = [i for i in range(B) if kept[i] == 0]
         prefilled = 0
@@ -248,6 +271,8 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
             for i in fresh:
                 kept_pad[i], appended[i] = len(appended[i]), []
         T, M = fine_bucket(max(len(a) for a in appended)), fine_bucket(int(kept_pad.max()))
+        app_len = np.zeros(B_pad, np.int32)
+        app_len[:B] = [len(a) for a in appended]
         tokens, positions, valid = left_pad(appended, B_pad, T)
         positions = positions + kept_pad[:, None]
         # a copy: the store below (which donates the pool) overwrites the reused branch's slot only after this
@@ -255,8 +280,8 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
         logits, cache = extend(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
         if fresh:
             logits = logits.at[jnp.asarray(fresh)].set(logits_new[:len(fresh)])
-        start, prefilled = M + T, prefilled + B_pad * T
-    position = jnp.asarray(kept_pad + valid.sum(1), jnp.int32)
+        prefilled += B_pad * T
+    position = jnp.asarray(kept_pad + app_len, jnp.int32)
     if n > 1:   # each prompt's cache (computed once) forked to its n decode rows, as generate.sample's share_prefix
         rows = np.zeros(bucket(R, 1), np.int32)
         rows[:R] = np.arange(R) // n
@@ -266,9 +291,9 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
     out, cache = decode(cfg, params, cache, logits, position, R, sp, key, stop_strings, tokenizer, chunk)
     dest = np.full(R_pad, pool.slots, np.int32)   # decode row i*n+j -> branch j of key i; padding rows: never stored
     dest[:R] = np.asarray(slots).reshape(-1)
-    keep_below = np.zeros(R_pad, np.int32)
-    keep_below[:R] = start + out.lengths
-    pool.kv = store_rows(pool.kv, cache, jnp.asarray(dest), jnp.asarray(keep_below))
+    prompt_of = np.minimum(np.arange(R_pad) // n, B_pad - 1)
+    pool.kv = store_rows(pool.kv, cache, jnp.asarray(dest), jnp.asarray(kept_pad[prompt_of]),
+                         jnp.asarray(app_len[prompt_of]), M, T)
     for i, k in enumerate(keys):
         pool.branches[k] = [(s, list(prompts[i]) + out.tokens[i * n + j, :out.lengths[i * n + j]].tolist())
                             for j, s in enumerate(slots[i])]
