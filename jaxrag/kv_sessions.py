@@ -20,8 +20,10 @@ row's kept tokens right-aligned before a shared slot M (rows are ragged; holes a
 RoPE reads each token's own position), the reusing rows' appended tokens are run through `forward_cached` at
 slots [M, M+T) with positions continuing each row's own, and at n > 1 the cache is forked to the n decode rows
 of each prompt (generate's share_prefix: every appended token is computed once). The generate.decode loop
-samples, and each decode row's valid slots (a stop-string cut applied) are compacted back into its branch's pool
-slot (left-aligned, in order; the gather copied the reused slot before this store overwrites it). A call whose
+samples, and each decode row's tokens are stored back into its branch's pool slot, left-aligned and in order
+(`store_rows`: the kept run and the appended + decoded run copied as two windows; the tokens past a stop-string
+cut lie after the held ones and are never read; the gather copied the reused slot before this store overwrites
+it). A call whose
 prompts are all new takes generate's own prefill on an empty cache (forked as generate.sample forks it): the
 first turn is the plain path, bit for bit, when its prompts are distinct (identical prompts, e.g. a GRPO group's
 first turn, are prefilled once per row here; generate.sample prefills them once). Later turns equal the full
