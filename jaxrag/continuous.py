@@ -298,6 +298,9 @@ class SlotPool:
             del self.parked[k], self.turn[k]
         self.park[b], self.held[b] = None, []
 
+    def _parked_slots(self) -> list[int]:
+        return [b for b, k in enumerate(self.park) if k is not None]
+
     def _evict(self, b: int, why: str) -> None:
         self.evicted.add(self.park[b])
         self._unpark(b)
@@ -321,9 +324,9 @@ class SlotPool:
         self.stats["shifts"] += 1
         self.stats["shifts_right" if d > 0 else "shifts_left"] += 1
 
-    def _admit(self) -> tuple[list[tuple[int, _Request]], dict[int, list]]:
+    def _admit(self) -> tuple[list[tuple[int, _Request]], dict[int, tuple[int, list]]]:
         """Waiting requests out of the queue, in order: (fresh: (free slot, request) to prefill in full, continued:
-        {parked slot: [held length, (slot, request), ...]}: rows whose appended ids alone are prefilled, once, and
+        {parked slot: (held length, [(slot, request), ...])}: rows whose appended ids alone are prefilled, once, and
         copied to each of their requests' slots, the parked slot itself first). A request continues the branch of
         its session (the parked rows of the session's last turn: one per candidate) whose held ids it extends
         (kv_sessions.extends; the longest); the session's other branches are freed (the episode went on from that
@@ -334,7 +337,7 @@ class SlotPool:
         oldest; with none to evict it waits."""
         free = [b for b, o in enumerate(self.owner) if o is None and self.park[b] is None]
         fresh, wait = [], collections.deque()
-        cont: dict[int, list] = {}                 # continued parked slot -> [held length, (slot, request), ...]
+        cont: dict[int, tuple[int, list]] = {}     # continued parked slot -> (held length, [(slot, request), ...])
         turn: dict[Hashable, tuple] = {}   # session -> (its ids, its continued slot or None, fallback reason)
         queued = {r.session for r in self.queue}
 
@@ -351,7 +354,7 @@ class SlotPool:
                     held = len(self.held[b])
                     self._unpark(b)
                     if b == src:
-                        cont[b] = [held, (b, r)]
+                        cont[b] = (held, [(b, r)])
                     else:
                         free.append(b)
                 if k is not None:
@@ -362,7 +365,7 @@ class SlotPool:
             if b is None:
                 wait.append(r)
             elif src is not None:
-                cont[src].append((b, r))
+                cont[src][1].append((b, r))
             else:
                 fresh.append((b, r))
                 if k is not None:
@@ -398,7 +401,7 @@ class SlotPool:
             by_prompt.setdefault(tuple(r.ids), []).append((b, r))
         distinct = sorted(by_prompt, key=len, reverse=True)
         room = self.max_len - self.sp.max_new_tokens    # every prompt fits it (submit); a bucket past it is cut to it
-        cont = sorted(([src, held, members] for src, (held, *members) in cont.items()),
+        cont = sorted(((src, held, members) for src, (held, members) in cont.items()),
                       key=lambda c: len(c[2][0][1].ids) - c[1], reverse=True)             # most appended first
         P_max = max(min(bucket(len(distinct[0]), 16), room) if distinct else 0,
                     min(self._span(cont), room) if cont else 0)
@@ -429,13 +432,13 @@ class SlotPool:
         self.timing["insert_s"] += time.perf_counter() - t0
 
     @staticmethod
-    def _span(cont: list[list]) -> int:
+    def _span(cont: list[tuple[int, int, list]]) -> int:
         """Cache slots a group of continued rows is built in: the held ids' bucket + the appended ids' bucket."""
         return (bucket(max(held for _, held, _ in cont), 16)
                 + bucket(max(len(members[0][1].ids) - held for _, held, members in cont), 16))
 
-    def _continue(self, group: list[list], room: int) -> None:
-        """Parked rows continued ([parked slot, held length, [(slot, request), ...]] each; `extend_rows`: the
+    def _continue(self, group: list[tuple[int, int, list]], room: int) -> None:
+        """Parked rows continued ((parked slot, held length, [(slot, request), ...]) each; `extend_rows`: the
         appended ids prefilled once against the row's kept keys/values, then the row compacted) and written by
         `place` into the slots of their requests (a fresh sampler state, each request's key): the parked slot
         itself, and for a turn of N candidates N - 1 more, copies forked on device by `place`, as the full
@@ -487,10 +490,9 @@ class SlotPool:
             return False
         need = self.index + self.chunk - self.cache["valid"].shape[1]
         if need > 0:   # no room for a whole chunk: shift left by the oldest row's start, parked rows included
-            parked = [b for bs in self.parked.values() for b in bs]
-            for b in [b for b in parked if self.start[b] < need]:
+            for b in [b for b in self._parked_slots() if self.start[b] < need]:
                 self._evict(b, "span")   # parked so long that its row spans more than T: rolled out otherwise
-            self._shift(-int(min(self.start[b] for b in held + [b for bs in self.parked.values() for b in bs])))
+            self._shift(-int(min(self.start[b] for b in held + self._parked_slots())))
         t0 = time.perf_counter()
         if self.refill:
             self.state["exit_done"] = jnp.asarray(min(self.slots, self.slots - len(held) + self.refill), jnp.int32)
