@@ -35,12 +35,15 @@ with a session key finishes, its row is PARKED in its slot: it keeps the keys/va
 decoded past a host stop-string cut are made not valid: `forget`), is done on device (a done row writes nothing
 valid while others decode) and the host remembers the ids it holds. When the session's next request is inserted
 and its ids extend the held ones (kv_sessions.extends: the token-level test of the lock-step sessions), only the
-appended ids are prefilled, into the same slot (`extend_rows`: the row's kept keys/values gathered into a small
-cache, the appended ids run through `forward_cached` at positions continuing the row's, the result compacted and
-written back by `place`, right-aligned before the index, so the row holds exactly its prompt's tokens as after a
-full insert; groups of power-of-two rows, the appended and the held ids padded to power-of-two buckets: few
-compiled shapes; kv_sessions' finer buckets for the held ids compiled 1.5x as long in bench.rollout --kv's first
-runs for the same throughput). Otherwise the request is a full insert, a fallback counted by
+appended ids are prefilled, into the same slot; when they do not extend them but share a prefix of at least
+`min_shared` ids with them (kv_sessions.shared_prefix: a design whose question follows the growing history, a
+tokenizer merge at the completion's end), the row keeps that prefix and the rest of the prompt is prefilled
+(counted in `reused_partial`). Either way (`extend_rows`: the row's kept keys/values gathered into a small cache,
+the appended ids run through `forward_cached` at positions continuing the row's, the result compacted and written
+back by `place`, right-aligned before the index, so the row holds exactly its prompt's tokens as after a full
+insert; groups of power-of-two rows, the appended and the kept ids padded to power-of-two buckets: few compiled
+shapes; kv_sessions' finer buckets for the kept ids compiled 1.5x as long in bench.rollout --kv's first runs for
+the same throughput). Otherwise the request is a full insert, a fallback counted by
 reason in `stats` (fallback_new, fallback_not_prefix, fallback_evicted). Parked rows hold a slot and count as live
 for the left shift (never rolled out); a parked row whose span from its first token to the index would exceed T
 is evicted instead (evicted_span), and a request that needs a slot when none is free evicts a parked session
@@ -71,7 +74,7 @@ import numpy as np
 
 from jaxrag.generate import (SamplingParams, _decode_chunk, _first_stop, _prefill, bucket, finish_row,
                              left_pad, on_params_mesh, stop_ids_of)
-from jaxrag.kv_sessions import extends, take_slots
+from jaxrag.kv_sessions import MIN_SHARED, shared_prefix, take_slots
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import forward_cached_hidden, init_cache, logits_from_hidden
 
@@ -197,7 +200,8 @@ class SlotPool:
     stats: chunks, slot_steps (slots x decode steps run), busy_steps (steps a slot held a live row: the tokens
     generated), prefill_tokens (token slots the inserts computed), prefill_shared (requests served by another
     request's prefill: same prompt ids in one insert, or a continued row's copies), inserts, shifts (_left / _right),
-    finished; with sessions: reused (requests that continued a parked row, or a copy of one), continued_inserts,
+    finished; with sessions: reused (requests that continued a parked row, or a copy of one; reused_partial: of
+    them, those that kept a common prefix shorter than the row's held ids), continued_inserts,
     reused_tokens (held ids not prefilled again, per request), appended_tokens (ids the session requests prefilled,
     once per prefill: appended ones, whole prompts on a fallback), fallback_new /
     _not_prefix / _evicted, evicted (_slot / _span); timing: insert_s (host prep + dispatch of the inserts, and the
@@ -209,7 +213,8 @@ class SlotPool:
 
     def __init__(self, cfg: ModelConfig, params, slots: int, max_len: int, sp: SamplingParams, key: jax.Array,
                  stop_strings: Sequence[str] | None = None, tokenizer=None, chunk: int = 16,
-                 refill: float = 0.25, setting: str = "max_len", sessions: bool = False):
+                 refill: float = 0.25, setting: str = "max_len", sessions: bool = False,
+                 min_shared: int = MIN_SHARED):
         if slots < 1 or max_len < 1 or chunk < 1:
             raise ValueError(f"SlotPool: slots={slots}, max_len={max_len}, chunk={chunk}; each must be >= 1")
         if stop_strings and tokenizer is None:
@@ -236,7 +241,7 @@ class SlotPool:
         self.checked = np.zeros(B, np.int64)            # tokens already checked for stop strings
         self.seen = np.zeros(B, np.int64)               # each row's length at the last collect
         self.queue: collections.deque[_Request] = collections.deque()
-        self.sessions = sessions
+        self.sessions, self.min_shared = sessions, min_shared
         self.parked: dict[Hashable, list[int]] = {}     # session key -> its parked slots (its last turn's
                                                         # candidates: branches), oldest parked key first
         self.turn: dict[Hashable, list[int]] = {}       # session key -> the prompt ids its parked branches answered
@@ -326,19 +331,21 @@ class SlotPool:
 
     def _admit(self) -> tuple[list[tuple[int, _Request]], dict[int, tuple[int, list]]]:
         """Waiting requests out of the queue, in order: (fresh: (free slot, request) to prefill in full, continued:
-        {parked slot: (held length, [(slot, request), ...])}: rows whose appended ids alone are prefilled, once, and
+        {parked slot: (ids kept, [(slot, request), ...])}: rows whose other ids alone are prefilled, once, and
         copied to each of their requests' slots, the parked slot itself first). A request continues the branch of
-        its session (the parked rows of the session's last turn: one per candidate) whose held ids it extends
-        (kv_sessions.extends; the longest); the session's other branches are freed (the episode went on from that
-        one), and the requests after it with the same session and ids (the turn's other candidates) take free slots
-        as copies of the continued row. A request that extends no branch frees them and is a fallback, counted by
-        reason (new / not_prefix / evicted) with its siblings. A request that needs a slot when none is free evicts
-        a parked row (not one continued in this insert): of the oldest session with no request queued, else of the
-        oldest; with none to evict it waits."""
+        its session (the parked rows of the session's last turn: one per candidate) that keeps the most of its ids
+        (kv_sessions.shared_prefix: one whose held ids it extends, else the longest common prefix of at least
+        min_shared ids, counted in reused_partial); the session's other branches are freed (the episode went on
+        from that one), and the requests after it with the same session and ids (the turn's other candidates) take
+        free slots as copies of the continued row. A request that keeps nothing of any branch frees them and is a
+        fallback, counted by reason (new / not_prefix / evicted) with its siblings. A request that needs a slot when
+        none is free evicts a parked row (not one continued in this insert): of the oldest session with no request
+        queued, else of the oldest; with none to evict it waits."""
         free = [b for b, o in enumerate(self.owner) if o is None and self.park[b] is None]
         fresh, wait = [], collections.deque()
-        cont: dict[int, tuple[int, list]] = {}     # continued parked slot -> (held length, [(slot, request), ...])
+        cont: dict[int, tuple[int, list]] = {}     # continued parked slot -> (ids kept, [(slot, request), ...])
         turn: dict[Hashable, tuple] = {}   # session -> (its ids, its continued slot or None, fallback reason)
+        partial: dict[int, bool] = {}      # a branch's slot -> the request keeps fewer ids than the branch holds
         queued = {r.session for r in self.queue}
 
         for r in self.queue:
@@ -347,14 +354,17 @@ class SlotPool:
                 src, why = turn[k][1:]
             else:
                 branches = self.parked.get(k, []) if k is not None else []
-                src = max((b for b in branches if extends(self.held[b], r.ids)), key=lambda b: len(self.held[b]),
-                          default=None)
+                kept, src = max(((shared_prefix(self.held[b], r.ids, self.min_shared), b) for b in branches),
+                                default=(0, None))
+                src = src if kept else None
+                if src is not None:
+                    partial[src] = kept < len(self.held[src])
                 why = "not_prefix" if branches else "evicted" if k in self.evicted else "new"
                 for b in list(branches):   # the episode goes on from branch src (or from none): free the rest
-                    held = len(self.held[b])
                     self._unpark(b)
                     if b == src:
-                        cont[b] = (held, [(b, r)])
+                        cont[b] = (kept, [(b, r)])
+                        self.stats["reused_partial"] += partial[b]
                     else:
                         free.append(b)
                 if k is not None:
@@ -366,6 +376,7 @@ class SlotPool:
                 wait.append(r)
             elif src is not None:
                 cont[src][1].append((b, r))
+                self.stats["reused_partial"] += partial[src]
             else:
                 fresh.append((b, r))
                 if k is not None:

@@ -9,9 +9,11 @@ ids it holds (prompt + that candidate's completion, as the model saw them). At n
 key. A prompt REUSES a branch of its session when the prompt's token ids start with the branch's ids and are
 longer (the longest such branch; best-of-N: the next prompt extends the candidate `select` picked): a token-level
 test, so what the model reads is exactly the ids a full prefill would read (the prompt's own tokenization, not a
-splice of id lists). Any other prompt (a new episode, a design whose prompt is not a prefix extension, a
-completion whose ids the tokenizer would not reproduce, a prompt the agent shortened) is prefilled in full: the
-FALLBACK, counted by reason in `SessionPool.stats` (once per prompt, whatever n). A session takes n slots (the
+splice of id lists). A prompt that extends no branch but shares a prefix of at least `min_shared` ids with one
+(`shared_prefix`: RAG-Gym's formats, whose question follows the growing history; a completion whose last token the
+tokenizer merges with the appended text) keeps that prefix and prefills the rest (`reused_partial`). Any other
+prompt (a new episode, a prompt the agent shortened from its head) is prefilled in full: the FALLBACK, counted by
+reason in `SessionPool.stats` (once per prompt, whatever n). A session takes n slots (the
 pool needs keys x n); its n new candidates replace its old branches (the reused one's slot among them).
 
 Device side, per call, per PROMPT row (not per candidate): fallback prompts get their own prefill pass
@@ -50,6 +52,24 @@ def extends(held: Sequence[int], ids: Sequence[int]) -> bool:
     return 0 < len(held) < len(ids) and list(ids[:len(held)]) == list(held)
 
 
+MIN_SHARED = 16   # the shortest shared prefix a session reuses when the new prompt does not extend its held ids
+
+
+def shared_prefix(held: Sequence[int], ids: Sequence[int], minimum: int = MIN_SHARED) -> int:
+    """How many leading ids of a new prompt `ids` a row holding `held` (last prompt + completion) can keep: all of
+    `held` when `ids` extend it; else their longest common prefix when it is at least `minimum` tokens (0: never),
+    so a prompt that rewrites its tail (RAG-Gym's formats put the question after the growing history; a tokenizer
+    merging the completion's last token with the appended text) keeps its common head; else 0. At most len(ids) - 1:
+    one id is always prefilled (its logits start the decode). Keys/values at a position depend only on the ids up
+    to it, so keeping the common prefix is the full prefill's computation (to float rounding)."""
+    n = min(len(held), len(ids) - 1)
+    if n <= 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(held[:n]) != np.asarray(ids[:n]))
+    common = int(diff[0]) if len(diff) else n
+    return common if common == len(held) or (minimum > 0 and common >= minimum) else 0
+
+
 take_slots = jax.vmap(lambda buf, idx: jnp.take(buf, idx, axis=1))   # rows [n,K,S,Dh], slots [n,M] -> [n,K,M,Dh]
 
 
@@ -62,6 +82,7 @@ class SessionPool:
     cfg: ModelConfig
     slots: int
     max_len: int
+    min_shared: int = MIN_SHARED   # shared_prefix's minimum for a prompt that does not extend a branch (0: never)
     kv: dict = dataclasses.field(init=False, repr=False)          # {"k": (L x [slots,K,max_len,Dh]), "v": ...}
     # key -> [(slot, token ids held in it)]: one BRANCH per candidate of the key's last call (one at n = 1)
     branches: dict = dataclasses.field(default_factory=dict, init=False)
@@ -100,10 +121,12 @@ class SessionPool:
             self.used.pop(k, None)
 
     def pick(self, key: Hashable, ids: Sequence[int]) -> tuple[int | None, int]:
-        """The branch of `key` that `ids` extend (the longest held ids if several): (its slot, its held length);
-        (None, 0) when none does."""
-        kept, slot = max(((len(h), s) for s, h in self.branches.get(key, ()) if extends(h, ids)), default=(0, None))
-        return slot, kept
+        """The branch of `key` that keeps the most leading ids of `ids` (`shared_prefix` with the pool's
+        min_shared: one they extend, else the longest common prefix): (its slot, the ids kept); (None, 0) when
+        none keeps any."""
+        kept, slot = max(((shared_prefix(h, ids, self.min_shared), s) for s, h in self.branches.get(key, ())),
+                         default=(0, None))
+        return (slot, kept) if kept else (None, 0)
 
     def assign(self, keys: Sequence[Hashable], n: int = 1, keep: Sequence[int | None] | None = None
                ) -> list[list[int]]:
@@ -239,12 +262,14 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
         raise PoolFull(f"a session of {too_long} prompt + {N} new tokens does not fit the pool's {pool.max_len} "
                        "tokens per slot; build the policy with a larger session_tokens (or a shorter prompt budget)")
     t0 = time.perf_counter()
-    picked = [pool.pick(k, p) for k, p in zip(keys, prompts)]   # (slot, kept) of the branch each prompt extends
+    picked = [pool.pick(k, p) for k, p in zip(keys, prompts)]   # (slot, kept) of the branch each prompt continues
     held = [any(h for _, h in pool.branches.get(k, ())) for k in keys]
+    partial = [0 < kept < len(dict(pool.branches.get(k, ())).get(s, ())) for k, (s, kept) in zip(keys, picked)]
     slots = pool.assign(list(keys), n, [s for s, _ in picked])   # [B][n]: the reused branch's slot first
     kept = [k for _, k in picked]
-    for k, h in zip(kept, held):   # counted once the call fits (assign resets the held ids)
+    for k, h, part in zip(kept, held, partial):   # counted once the call fits (assign resets the held ids)
         pool.stats["reused" if k else ("fallback_not_prefix" if h else "fallback_new")] += 1
+        pool.stats["reused_partial"] += part
     appended = [list(p[k:]) for p, k in zip(prompts, kept)]
     pool.stats["reused_tokens"] += sum(kept)
     pool.stats["appended_tokens"] += sum(len(a) for a in appended)

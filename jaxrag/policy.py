@@ -36,7 +36,7 @@ import jax
 
 from jaxrag.continuous import SlotPool
 from jaxrag.generate import SamplingParams, sample
-from jaxrag.kv_sessions import SessionPool, sample_sessions
+from jaxrag.kv_sessions import MIN_SHARED, SessionPool, sample_sessions
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import unstack_layers
 
@@ -90,17 +90,21 @@ class JaxPolicy:
     parked in its slot and the session's next request prefills only the ids it appends (the rollout engine passes
     one session per episode; at n_candidates > 1 the session's rows of a turn park as branches and the next turn
     continues the picked one, forked to its candidates); `pool_stats` counts reuses and fallbacks.
+    min_shared: both session kinds also reuse a branch whose held ids the next prompt does not extend, keeping
+    their common prefix when it is at least this many ids (kv_sessions.shared_prefix; 0: extensions only).
     min_rows / min_prompt: the sampler's shape floors (generate.sample): fewer compiled programs for small models."""
 
     def __init__(self, cfg: ModelConfig, params, tokenizer, *, top_k: int = 0, top_p: float = 1.0, add_bos: bool = True, max_prompt_tokens: int | None = None,
                  share_prefix: bool = True, unstack: bool = True, session_slots: int = 0,
                  session_tokens: int | None = None, pool_tokens: int | None = None, pool_sessions: bool = False,
-                 min_rows: int = 1, min_prompt: int = 16):
+                 min_shared: int = MIN_SHARED, min_rows: int = 1, min_prompt: int = 16):
         self.cfg, self.tokenizer, self.unstack = cfg, tokenizer, unstack
         self.min_rows, self.min_prompt = min_rows, min_prompt
         self.pool_tokens, self.pool_sessions = pool_tokens or cfg.max_seq_len, pool_sessions
         self.pool_stats = collections.Counter()   # the continuous pools' counters (SlotPool.stats), summed
-        self.sessions = SessionPool(cfg, session_slots, session_tokens or cfg.max_seq_len) if session_slots else None
+        self.min_shared = min_shared
+        self.sessions = (SessionPool(cfg, session_slots, session_tokens or cfg.max_seq_len, min_shared)
+                         if session_slots else None)
         self.timing = {"prefill_s": 0.0, "decode_s": 0.0}
         self.params = params
         self.top_k, self.top_p, self.add_bos = top_k, top_p, add_bos
@@ -197,7 +201,7 @@ class JaxPolicy:
                         self._sampling(temperature, max_new_tokens, stop_strings), jax.random.PRNGKey(seed),
                         stop_strings=stop_strings, tokenizer=self.tokenizer, chunk=chunk, refill=refill,
                         setting="JaxPolicy(pool_tokens=...)",
-                        sessions=self.pool_sessions if sessions is None else sessions)
+                        sessions=self.pool_sessions if sessions is None else sessions, min_shared=self.min_shared)
         return ContinuousSession(self, pool)
 
     def generate(self, prompts, *, n=1, temperature=0.0, max_new_tokens=128, stop=None, seed=0, sessions=None):

@@ -15,7 +15,7 @@ from jaxrag.env.agents import get_agent
 from jaxrag.env.mdp import ANSWER, Action
 from jaxrag.env.rollout import RolloutConfig, rollout
 from jaxrag.generate import SamplingParams, bucket, sample
-from jaxrag.kv_sessions import extends
+from jaxrag.kv_sessions import extends, shared_prefix
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import param_shapes
 from jaxrag.policy import JaxPolicy
@@ -316,10 +316,13 @@ def test_pool_sessions_equal_the_full_prefill_and_lockstep_at_temperature_zero(l
     turns = sum(len(e.steps) for e in lock)
     assert not a.sessions and b.sessions and a.stats["reused"] == 0
     # each episode's first turn is a full insert; every later turn whose ids extend the last prompt + completion
-    # continues its parked row (a completion ending at EOS does not: the text drops it), the others fall back
+    # continues its parked row; one that does not (a completion ending at EOS: the text drops it) keeps their common
+    # prefix (reused_partial) when it is at least 16 ids, else falls back
     # (2 slots, 6 episodes: finished episodes release their slots, so nothing is evicted)
-    extend = sum(extends(s.prompt_ids + s.token_ids, t.prompt_ids) for e in kept for s, t in zip(e.steps, e.steps[1:]))
-    assert b.stats["fallback_new"] == 6 and b.stats["reused"] == extend > 0
+    pairs = [(s.prompt_ids + s.token_ids, t.prompt_ids) for e in kept for s, t in zip(e.steps, e.steps[1:])]
+    extend, common = sum(extends(h, x) for h, x in pairs), [shared_prefix(h, x) for h, x in pairs]
+    assert b.stats["fallback_new"] == 6 and extend > 0 and b.stats["reused"] == sum(c > 0 for c in common)
+    assert b.stats["reused_partial"] == b.stats["reused"] - extend and b.stats["reused_tokens"] == sum(common)
     assert b.stats["reused"] + b.stats["fallback_not_prefix"] == turns - 6
     assert b.stats["evicted"] == 0 and not b.parked and b.stats["inserts"] + b.stats["continued_inserts"] < turns
     assert b.stats["prefill_tokens"] < 0.75 * a.stats["prefill_tokens"]
@@ -348,8 +351,8 @@ def _turns(pool, prompts, turn):
 
 def test_pool_sessions_fall_back_evict_and_release(lpol):
     """4 sessions in 3 slots (parked rows evicted for new ones, their next turn re-prefilled), stop strings ending
-    rows at different lengths, a turn that rewrites its prompt (not a prefix extension): the full prefill's tokens
-    throughout."""
+    rows at different lengths, a turn that rewrites its prompt's head (not a prefix extension: a full insert) and
+    one that rewrites its tail (its common prefix with the parked row kept): the full prefill's tokens throughout."""
     cfg, params, tok = lpol.cfg, lpol._sample_params, lpol.tokenizer
     prompts = dict(enumerate(_prompts(4, seed=7)))
     sp = SamplingParams(max_new_tokens=12)
@@ -370,11 +373,14 @@ def test_pool_sessions_fall_back_evict_and_release(lpol):
             np.testing.assert_allclose(got[i].logprobs, ref.row(r)[1], rtol=0, atol=1e-4)
             reasons.append(got[i].finish_reason)
             tail = rng.integers(3, 250, size=2 + 2 * i).tolist()
-            prompts[i] = now[i] + got[i].tokens + tail if (turn, i) != (1, 1) else now[i][:-1] + [3] + tail
+            prompts[i] = (now[i][:1] + [3] + now[i][2:] + tail if (turn, i) == (1, 1)      # a new head: nothing kept
+                          else now[i][:-1] + [3] + tail if (turn, i) == (1, 0)             # a new tail: its head kept
+                          else now[i] + got[i].tokens + tail)
     st = pool.stats
     assert "stop" in reasons and "length" in reasons
     # turn 1: 3 evicts 2 (no request queued); turn 2: 2 back (evicted), turn 3: 0 and 3 evicted for 2's, 1's turns
     assert st["fallback_new"] == 4 and st["fallback_not_prefix"] == 1 and st["evicted"] >= 2
+    assert st["reused_partial"] == 1
     assert st["fallback_evicted"] >= 1 and st["reused"] >= 5
     assert st["reused"] + st["fallback_new"] + st["fallback_not_prefix"] + st["fallback_evicted"] == 13
     pool.release(range(4))

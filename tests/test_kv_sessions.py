@@ -11,7 +11,7 @@ from jaxrag.env.agents import get_agent
 from jaxrag.env.mdp import QUERY, Action, Doc, State, Step
 from jaxrag.env.rollout import RolloutConfig, rollout
 from jaxrag.generate import bucket
-from jaxrag.kv_sessions import PoolFull, SessionPool, extends, fine_bucket
+from jaxrag.kv_sessions import PoolFull, SessionPool, extends, fine_bucket, shared_prefix
 
 
 def policy(slots=0, tokens=None):
@@ -77,20 +77,46 @@ def test_rollout_engine_keeps_sessions_and_matches_the_plain_path():
     assert not pol.sessions.slot_of                                # every finished episode released its slot
 
 
-def test_a_design_that_is_not_append_only_falls_back():
-    """Chat ReAct puts the question after the growing history: never a prefix extension, always a full prefill."""
+@pytest.mark.parametrize("min_shared", [16, 0])
+def test_a_design_that_is_not_append_only_keeps_its_common_prefix(min_shared):
+    """Chat ReAct (RAG-Gym's format) puts the question after the growing history: the next prompt never extends the
+    last one, but it shares its head (system message, history so far). With min_shared > 0 the session keeps that
+    common prefix and prefills the rest; with 0 the turn is a full prefill (the plain path exactly)."""
     agent = get_agent("react", mode="chat", tokenizer=Latin1Tokenizer())
-    full, reuse = policy(), policy(slots=2)
+
+    def pol(slots=0):
+        p = tiny_jax_policy(0, 2048, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2)
+        p.tokenizer = Latin1Tokenizer()
+        if slots:
+            p.sessions = SessionPool(p.cfg, slots, p.cfg.max_seq_len, min_shared=min_shared)
+        return p
+
+    full, reuse = pol(), pol(slots=2)
     states = [State(question="who?"), State(question="where is it?")]
     a = full.generate([agent.render(s) for s in states], max_new_tokens=8)
     b = reuse.generate([agent.render(s) for s in states], max_new_tokens=8, sessions=["a", "b"])
     same(a, b, first_turn=True)
     nxt = [State(question=s.question, history=[Step(Action(QUERY, "q", o[0].text), docs=[Doc("d", 0, "T", "text")])])
            for s, o in zip(states, a)]
+    prompts = [full.encode_prompt(agent.render(s), 8) for s in nxt]
+    held = [o[0].prompt_ids + o[0].token_ids for o in b]
+    first = sum(len(o[0].prompt_ids) for o in b)   # the first turn's appended ids: whole prompts
+    assert not any(extends(h, p) for h, p in zip(held, prompts))
+    common = [next(i for i, (x, y) in enumerate(zip(h, p)) if x != y) for h, p in zip(held, prompts)]
+    assert min(common) > 100   # the system message and the history's head
+    before = reuse.prefill_tokens
     a = full.generate([agent.render(s) for s in nxt], max_new_tokens=8)
     b = reuse.generate([agent.render(s) for s in nxt], max_new_tokens=8, sessions=["a", "b"])
-    same(a, b, first_turn=True)   # both turns are full prefills: the plain path exactly
-    assert reuse.sessions.stats["fallback_not_prefix"] == 2 and reuse.sessions.stats["reused"] == 0
+    st = reuse.sessions.stats
+    if min_shared:
+        same(a, b)
+        assert st["reused"] == st["reused_partial"] == 2 and st["fallback_not_prefix"] == 0
+        assert st["reused_tokens"] == sum(common)
+        assert st["appended_tokens"] == first + sum(len(p) - c for p, c in zip(prompts, common))
+        assert reuse.prefill_tokens - before == 2 * fine_bucket(max(len(p) - c for p, c in zip(prompts, common)))
+    else:
+        same(a, b, first_turn=True)   # both turns are full prefills: the plain path exactly
+        assert st["fallback_not_prefix"] == 2 and st["reused"] == st["reused_partial"] == 0
 
 
 def test_pool_limits_are_clear_errors_and_new_params_forget_sessions():
@@ -120,11 +146,11 @@ def test_n_candidates_continue_the_picked_branch_as_the_share_prefix_path(temper
     full, reuse = policy(), policy(slots=4 * n)
     st = reuse.sessions.stats
     prompts = ["question: a\n", "question: something longer here\n", "q: mid\n"]
-    keys, held = ["e0", "e1", "e2"], [[], [], []]   # held: the ids of the candidate each next prompt extends
+    keys, held = ["e0", "e1", "e2"], [[], [], []]   # held: the ids of each prompt's branches (its candidates)
     stop, cut = None, 0
     for turn in range(4):
         ids = [reuse.tokenizer.encode(p, add_bos=True) for p in prompts]
-        kept = [len(h) if extends(h, x) else 0 for h, x in zip(held, ids)]   # an EOS id in the text: not re-encoded
+        kept = [max((shared_prefix(h, x) for h in hs), default=0) for hs, x in zip(held, ids)]   # the best branch
         new = [len(x) for x, k in zip(ids, kept) if not k]
         pre, count = reuse.prefill_tokens, collections.Counter(st)
         a = full.generate(prompts, n=n, temperature=temperature, max_new_tokens=10, seed=turn, stop=stop)
@@ -143,7 +169,7 @@ def test_n_candidates_continue_the_picked_branch_as_the_share_prefix_path(temper
         if turn == 0:  # a stop string inside a later completion: the tokens after its cut leave that branch's slot
             stop = [a[0][1].text[4]]
         j = turn % n
-        held = [o[j].prompt_ids + o[j].token_ids for o in b]
+        held = [[c.prompt_ids + c.token_ids for c in o] for o in b]
         prompts = [p + o[j].text + f"doc: {'xy' * (2 * i + turn)}\n" for i, (p, o) in enumerate(zip(prompts, a))]
         if turn == 0:  # a new episode joins continuing ones: its own prefill pass, then one forked decode batch
             prompts, keys, held = prompts + ["question: a late one\n"], keys + ["e3"], held + [[]]
@@ -213,7 +239,25 @@ def test_rollout_at_n_candidates_keeps_sessions_and_matches_the_plain_path(tempe
             assert s.token_ids == t.token_ids and s.prompt_ids == t.prompt_ids
             assert [c["token_ids"] for c in s.candidates] == [c["token_ids"] for c in t.candidates]
             np.testing.assert_allclose(s.logprobs, t.logprobs, rtol=1e-4, atol=1e-4)
-    st = pol.sessions.stats   # a turn continues the picked candidate's branch (unless an EOS id left its text)
-    picked = [extends(s.prompt_ids + s.token_ids, t.prompt_ids) for e in kept for s, t in zip(e.steps, e.steps[1:])]
-    assert st["fallback_new"] == 5 and st["reused"] == sum(picked) >= 5 and len(picked) == 10
+    st = pol.sessions.stats   # a turn continues the picked candidate's branch (unless an EOS id left its text:
+    pairs = [(s, t) for e in kept for s, t in zip(e.steps, e.steps[1:])]   # then the longest common prefix)
+    picked = [extends(s.prompt_ids + s.token_ids, t.prompt_ids) for s, t in pairs]
+    common = [max(shared_prefix(s.prompt_ids + c, t.prompt_ids)   # each branch: the executed one and the others
+                  for c in [s.token_ids] + [c["token_ids"] for c in s.candidates]) for s, t in pairs]
+    assert st["fallback_new"] == 5 and sum(picked) >= 5 and len(picked) == 10
+    assert st["reused"] == sum(c > 0 for c in common) and st["reused_partial"] == st["reused"] - sum(picked)
+    assert st["reused_tokens"] == sum(common)
     assert not pol.sessions.branches                               # every finished episode released its slots
+
+
+def test_shared_prefix_keeps_an_extension_or_a_long_enough_common_head():
+    held = list(range(10, 30))                                          # 20 ids: last prompt + completion
+    assert shared_prefix(held, held + [7, 8]) == 20                     # an extension: all of them, however short
+    assert shared_prefix(held[:3], held[:3] + [7]) == 3
+    assert shared_prefix(held, held[:17] + [7, 8, 9]) == 17             # a new tail: the common head (>= 16)
+    assert shared_prefix(held, held[:15] + [7, 8, 9]) == 0              # too short a head: a full prefill
+    assert shared_prefix(held, held[:17] + [7], minimum=18) == 0
+    assert shared_prefix(held, held[:17] + [7], minimum=0) == 0         # 0: extensions only
+    assert shared_prefix(held, held[:18]) == 17                         # a prefix of the held ids: one id prefilled
+    assert shared_prefix(held, held) == 19
+    assert shared_prefix([], [1, 2]) == 0 and shared_prefix(held, [10]) == 0

@@ -8,6 +8,7 @@ import pytest
 from rl_world import QUESTIONS, world
 
 from jaxrag.env.mdp import read_episodes
+from jaxrag.kv_sessions import extends, shared_prefix
 from jaxrag.rl import RLConfig, train_rl
 from jaxrag.train.loop import ConfigChanged
 from jaxrag.train.metrics_log import read_metrics
@@ -66,8 +67,14 @@ def test_first_step_loss_and_advantages_match_hand_values(tmp_path, continuous):
     if continuous:   # every action went through the pool; a group's 3 identical first prompts shared one prefill
         st = policy.pool_stats
         assert st["finished"] == m["rows"] and st["prefill_shared"] == 2 * 2 and st["fallback_new"] == 6
-        # EchoAgent's second prompt is not its first + the completion (it renders the parsed action): no reuse
-        assert st["fallback_not_prefix"] == m["rows"] - 6 and st["reused"] == 0
+        # EchoAgent's second prompt is not its first + the completion (it renders the parsed action): a second turn
+        # keeps the common prefix of the two (kv_sessions.shared_prefix) and prefills the rest
+        ids = lambda step: policy.encode_prompt(step.prompt, rc.max_new_tokens)   # episodes.jsonl keeps no ids
+        turns = [(ids(a) + a.token_ids, ids(b)) for e in eps for a, b in zip(e.steps, e.steps[1:])]
+        common = [shared_prefix(held, nxt) for held, nxt in turns]
+        assert len(common) == m["rows"] - 6 and not any(extends(held, nxt) for held, nxt in turns)
+        assert st["reused"] == st["reused_partial"] == sum(c > 0 for c in common) > 0
+        assert st["fallback_not_prefix"] == len(common) - st["reused"] and st["reused_tokens"] == sum(common)
     # the checkpoint resumes only under its own settings: another beta or group size is refused, naming the keys
     changed = {**tc, "grpo": {"beta": 0.1, "aggregation": "token_mean"}}
     with pytest.raises(ConfigChanged, match=r"rl.group_size, train.batch_size, train.grpo.beta, train.grpo.group_size"):
