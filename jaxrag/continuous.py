@@ -41,13 +41,14 @@ tokenizer merge at the completion's end), the row keeps that prefix and the rest
 (counted in `reused_partial`). Either way (`extend_rows`: the row's kept keys/values gathered into a small cache,
 the appended ids run through `forward_cached` at positions continuing the row's, the result compacted and written
 back by `place`, right-aligned before the index, so the row holds exactly its prompt's tokens as after a full
-insert; groups of power-of-two rows, the appended and the kept ids padded to power-of-two buckets: few compiled
-shapes; kv_sessions' finer buckets for the kept ids compiled 1.5x as long in bench.rollout --kv's first runs for
-the same throughput). Otherwise the request is a full insert, a fallback counted by
-reason in `stats` (fallback_new, fallback_not_prefix, fallback_evicted). Parked rows hold a slot and count as live
-for the left shift (never rolled out); a parked row whose span from its first token to the index would exceed T
-is evicted instead (evicted_span), and a request that needs a slot when none is free evicts a parked session
-(evicted_slot: the oldest with no request queued, else the oldest) rather than wait. A continued row holds its
+insert; groups of power-of-two rows, the kept ids padded to a power-of-two bucket (kv_sessions' finer buckets for
+them compiled 1.5x as long in bench.rollout --kv's first runs for the same throughput), the appended ids to
+kv_sessions.fine_bucket (a shared-prefix turn may append hundreds of ids: 689 pad to 768, not 1,024)). Otherwise
+the request is a full insert, a fallback counted by reason in `stats` (fallback_new, fallback_not_prefix,
+fallback_evicted). Parked rows hold a slot and count as live for the left shift (never rolled out); a parked row
+whose span from its first token to the index would exceed T is evicted instead (evicted_span), and a request that
+needs a slot when none is free evicts a parked session (evicted_slot: the oldest with no request queued, else the
+oldest) rather than wait. A continued row holds its
 whole prompt, so a session request fits exactly when a full insert of it does (prompt + max_new_tokens <= T).
 At temperature 0 a continued request's tokens are the full prefill's (log-probs to float rounding); at T > 0 its
 key is the same fold, so it samples as without sessions.
@@ -74,7 +75,7 @@ import numpy as np
 
 from jaxrag.generate import (SamplingParams, _decode_chunk, _first_stop, _prefill, bucket, finish_row,
                              left_pad, on_params_mesh, stop_ids_of)
-from jaxrag.kv_sessions import MIN_SHARED, shared_prefix, take_slots
+from jaxrag.kv_sessions import MIN_SHARED, fine_bucket, shared_prefix, take_slots
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import forward_cached_hidden, init_cache, logits_from_hidden
 
@@ -446,7 +447,7 @@ class SlotPool:
     def _span(cont: list[tuple[int, int, list]]) -> int:
         """Cache slots a group of continued rows is built in: the held ids' bucket + the appended ids' bucket."""
         return (bucket(max(held for _, held, _ in cont), 16)
-                + bucket(max(len(members[0][1].ids) - held for _, held, members in cont), 16))
+                + fine_bucket(max(len(members[0][1].ids) - held for _, held, members in cont)))
 
     def _continue(self, group: list[tuple[int, int, list]], room: int) -> None:
         """Parked rows continued ((parked slot, held length, [(slot, request), ...]) each; `extend_rows`: the
@@ -456,7 +457,7 @@ class SlotPool:
         insert shares one prefill. A row then holds exactly its prompt's len(ids) tokens, as after a full prefill."""
         held = [h for _, h, _ in group]
         appended = [members[0][1].ids[h:] for _, h, members in group]
-        A, M, n = bucket(max(map(len, appended)), 16), bucket(max(held), 16), len(group)
+        A, M, n = fine_bucket(max(map(len, appended))), bucket(max(held), 16), len(group)
         keep = min(M + A, room)
         tokens, positions, valid = left_pad(appended, n, A)
         logits, small, small_valid = extend_rows(

@@ -80,8 +80,9 @@ def test_rollout_engine_keeps_sessions_and_matches_the_plain_path():
 @pytest.mark.parametrize("min_shared", [16, 0])
 def test_a_design_that_is_not_append_only_keeps_its_common_prefix(min_shared):
     """Chat ReAct (RAG-Gym's format) puts the question after the growing history: the next prompt never extends the
-    last one, but it shares its head (system message, history so far). With min_shared > 0 the session keeps that
-    common prefix and prefills the rest; with 0 the turn is a full prefill (the plain path exactly)."""
+    last one, but it shares its head (system message, history so far: here over a quarter of it). With min_shared > 0
+    the session keeps that common prefix and prefills the rest; with 0 the turn is a full prefill (the plain path
+    exactly)."""
     agent = get_agent("react", mode="chat", tokenizer=Latin1Tokenizer())
 
     def pol(slots=0):
@@ -92,18 +93,19 @@ def test_a_design_that_is_not_append_only_keeps_its_common_prefix(min_shared):
         return p
 
     full, reuse = pol(), pol(slots=2)
-    states = [State(question="who?"), State(question="where is it?")]
+    done = Step(Action(QUERY, "q0", "raw"), docs=[Doc("d0", 0, "T", "a long document " * 40)])   # a turn before
+    states = [State(question="who?", history=[done]), State(question="where is it?", history=[done])]
     a = full.generate([agent.render(s) for s in states], max_new_tokens=8)
     b = reuse.generate([agent.render(s) for s in states], max_new_tokens=8, sessions=["a", "b"])
     same(a, b, first_turn=True)
-    nxt = [State(question=s.question, history=[Step(Action(QUERY, "q", o[0].text), docs=[Doc("d", 0, "T", "text")])])
+    nxt = [State(question=s.question, history=[done, Step(Action(QUERY, "q", o[0].text), docs=[Doc("d", 0, "T", "x")])])
            for s, o in zip(states, a)]
     prompts = [full.encode_prompt(agent.render(s), 8) for s in nxt]
     held = [o[0].prompt_ids + o[0].token_ids for o in b]
     first = sum(len(o[0].prompt_ids) for o in b)   # the first turn's appended ids: whole prompts
     assert not any(extends(h, p) for h, p in zip(held, prompts))
     common = [next(i for i, (x, y) in enumerate(zip(h, p)) if x != y) for h, p in zip(held, prompts)]
-    assert min(common) > 100   # the system message and the history's head
+    assert min(4 * c - len(p) for c, p in zip(common, prompts)) >= 0   # the system message and the history so far
     before = reuse.prefill_tokens
     a = full.generate([agent.render(s) for s in nxt], max_new_tokens=8)
     b = reuse.generate([agent.render(s) for s in nxt], max_new_tokens=8, sessions=["a", "b"])
@@ -261,3 +263,5 @@ def test_shared_prefix_keeps_an_extension_or_a_long_enough_common_head():
     assert shared_prefix(held, held[:18]) == 17                         # a prefix of the held ids: one id prefilled
     assert shared_prefix(held, held) == 19
     assert shared_prefix([], [1, 2]) == 0 and shared_prefix(held, [10]) == 0
+    assert shared_prefix(held, held[:17] + [7] * 51) == 17                # a quarter of the new prompt: kept
+    assert shared_prefix(held, held[:17] + [7] * 52) == 0                 # less than a quarter: a full prefill

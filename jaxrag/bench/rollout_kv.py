@@ -40,17 +40,22 @@ PATHS = {"today": (False, False, False),      # the sampler as it was: stop stri
          "cont+reuse": (True, True, True)}    # + KV sessions in the slot pool (JaxPolicy(pool_sessions=True))
 
 
-def synthetic_world(workdir: Path, sft_steps: int):
-    """(config, workdir): the tiny world and an SFT policy at the demo model size (stages already done are kept)."""
+def pipeline_config(preset: str = "tiny"):
+    """The synthetic pipeline's config at `preset` (configs/synthetic/pipeline.py, read from the repository)."""
     import importlib.util
-
-    from jaxrag import main as jmain
 
     path = Path(__file__).resolve().parents[2] / "configs" / "synthetic" / "pipeline.py"
     spec = importlib.util.spec_from_file_location("synthetic_pipeline", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    config = mod.get_config("tiny")
+    return mod.get_config(preset)
+
+
+def synthetic_world(workdir: Path, sft_steps: int):
+    """(config, workdir): the tiny world and an SFT policy at the demo model size (stages already done are kept)."""
+    from jaxrag import main as jmain
+
+    config = pipeline_config()
     config.model.update(dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, head_dim=32, d_ff=384))
     config.sft.train.steps = sft_steps
     config.sft.train.optimizer.lr = 2e-3
