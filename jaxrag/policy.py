@@ -91,7 +91,8 @@ class JaxPolicy:
     one session per episode; at n_candidates > 1 the session's rows of a turn park as branches and the next turn
     continues the picked one, forked to its candidates); `pool_stats` counts reuses and fallbacks.
     min_shared: both session kinds also reuse a branch whose held ids the next prompt does not extend, keeping
-    their common prefix when it is at least this many ids (kv_sessions.shared_prefix; 0: extensions only).
+    their common prefix when it is at least this many ids and a quarter of the prompt (kv_sessions.shared_prefix;
+    0: extensions only).
     min_rows / min_prompt: the sampler's shape floors (generate.sample): fewer compiled programs for small models."""
 
     def __init__(self, cfg: ModelConfig, params, tokenizer, *, top_k: int = 0, top_p: float = 1.0, add_bos: bool = True, max_prompt_tokens: int | None = None,
