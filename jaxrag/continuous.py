@@ -58,8 +58,17 @@ row of another turn replaces them). The next turn's first request continues the 
 candidate the engine selected; the longest if several), the session's other branches are freed, and the turn's
 other requests (same session, same ids) take free slots as copies of the continued row: its appended ids are
 prefilled once and the result copied to each of their slots by `place` (a fork on device), as a full insert
-shares one prefill. Counters are per request (reused, reused_tokens, fallbacks; the copies also count in
-prefill_shared), appended_tokens per prefill computed (a turn's N requests append once).
+shares one prefill.
+Counters are per request (reused, reused_tokens, fallbacks; the copies also count in prefill_shared),
+appended_tokens per prefill computed (a turn's N requests append once).
+Prefix cache (opt-in: `SlotPool(..., sessions=True, prefix_cache=True)`; JaxPolicy(prefix_cache=True) keeps the pool
+between calls): a released session's rows stay in their slots as CACHED rows instead of being freed. A request that
+keeps nothing of its own session's rows (a new episode, a fallback) FORKS from the cached row that keeps the most of
+its ids (shared_prefix, the same rule): that row's kept keys/values are extended by the rest of the prompt into a
+free slot, the cached row left as it was for later forks; the requests of one insert with the same ids fork once. A
+request needing a slot evicts cached rows first, least recently used (forked from) first, never a source of the
+insert under way. MCTS is the use: rollouts from a node start with its state's prompt, which extends the prompt of
+its parent that the parent's earlier rollouts left cached (`reused_cached`).
 """
 from __future__ import annotations
 
@@ -78,6 +87,13 @@ from jaxrag.generate import (SamplingParams, _decode_chunk, _first_stop, _prefil
 from jaxrag.kv_sessions import MIN_SHARED, fine_bucket, shared_prefix, take_slots
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import forward_cached_hidden, init_cache, logits_from_hidden
+
+
+_CACHED = "cached row"   # a cached row's session key is (_CACHED, its slot)
+
+
+def _cached(key: Hashable) -> bool:
+    return isinstance(key, tuple) and len(key) == 2 and key[0] is _CACHED
 
 
 class RequestTooLong(ValueError):
@@ -202,7 +218,8 @@ class SlotPool:
     generated), prefill_tokens (token slots the inserts computed), prefill_shared (requests served by another
     request's prefill: same prompt ids in one insert, or a continued row's copies), inserts, shifts (_left / _right),
     finished; with sessions: reused (requests that continued a parked row, or a copy of one; reused_partial: of
-    them, those that kept a common prefix shorter than the row's held ids), continued_inserts,
+    them, those that kept a common prefix shorter than the row's held ids; reused_cached: those that forked from a
+    cached row), continued_inserts,
     reused_tokens (held ids not prefilled again, per request), appended_tokens (ids the session requests prefilled,
     once per prefill: appended ones, whole prompts on a fallback), fallback_new /
     _not_prefix / _evicted, evicted (_slot / _span); timing: insert_s (host prep + dispatch of the inserts, and the
@@ -215,11 +232,13 @@ class SlotPool:
     def __init__(self, cfg: ModelConfig, params, slots: int, max_len: int, sp: SamplingParams, key: jax.Array,
                  stop_strings: Sequence[str] | None = None, tokenizer=None, chunk: int = 16,
                  refill: float = 0.25, setting: str = "max_len", sessions: bool = False,
-                 min_shared: int = MIN_SHARED):
+                 min_shared: int = MIN_SHARED, prefix_cache: bool = False):
         if slots < 1 or max_len < 1 or chunk < 1:
             raise ValueError(f"SlotPool: slots={slots}, max_len={max_len}, chunk={chunk}; each must be >= 1")
         if stop_strings and tokenizer is None:
             raise ValueError("SlotPool: stop_strings need a tokenizer to detokenize")
+        if prefix_cache and not sessions:
+            raise ValueError("SlotPool(prefix_cache=True) keeps released sessions' rows: build it with sessions=True")
         if sp.max_new_tokens >= max_len:
             raise RequestTooLong(f"max_new_tokens={sp.max_new_tokens} leaves no room for a prompt in the slot pool's "
                                  f"{max_len} tokens per slot; raise {setting}")
@@ -242,7 +261,7 @@ class SlotPool:
         self.checked = np.zeros(B, np.int64)            # tokens already checked for stop strings
         self.seen = np.zeros(B, np.int64)               # each row's length at the last collect
         self.queue: collections.deque[_Request] = collections.deque()
-        self.sessions, self.min_shared = sessions, min_shared
+        self.sessions, self.min_shared, self.prefix_cache = sessions, min_shared, prefix_cache
         self.parked: dict[Hashable, list[int]] = {}     # session key -> its parked slots (its last turn's
                                                         # candidates: branches), oldest parked key first
         self.turn: dict[Hashable, list[int]] = {}       # session key -> the prompt ids its parked branches answered
@@ -288,7 +307,7 @@ class SlotPool:
         live = self._in_flight()
         for k in keys:
             for b in list(self.parked.get(k, ())):
-                self._unpark(b)
+                self._uncache(b) if self.prefix_cache else self._unpark(b)
             if k in live:
                 self.released.add(k)
             self.evicted.discard(k)
@@ -306,6 +325,17 @@ class SlotPool:
 
     def _parked_slots(self) -> list[int]:
         return [b for b, k in enumerate(self.park) if k is not None]
+
+    def _uncache(self, b: int) -> None:
+        """Slot b's parked row leaves its session and stays as a CACHED row (prefix_cache): parked under a key of
+        its own, newest last, that no request continues; a new request may fork from it (`_admit`)."""
+        ids, prompt = self.held[b], self.turn[self.park[b]]
+        self._unpark(b)
+        self._park(b, (_CACHED, b), prompt, ids)
+
+    def _cached_slots(self) -> list[int]:
+        """The cached rows' slots, least recently used first."""
+        return [bs[0] for k, bs in self.parked.items() if _cached(k)]
 
     def _evict(self, b: int, why: str) -> None:
         self.evicted.add(self.park[b])
@@ -330,68 +360,89 @@ class SlotPool:
         self.stats["shifts"] += 1
         self.stats["shifts_right" if d > 0 else "shifts_left"] += 1
 
-    def _admit(self) -> tuple[list[tuple[int, _Request]], dict[int, tuple[int, list]]]:
+    def _admit(self) -> tuple[list[tuple[int, _Request]], list[tuple[int, int, list]]]:
         """Waiting requests out of the queue, in order: (fresh: (free slot, request) to prefill in full, continued:
-        {parked slot: (ids kept, [(slot, request), ...])}: rows whose other ids alone are prefilled, once, and
-        copied to each of their requests' slots, the parked slot itself first). A request continues the branch of
-        its session (the parked rows of the session's last turn: one per candidate) that keeps the most of its ids
-        (kv_sessions.shared_prefix: one whose held ids it extends, else the longest common prefix of at least
-        min_shared ids, counted in reused_partial); the session's other branches are freed (the episode went on
-        from that one), and the requests after it with the same session and ids (the turn's other candidates) take
-        free slots as copies of the continued row. A request that keeps nothing of any branch frees them and is a
-        fallback, counted by reason (new / not_prefix / evicted) with its siblings. A request that needs a slot when
-        none is free evicts a parked row (not one continued in this insert): of the oldest session with no request
-        queued, else of the oldest; with none to evict it waits."""
+        [(source slot, ids kept, [(slot, request), ...])]: rows whose other ids alone are prefilled, once, and
+        copied to each of their requests' slots). A request continues the branch of its session (the parked rows of
+        the session's last turn: one per candidate) that keeps the most of its ids (kv_sessions.shared_prefix: one
+        whose held ids it extends, else the longest common prefix of at least min_shared ids and a quarter of the
+        prompt, counted in reused_partial), into that branch's own slot; the session's other branches are freed
+        (the episode went on from that one), and the requests after it with the same session and ids (the turn's
+        other candidates) take free slots as copies of the continued row. With prefix_cache, a request that keeps
+        nothing of its own session's rows FORKS from the cached row (a released session's) that keeps the most of
+        its ids: into a free slot, the cached row left as it was (reused_cached); requests of one insert with the
+        same ids fork once (a group's identical first prompts). A request that keeps nothing is a fallback, counted
+        by reason (new / not_prefix / evicted) with its siblings. A request that needs a slot when none is free
+        evicts a parked row (`_free_slot`; never a fork's source); with none to evict it waits."""
         free = [b for b, o in enumerate(self.owner) if o is None and self.park[b] is None]
         fresh, wait = [], collections.deque()
-        cont: dict[int, tuple[int, list]] = {}     # continued parked slot -> (ids kept, [(slot, request), ...])
-        turn: dict[Hashable, tuple] = {}   # session -> (its ids, its continued slot or None, fallback reason)
-        partial: dict[int, bool] = {}      # a branch's slot -> the request keeps fewer ids than the branch holds
+        cont: dict[Hashable, tuple[int, int, list]] = {}   # -> (source slot, ids kept, [(slot, request), ...])
+        turn: dict[Hashable, tuple] = {}   # session -> (its ids, its continuation's key in cont or None, reason)
+        partial: dict[Hashable, bool] = {}  # a continuation -> it keeps fewer ids than its source holds
+        sources: set[int] = set()          # cached rows forked from in this insert: not evicted for a slot
         queued = {r.session for r in self.queue}
 
         for r in self.queue:
             k = r.session
             if k is not None and k in turn and turn[k][0] == r.ids:   # a sibling of a request admitted above
-                src, why = turn[k][1:]
+                key, why = turn[k][1:]
             else:
                 branches = self.parked.get(k, []) if k is not None else []
                 kept, src = max(((shared_prefix(self.held[b], r.ids, self.min_shared), b) for b in branches),
                                 default=(0, None))
-                src = src if kept else None
-                if src is not None:
-                    partial[src] = kept < len(self.held[src])
+                key, own = None, False
                 why = "not_prefix" if branches else "evicted" if k in self.evicted else "new"
                 for b in list(branches):   # the episode goes on from branch src (or from none): free the rest
+                    held = len(self.held[b])
                     self._unpark(b)
-                    if b == src:
-                        cont[b] = (kept, [(b, r)])
+                    if kept and b == src:   # continued in its own slot
+                        key, own = b, True
+                        cont[b], partial[b] = (b, kept, [(b, r)]), kept < held
                         self.stats["reused_partial"] += partial[b]
                     else:
                         free.append(b)
+                if key is None and self.prefix_cache and k is not None:
+                    kept, src = max(((shared_prefix(self.held[b], r.ids, self.min_shared), b)
+                                     for b in self._cached_slots()), default=(0, None))
+                    if kept:
+                        key = ("fork", src, tuple(r.ids))
+                        if key not in cont:
+                            cont[key], partial[key] = (src, kept, []), kept < len(self.held[src])
+                            sources.add(src)
+                            self.parked[self.park[src]] = self.parked.pop(self.park[src])   # most recently used
                 if k is not None:
-                    turn[k] = (r.ids, src, why)
-                if src is not None:
+                    turn[k] = (r.ids, key, why)
+                if own:
                     continue
-            b = self._free_slot(free, queued)
+            b = self._free_slot(free, queued, sources)
             if b is None:
                 wait.append(r)
-            elif src is not None:
-                cont[src][1].append((b, r))
-                self.stats["reused_partial"] += partial[src]
+            elif key is not None:
+                cont[key][2].append((b, r))
+                self.stats["reused_partial"] += partial[key]
+                self.stats["reused_cached"] += isinstance(key, tuple)
             else:
                 fresh.append((b, r))
                 if k is not None:
                     self.stats[f"fallback_{why}"] += 1
                     self.evicted.discard(k)
         self.queue = wait
-        return fresh, cont
+        return fresh, [c for c in cont.values() if c[2]]
 
-    def _free_slot(self, free: list[int], queued: set) -> int | None:
-        """A free slot; when none is, a parked row evicted for it (of the oldest parked session with no request
-        queued, else of the oldest); None when no slot can be had."""
+    def _free_slot(self, free: list[int], queued: set, keep: set = frozenset()) -> int | None:
+        """A free slot; when none is, a parked row evicted for it: a cached row (least recently used first; not one
+        in `keep`), else of the oldest parked session with no request queued, else of the oldest; None when no slot
+        can be had."""
         if not free and self.parked:
-            bs = next((bs for k, bs in self.parked.items() if k not in queued), next(iter(self.parked.values())))
-            b = bs[-1]
+            cached = [b for b in self._cached_slots() if b not in keep]
+            if cached:
+                b = cached[0]
+            else:
+                bs = next((bs for k, bs in self.parked.items() if k not in queued and not _cached(k)),
+                          next((bs for k, bs in self.parked.items() if not _cached(k)), None))
+                if bs is None:
+                    return None
+                b = bs[-1]
             self._evict(b, "slot")
             free.append(b)
         return free.pop(0) if free else None
@@ -413,8 +464,7 @@ class SlotPool:
             by_prompt.setdefault(tuple(r.ids), []).append((b, r))
         distinct = sorted(by_prompt, key=len, reverse=True)
         room = self.max_len - self.sp.max_new_tokens    # every prompt fits it (submit); a bucket past it is cut to it
-        cont = sorted(((src, held, members) for src, (held, members) in cont.items()),
-                      key=lambda c: len(c[2][0][1].ids) - c[1], reverse=True)             # most appended first
+        cont = sorted(cont, key=lambda c: len(c[2][0][1].ids) - c[1], reverse=True)      # most appended first
         P_max = max(min(bucket(len(distinct[0]), 16), room) if distinct else 0,
                     min(self._span(cont), room) if cont else 0)
         if self.index < P_max:
@@ -553,11 +603,13 @@ class SlotPool:
             req = self.owner[b]
             out.append(Finished(req.rid, toks[b, :n].tolist(), logps[b, :n].tolist(), reason, req.ids))
             self.owner[b], self.seen[b] = None, 0
-            if req.session in self.released:   # released while in flight: its slot is simply free
-                if req.session not in self._in_flight():
-                    self.released.discard(req.session)
-            elif req.session is not None:   # parked: the row keeps prompt + completion (to the cut) for the next turn
-                self._park(b, req.session, req.ids, req.ids + out[-1].tokens)
+            released = req.session in self.released
+            if released and req.session not in self._in_flight():
+                self.released.discard(req.session)
+            if req.session is not None and (self.prefix_cache or not released):
+                # parked: the row keeps prompt + completion (to the cut) for the next turn; released while in
+                # flight, it is a cached row (prefix_cache), else its slot is simply free
+                self._park(b, (_CACHED, b) if released else req.session, req.ids, req.ids + out[-1].tokens)
                 first = self.start[b] + len(req.ids)            # the cache slot of the row's first generated token
                 cut_lo[b], cut_hi[b] = first + n, first + lens[b]   # decoded past a stop-string cut: not kept
             push |= not done[b]            # cut by a stop string on the host: the device row must stop too

@@ -93,17 +93,23 @@ class JaxPolicy:
     min_shared: both session kinds also reuse a branch whose held ids the next prompt does not extend, keeping
     their common prefix when it is at least this many ids and a quarter of the prompt (kv_sessions.shared_prefix;
     0: extensions only).
+    prefix_cache: with pool_sessions, `continuous` keeps its slot pool between calls of the same settings (slots,
+    sampling, stop strings; new params drop it) and a finished session's rows stay in it as cached rows, so a
+    later request of any session forks from the cached row that shares the most of its ids (SlotPool's
+    prefix_cache): MCTS rollouts from a node keep the prompt of the node's parent that earlier rollouts left.
     min_rows / min_prompt: the sampler's shape floors (generate.sample): fewer compiled programs for small models."""
 
-    def __init__(self, cfg: ModelConfig, params, tokenizer, *, top_k: int = 0, top_p: float = 1.0, add_bos: bool = True, max_prompt_tokens: int | None = None,
-                 share_prefix: bool = True, unstack: bool = True, session_slots: int = 0,
+    def __init__(self, cfg: ModelConfig, params, tokenizer, *, top_k: int = 0, top_p: float = 1.0,
+                 add_bos: bool = True, max_prompt_tokens: int | None = None, share_prefix: bool = True,
+                 unstack: bool = True, session_slots: int = 0,
                  session_tokens: int | None = None, pool_tokens: int | None = None, pool_sessions: bool = False,
-                 min_shared: int = MIN_SHARED, min_rows: int = 1, min_prompt: int = 16):
+                 min_shared: int = MIN_SHARED, prefix_cache: bool = False, min_rows: int = 1, min_prompt: int = 16):
         self.cfg, self.tokenizer, self.unstack = cfg, tokenizer, unstack
         self.min_rows, self.min_prompt = min_rows, min_prompt
         self.pool_tokens, self.pool_sessions = pool_tokens or cfg.max_seq_len, pool_sessions
         self.pool_stats = collections.Counter()   # the continuous pools' counters (SlotPool.stats), summed
-        self.min_shared = min_shared
+        self.min_shared, self.prefix_cache = min_shared, prefix_cache
+        self._pool, self._pool_spec = None, None   # the slot pool kept between `continuous` calls (prefix_cache)
         self.sessions = (SessionPool(cfg, session_slots, session_tokens or cfg.max_seq_len, min_shared)
                          if session_slots else None)
         self.timing = {"prefill_s": 0.0, "decode_s": 0.0}
@@ -129,6 +135,7 @@ class JaxPolicy:
         self._params = value
         if getattr(self, "sessions", None) is not None:
             self.sessions.clear()   # cached keys/values belong to the old params
+        self._pool = None
         self._sample_params = unstack_layers(value) if self.unstack and value is not None else value
 
     def stop_token_ids(self, stop_strings) -> tuple[int, ...]:
@@ -198,11 +205,19 @@ class JaxPolicy:
         chunk runs up to `chunk` steps and ends early once `refill` x slots more rows are done (SlotPool).
         sessions: keep KV sessions in the pool (default: the policy's pool_sessions)."""
         stop_strings = list(stop) if stop else None
-        pool = SlotPool(self.cfg, self._sample_params, slots, self.pool_tokens,
-                        self._sampling(temperature, max_new_tokens, stop_strings), jax.random.PRNGKey(seed),
+        sessions = self.pool_sessions if sessions is None else sessions
+        sp = self._sampling(temperature, max_new_tokens, stop_strings)
+        spec = (slots, sp, tuple(stop_strings or ()), chunk, refill, sessions)
+        if self.prefix_cache and sessions and self._pool is not None and self._pool_spec == spec \
+                and not self._pool.busy:   # the last call's pool, its released rows cached: forks across calls
+            self._pool.base_key = jax.random.PRNGKey(seed)
+            return ContinuousSession(self, self._pool)
+        pool = SlotPool(self.cfg, self._sample_params, slots, self.pool_tokens, sp, jax.random.PRNGKey(seed),
                         stop_strings=stop_strings, tokenizer=self.tokenizer, chunk=chunk, refill=refill,
-                        setting="JaxPolicy(pool_tokens=...)",
-                        sessions=self.pool_sessions if sessions is None else sessions, min_shared=self.min_shared)
+                        setting="JaxPolicy(pool_tokens=...)", sessions=sessions, min_shared=self.min_shared,
+                        prefix_cache=self.prefix_cache and sessions)
+        if pool.prefix_cache:
+            self._pool, self._pool_spec = pool, spec
         return ContinuousSession(self, pool)
 
     def generate(self, prompts, *, n=1, temperature=0.0, max_new_tokens=128, stop=None, seed=0, sessions=None):
@@ -246,6 +261,7 @@ class ContinuousSession:
 
     def __init__(self, policy: JaxPolicy, pool: SlotPool):
         self.policy, self.pool = policy, pool
+        self._last_stats, self._last_timing = collections.Counter(pool.stats), dict(pool.timing)   # a kept pool's
 
     @property
     def busy(self) -> int:
@@ -273,8 +289,7 @@ class ContinuousSession:
         """The pool's counters since the last call added to the policy's (prefill_tokens, decode_slots, timing;
         every SlotPool.stats counter to pool_stats)."""
         stats, timing = collections.Counter(self.pool.stats), dict(self.pool.timing)
-        new = stats - getattr(self, "_last_stats", collections.Counter())   # counters only grow
-        last = getattr(self, "_last_timing", dict.fromkeys(timing, 0.0))
+        new, last = stats - self._last_stats, self._last_timing   # counters only grow
         self._last_stats, self._last_timing = stats, timing
         pol = self.policy
         pol.pool_stats.update(new)

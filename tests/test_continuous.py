@@ -1,5 +1,7 @@
 """Continuous batching (jaxrag.continuous + RolloutConfig(continuous=True)): a slot pool smaller than the work gives
 the lock-step sampler's tokens per request / per episode, keys that do not depend on the slots, bounded memory."""
+import collections
+import copy
 import dataclasses
 
 import jax
@@ -12,7 +14,7 @@ from fakes import (ByteTokenizer, EchoSearch, Latin1Tokenizer, OverlapRetriever,
 from rl_world import PASSAGES, QUESTIONS, EchoAgent, HashRetriever
 from jaxrag.continuous import RequestTooLong, SlotPool
 from jaxrag.env.agents import get_agent
-from jaxrag.env.mdp import ANSWER, Action
+from jaxrag.env.mdp import ANSWER, Action, Episode
 from jaxrag.env.rollout import RolloutConfig, rollout
 from jaxrag.generate import SamplingParams, bucket, sample
 from jaxrag.kv_sessions import extends, shared_prefix
@@ -528,3 +530,101 @@ def test_pool_sessions_with_candidates_in_the_rollout_engine(lpol):
     extend = sum(extends(s.prompt_ids + s.token_ids, t.prompt_ids) for e in b for s, t in zip(e.steps, e.steps[1:]))
     assert extend > 0 and st["reused"] == 3 * extend and st["fallback_new"] == 3 * 4
     assert not pools[0].pool.parked
+
+
+# ---- prefix cache: released rows stay, new sessions fork from them ------------------------------------------
+def test_prefix_cache_forks_new_sessions_from_a_released_row(lpol):
+    """prefix_cache: a released session's row stays as a cached row; new sessions whose prompts share its head fork
+    from it into free slots (the cached row is left as it was, so it serves again), requests with identical ids
+    fork once, and the tokens are the full prefill's. A request needing a slot evicts the cached row, not a parked
+    session."""
+    cfg, params = lpol.cfg, lpol._sample_params
+    sp = SamplingParams(max_new_tokens=6)
+    rng = np.random.default_rng(5)
+    base = [1] + rng.integers(3, 250, size=40).tolist()
+    pool = SlotPool(cfg, params, 4, 160, sp, jax.random.PRNGKey(0), sessions=True, prefix_cache=True)
+    with pytest.raises(ValueError, match="sessions=True"):
+        SlotPool(cfg, params, 4, 160, sp, jax.random.PRNGKey(0), prefix_cache=True)
+    pool.submit("a", base, (0, 0), session="A")
+    held = base + _drain(pool)["a"].tokens
+    pool.release(["A"])
+    (src,) = pool._cached_slots()
+    assert not pool.parked.get("A") and pool.held[src] == held
+    x, y = base + rng.integers(3, 250, size=10).tolist(), base[:30] + rng.integers(3, 250, size=9).tolist()
+    kx, ky = shared_prefix(held, x), shared_prefix(held, y)
+    assert kx >= 40 and ky == 30
+    for rid, ids in (("x1", x), ("x2", x), ("y", y)):
+        pool.submit(rid, ids, (0, len(rid)), session=rid.upper())
+    got = _drain(pool)
+    ref = sample(cfg, params, [x, x, y], sp, jax.random.PRNGKey(0))
+    for r, rid in enumerate(("x1", "x2", "y")):
+        assert got[rid].tokens == ref.row(r)[0]
+        np.testing.assert_allclose(got[rid].logprobs, ref.row(r)[1], rtol=0, atol=1e-4)
+    st = pool.stats
+    assert st["reused_cached"] == st["reused"] == 3 and st["reused_tokens"] == 2 * kx + ky
+    assert st["prefill_shared"] == 1 and st["appended_tokens"] == len(base) + len(x) - kx + len(y) - ky
+    assert st["fallback_new"] == 1 and pool._cached_slots() == [src] and pool.held[src] == held   # left as it was
+    pool.release(["X1", "X2", "Y"])                     # four cached rows: the pool is full of them
+    assert len(pool._cached_slots()) == 4
+    w = x[:kx] + rng.integers(3, 250, size=5).tolist()  # forks again (from the row that keeps the most), in the
+    pool.submit("w", w, (1, 0), session="W")            # slot of an evicted cached row, the source kept
+    got = _drain(pool)
+    assert got["w"].tokens == sample(cfg, params, [w], sp, jax.random.PRNGKey(0)).row(0)[0]
+    assert st["reused_cached"] == 4 and st["evicted_slot"] == 1 and len(pool._cached_slots()) == 3
+    pool.submit("z", _prompts(1, seed=11)[0], (9, 9), session="Z")   # unrelated: a full insert that evicts a
+    _drain(pool)                                                     # cached row, not W's parked one
+    assert st["fallback_new"] == 2 and st["evicted_slot"] == 2 and len(pool._cached_slots()) == 2
+    assert pool.parked.get("W") and pool.parked.get("Z")
+
+
+def test_prefix_cache_outlives_the_rollout_call_and_serves_the_next(lpol):
+    """JaxPolicy(prefix_cache=True): `continuous` keeps its slot pool between calls of the same settings and finished
+    episodes' rows stay cached, so a later call that continues those episodes from an earlier step (as MCTS rollouts
+    continue a node's trajectory, k copies each) forks from them: the same episodes as without the cache, fewer
+    prompt tokens prefilled; new params drop the pool."""
+    cfg = RolloutConfig(k=1, batch_size=4, max_steps=2, max_new_tokens=12, continuous=True)
+    agent = EchoSearch(mode="plain", max_doc_chars=30)
+    runs, stats = {}, {}
+    for cache in (False, True):
+        p = JaxPolicy(lpol.cfg, lpol.params, Latin1Tokenizer(), pool_tokens=320, pool_sessions=True,
+                      prefix_cache=cache)
+        first = rollout(p, HashRetriever(PASSAGES), agent, QUESTIONS[:2], cfg)
+        pool = p._pool
+        partial = [Episode(e.qid, e.question, list(e.gold), agent="echo", steps=copy.deepcopy(e.steps[:1]))
+                   for e in first for _ in range(2)]
+        before = collections.Counter(p.pool_stats)
+        runs[cache] = first + rollout(p, HashRetriever(PASSAGES), agent, partial,
+                                      dataclasses.replace(cfg, max_steps=3, seed=1))
+        stats[cache] = p.pool_stats - before
+        assert (pool is not None and p._pool is pool) == cache   # the same pool served both calls
+    _same_episodes(runs[False], runs[True], atol=1e-4)
+    assert stats[False]["reused_cached"] == 0 and stats[True]["reused_cached"] >= 2
+    assert stats[True]["prefill_tokens"] < stats[False]["prefill_tokens"]
+    p.params = p.params
+    assert p._pool is None
+
+
+def test_mcts_rollouts_fork_from_the_rows_earlier_iterations_left(lpol):
+    """ReasonRAG MCTS over a real policy with PolicyTreeEnv(continuous=True): with the prefix cache, each
+    iteration's rollouts fork from rows that earlier iterations' rollouts left in the kept pool; the trees (every
+    node's action, ids, value and visits) are the ones grown without it."""
+    from jaxrag.supervision.mcts import MCTSConfig, run_mcts, tree_to_json
+    from jaxrag.supervision.mcts_env import PolicyTreeEnv
+
+    def strip(x):   # wall-clock timings and float-rounded log-probs aside
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k not in ("timing", "logprobs")}
+        return [strip(v) for v in x] if isinstance(x, list) else x
+
+    trees, stats = {}, {}
+    for cache in (False, True):
+        p = JaxPolicy(lpol.cfg, lpol.params, Latin1Tokenizer(), pool_tokens=320, pool_sessions=True,
+                      prefix_cache=cache)
+        env = PolicyTreeEnv(p, HashRetriever(PASSAGES), RawEcho(mode="plain", max_doc_chars=30), k=1, batch_size=4,
+                            max_new_tokens=12, rollout_temperature=0.0, continuous=True)
+        out = run_mcts(env, QUESTIONS[:2], MCTSConfig(max_iterations=3, rollouts_per_node=2, max_depth=4))
+        trees[cache], stats[cache] = [strip(tree_to_json(t)) for t in out], collections.Counter(p.pool_stats)
+    assert trees[True] == trees[False]
+    assert sum(len(t["nodes"]) for t in trees[True]) > 4 and env.calls["rollout"] >= 2
+    assert stats[False]["reused_cached"] == 0 and stats[True]["reused_cached"] > 0
+    assert stats[True]["prefill_tokens"] < stats[False]["prefill_tokens"]

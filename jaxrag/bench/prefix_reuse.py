@@ -20,6 +20,8 @@ episode as the session (greedy, --new-tokens per turn; what the model generates 
 a plain-mode prompt never extends the held ids here: only the shared-prefix path reuses), turns/s and the pool's
 prefill token slots and appended tokens per turn for: no sessions, sessions with extensions only, sessions with
 shared prefixes, each timed on a second run (the first compiles every shape it meets).
+Part 3 (--mcts N): ReasonRAG MCTS on N questions of bench.rollout --kv's world with its SFT policy, rollouts through
+the slot pool with KV sessions, without and with the prefix cache (`mcts_rows`).
 Writes results/bench/prefix_reuse.json.
 """
 from __future__ import annotations
@@ -108,6 +110,42 @@ def replay(model_cfg, params, turns_by_episode, batch: int, new_tokens: int, ses
             "insert%": 100 * pool.timing["insert_s"] / total, "decode%": 100 * pool.timing["decode_s"] / total}
 
 
+def mcts_rows(workdir: Path, questions: int, iterations: int, batch: int) -> list[dict]:
+    """Part 3 (--mcts): ReasonRAG MCTS (PolicyTreeEnv, continuous rollouts with KV sessions) over the bench.rollout
+    --kv world's SFT policy and its questions, with and without the prefix cache: rollouts/s, the pool's prefill
+    token slots per rollout, the forks from cached rows. Each variant runs twice (the first compiles)."""
+    from jaxrag.bench.rollout_kv import synthetic_world
+    from jaxrag.env.agents import get_agent
+    from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
+    from jaxrag.supervision.mcts import MCTSConfig, run_mcts
+    from jaxrag.supervision.mcts_env import PolicyTreeEnv
+
+    config = synthetic_world(workdir, 300)
+    tok = load_tokenizer(workdir)
+    retriever = make_retriever(config, workdir)
+    items = load_questions(workdir, "train")[:questions]
+    mcfg = MCTSConfig(max_iterations=iterations, rollouts_per_node=2)
+    rows = []
+    for name, cache in (("pool + sessions", False), ("+ prefix cache", True)):
+        for timed in (False, True):
+            pol = stage_policy(workdir, "sft", tok)
+            pol.pool_sessions, pol.prefix_cache = True, cache
+            env = PolicyTreeEnv(pol, retriever, get_agent("react", mode="plain"), k=config.index.k, batch_size=batch,
+                                max_new_tokens=40, continuous=True, seed=1)
+            t0 = time.perf_counter()
+            trees = run_mcts(env, items, mcfg)
+            total = time.perf_counter() - t0
+        st = pol.pool_stats
+        rollouts = sum(len(n.samples) for t in trees for n in t.nodes)   # own rollouts of every node
+        rows.append({"path": name, "trees": len(trees), "nodes": sum(len(t.nodes) for t in trees),
+                     "rollouts": rollouts, "rollouts_per_s": rollouts / total, "total_s": total,
+                     "prefill_slots_per_request": st["prefill_tokens"] / max(st["finished"], 1),
+                     "reused": st["reused"], "reused_cached": st["reused_cached"], "evicted": st["evicted"],
+                     "prefill_s": pol.timing["prefill_s"], "decode_s": pol.timing["decode_s"]})
+        print(f"  mcts {name}: {rows[-1]['rollouts_per_s']:.1f} rollouts/s", flush=True)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", default="/tmp/jaxrag_bench_prefix")
@@ -118,6 +156,9 @@ def main(argv=None):
                     help="design/mode pairs replayed through the pool")
     ap.add_argument("--batch", type=int, default=16, help="episodes (pool slots) at a time in the replay")
     ap.add_argument("--new-tokens", type=int, default=8, help="tokens generated per turn in the replay")
+    ap.add_argument("--mcts", type=int, default=0, help="also run MCTS on this many questions (needs the SFT world)")
+    ap.add_argument("--mcts-iterations", type=int, default=6)
+    ap.add_argument("--mcts-workdir", default="/tmp/jaxrag_bench_kv")
     args = ap.parse_args(argv)
     import jax
 
@@ -165,6 +206,11 @@ def main(argv=None):
         print(table(replays, ["design", "mode", "path", "turns_per_s", "speedup", "prompt_tokens_per_turn",
                               "prefill_slots_per_turn", "reused", "reused_partial", "fallbacks", "insert%",
                               "decode%", "pool_tokens"]))
+    mcts = mcts_rows(Path(args.mcts_workdir), args.mcts, args.mcts_iterations, args.batch) if args.mcts else []
+    if mcts:
+        print(table(mcts, ["path", "trees", "nodes", "rollouts", "rollouts_per_s", "total_s",
+                           "prefill_slots_per_request", "reused", "reused_cached", "evicted", "prefill_s",
+                           "decode_s"]))
     mm = jax.jit(lambda a: a @ a)
     a = jax.numpy.ones((2048, 2048), jax.numpy.float32)
     mm(a).block_until_ready()
@@ -175,7 +221,7 @@ def main(argv=None):
     print(f"jitted 2048x2048 fp32 matmul: {gflops:.1f} GFLOP/s")
     out = write_result("prefix_reuse", {"episodes": len(episodes), "world": "synthetic tiny (teacher, train split)",
                                         "batch": args.batch, "new_tokens": args.new_tokens, "matmul_gflops": gflops,
-                                        "accounting": rows, "replay": replays,
+                                        "accounting": rows, "replay": replays, "mcts": mcts,
                                         "turns": int(np.sum([len(e.steps) for e in episodes]))})
     print(f"wrote {out}")
 
