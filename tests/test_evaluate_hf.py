@@ -100,6 +100,14 @@ def test_load_policy_reads_checkpoint_and_tokenizer(run):
     assert not pol.pool_sessions and not pol.continuous(2).keeps_sessions
     pooled = load_policy({"path": str(wd / "model"), "pool_sessions": True, "pool_tokens": 300}, "/nowhere")
     assert pooled.continuous(2).keeps_sessions and pooled.continuous(2).pool.max_len == 300
+    assert not pooled.continuous(2).pool.prefix_cache and pooled.continuous(2).pool is not pooled.continuous(2).pool
+    assert pooled.min_shared == 16 and kv.sessions.min_shared == 16
+    cached = load_policy({"path": str(wd / "model"), "pool_sessions": True, "prefix_cache": True, "min_shared": 0},
+                         "/nowhere")
+    two = cached.continuous(2).pool
+    assert two.prefix_cache and two.min_shared == 0 and cached.continuous(2).pool is two   # kept between calls
+    three = cached.continuous(3).pool                                                     # other settings: a new one
+    assert three is not two and cached._pool is three
     for method in ("react", "RAG"):                     # what the eval stage sampled
         for ep in read_episodes(wd / "eval" / f"{method}__HotpotQA.episodes.jsonl"):
             s = ep.steps[-1]

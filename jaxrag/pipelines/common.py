@@ -122,9 +122,13 @@ def load_policy(pc, workdir):
     KV reuse pool (jaxrag.kv_sessions; off unless set): `session_slots` (>= the rollout batch x n_candidates),
     `session_tokens` (per episode; default max_seq_len); `pool_tokens`: tokens per slot of the continuous-batching
     pool (jaxrag.continuous, used with rollout `continuous: True`; default max_seq_len) and `pool_sessions` (that
-    pool keeps each episode's KV cache between turns; default off); `min_rows`, `min_prompt`:
+    pool keeps each episode's KV cache between turns; default off), `prefix_cache` (that pool outlives a call and
+    new sessions fork from finished ones' rows: MCTS rollouts; default off), `min_shared` (both session kinds keep
+    a common prefix of at least this many ids when a prompt does not extend the last one; default 16, 0 = off);
+    `min_rows`, `min_prompt`:
     the sampler's shape floors (generate.sample; defaults 1 and 16).
     `policy.tokenizer_path` says where the tokenizer came from (stages copy it beside the models they train)."""
+    from jaxrag.kv_sessions import MIN_SHARED
     from jaxrag.models import load_hf
     from jaxrag.policy import JaxPolicy
     from jaxrag.tokenizer import load_tokenizer
@@ -144,7 +148,8 @@ def load_policy(pc, workdir):
                        add_bos=pc.get("add_bos", True), max_prompt_tokens=pc.get("max_prompt_tokens") or None,
                        session_slots=pc.get("session_slots") or 0, session_tokens=pc.get("session_tokens") or None,
                        pool_tokens=pc.get("pool_tokens") or None, pool_sessions=bool(pc.get("pool_sessions", False)),
-                       min_rows=pc.get("min_rows") or 1,
+                       prefix_cache=bool(pc.get("prefix_cache", False)),
+                       min_shared=int(pc.get("min_shared", MIN_SHARED)), min_rows=pc.get("min_rows") or 1,
                        min_prompt=pc.get("min_prompt") or 16)
     policy.tokenizer_path = tok_path
     return policy
