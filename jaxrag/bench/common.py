@@ -51,3 +51,17 @@ def write_result(name: str, payload: dict, out_dir: str | Path = "results/bench"
     path = out / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2))
     return path
+
+
+def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """This machine's speed of the moment: GFLOP/s of a jitted n x n fp32 matmul (the README's machine figure)."""
+    import jax
+    import jax.numpy as jnp
+
+    mm = jax.jit(lambda a: a @ a)
+    a = jnp.ones((n, n), jnp.float32)
+    mm(a).block_until_ready()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        mm(a).block_until_ready()
+    return repeats * 2 * n ** 3 / (time.perf_counter() - t0) / 1e9

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxrag.bench.common import table, write_result
+from jaxrag.bench.common import matmul_gflops, table, write_result
 
 DESIGNS = ("react", "search-o1", "re2search", "reasonrag", "smartsearch")
 
@@ -139,6 +139,7 @@ def mcts_rows(workdir: Path, questions: int, iterations: int, batch: int) -> lis
         rollouts = sum(len(n.samples) for t in trees for n in t.nodes)   # own rollouts of every node
         rows.append({"path": name, "trees": len(trees), "nodes": sum(len(t.nodes) for t in trees),
                      "rollouts": rollouts, "rollouts_per_s": rollouts / total, "total_s": total,
+                     "requests": st["finished"],
                      "prefill_slots_per_request": st["prefill_tokens"] / max(st["finished"], 1),
                      "reused": st["reused"], "reused_cached": st["reused_cached"], "evicted": st["evicted"],
                      "prefill_s": pol.timing["prefill_s"], "decode_s": pol.timing["decode_s"]})
@@ -208,16 +209,10 @@ def main(argv=None):
                               "decode%", "pool_tokens"]))
     mcts = mcts_rows(Path(args.mcts_workdir), args.mcts, args.mcts_iterations, args.batch) if args.mcts else []
     if mcts:
-        print(table(mcts, ["path", "trees", "nodes", "rollouts", "rollouts_per_s", "total_s",
+        print(table(mcts, ["path", "trees", "nodes", "rollouts", "rollouts_per_s", "total_s", "requests",
                            "prefill_slots_per_request", "reused", "reused_cached", "evicted", "prefill_s",
                            "decode_s"]))
-    mm = jax.jit(lambda a: a @ a)
-    a = jax.numpy.ones((2048, 2048), jax.numpy.float32)
-    mm(a).block_until_ready()
-    t1 = time.perf_counter()
-    for _ in range(5):
-        mm(a).block_until_ready()
-    gflops = 5 * 2 * 2048 ** 3 / (time.perf_counter() - t1) / 1e9
+    gflops = matmul_gflops()
     print(f"jitted 2048x2048 fp32 matmul: {gflops:.1f} GFLOP/s")
     out = write_result("prefix_reuse", {"episodes": len(episodes), "world": "synthetic tiny (teacher, train split)",
                                         "batch": args.batch, "new_tokens": args.new_tokens, "matmul_gflops": gflops,

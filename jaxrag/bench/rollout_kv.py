@@ -28,9 +28,7 @@ import argparse
 import time
 from pathlib import Path
 
-import jax
-
-from jaxrag.bench.common import table, write_result
+from jaxrag.bench.common import matmul_gflops, table, write_result
 
 
 PATHS = {"today": (False, False, False),      # the sampler as it was: stop strings checked on the host every 16 steps
@@ -130,13 +128,7 @@ def main(argv=None):
     questions = [q for split in ("test", "dev", "heldout") for q in load_questions(args.workdir, split)][:args.episodes]
     agent = get_agent("react", mode="plain")
     pol = stage_policy(args.workdir, "sft", tok)
-    mm = jax.jit(lambda a: a @ a)
-    a = jax.numpy.ones((2048, 2048), jax.numpy.float32)
-    mm(a).block_until_ready()
-    t1 = time.perf_counter()
-    for _ in range(5):
-        mm(a).block_until_ready()
-    gflops = 5 * 2 * 2048 ** 3 / (time.perf_counter() - t1) / 1e9
+    gflops = matmul_gflops()
     rows = []
     for b in [int(x) for x in args.batches.split(",")]:
         acts, base = {}, None
