@@ -599,15 +599,16 @@ def test_prefix_cache_outlives_the_rollout_call_and_serves_the_next(lpol):
         assert (pool is not None and p._pool is pool) == cache   # the same pool served both calls
     _same_episodes(runs[False], runs[True], atol=1e-4)
     assert stats[False]["reused_cached"] == 0 and stats[True]["reused_cached"] >= 2
+    assert stats[True]["appended_tokens"] < stats[False]["appended_tokens"]
     assert stats[True]["prefill_tokens"] < stats[False]["prefill_tokens"]
     p.params = p.params
     assert p._pool is None
 
 
 def test_mcts_rollouts_fork_from_the_rows_earlier_iterations_left(lpol):
-    """ReasonRAG MCTS over a real policy with PolicyTreeEnv(continuous=True): with the prefix cache, each
-    iteration's rollouts fork from rows that earlier iterations' rollouts left in the kept pool; the trees (every
-    node's action, ids, value and visits) are the ones grown without it."""
+    """ReasonRAG MCTS over a real policy with PolicyTreeEnv(continuous=True): with the prefix cache, expansions also
+    run through the kept pool and each iteration's rollouts fork from the rows that expansions and earlier rollouts
+    left; at temperature 0 the trees (every node's action, ids, value and visits) are the ones grown without it."""
     from jaxrag.supervision.mcts import MCTSConfig, run_mcts, tree_to_json
     from jaxrag.supervision.mcts_env import PolicyTreeEnv
 
@@ -621,10 +622,31 @@ def test_mcts_rollouts_fork_from_the_rows_earlier_iterations_left(lpol):
         p = JaxPolicy(lpol.cfg, lpol.params, Latin1Tokenizer(), pool_tokens=320, pool_sessions=True,
                       prefix_cache=cache)
         env = PolicyTreeEnv(p, HashRetriever(PASSAGES), RawEcho(mode="plain", max_doc_chars=30), k=1, batch_size=4,
-                            max_new_tokens=12, rollout_temperature=0.0, continuous=True)
+                            max_new_tokens=12, temperature=0.0, rollout_temperature=0.0, continuous=True)
         out = run_mcts(env, QUESTIONS[:2], MCTSConfig(max_iterations=3, rollouts_per_node=2, max_depth=4))
         trees[cache], stats[cache] = [strip(tree_to_json(t)) for t in out], collections.Counter(p.pool_stats)
     assert trees[True] == trees[False]
     assert sum(len(t["nodes"]) for t in trees[True]) > 4 and env.calls["rollout"] >= 2
     assert stats[False]["reused_cached"] == 0 and stats[True]["reused_cached"] > 0
-    assert stats[True]["prefill_tokens"] < stats[False]["prefill_tokens"]
+    assert stats[True]["finished"] > stats[False]["finished"]   # the expansions' samples went through the pool too
+    assert stats[True]["prefill_tokens"] < stats[False]["prefill_tokens"]   # and still fewer token slots prefilled
+
+
+def test_candidates_through_the_pool_equal_the_batched_call(lpol):
+    """rollout.candidates(slots=...) (pool_generate): the same prompts and, at temperature 0, the same candidates as
+    the one batched generate call, with more requests than slots; with sessions, each state's n rows are released."""
+    from jaxrag.env.mdp import State
+    from jaxrag.env.rollout import candidates
+
+    agent = RawEcho(mode="plain", max_doc_chars=30)
+    states = [State(question=q["question"]) for q in QUESTIONS[:3]]
+    p_a, a = candidates(lpol, agent, states, 2, max_new_tokens=12)
+    pol = JaxPolicy(lpol.cfg, lpol.params, Latin1Tokenizer(), pool_tokens=320, pool_sessions=True, prefix_cache=True)
+    p_b, b = candidates(pol, agent, states, 2, max_new_tokens=12, slots=4)
+    assert p_a == p_b
+    for xs, ys in zip(a, b):
+        for x, y in zip(xs, ys):
+            assert x.action == y.action and x.completion.token_ids == y.completion.token_ids
+            np.testing.assert_allclose(x.completion.logprobs, y.completion.logprobs, rtol=0, atol=1e-4)
+    pool = pol._pool   # every row left is a cached one (the states' sessions were released)
+    assert pol.pool_stats["finished"] == 6 and sorted(pool._cached_slots()) == sorted(pool._parked_slots()) != []

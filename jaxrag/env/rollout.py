@@ -101,16 +101,41 @@ def prompt_fits(policy, max_new_tokens: int):
     return None if check is None else (lambda prompt: check(prompt, max_new_tokens))
 
 
+def pool_generate(policy, prompts: Sequence[str], n: int, *, slots: int, temperature: float = 0.0,
+                  max_new_tokens: int = 256, stop: Sequence[str] | None = None, seed: int = 0) -> list[list]:
+    """`policy.generate(prompts, n=n, ...)` through the policy's slot pool (`policy.continuous(slots, ...)`): request
+    (i, j) draws with fold (i x n + j, 0). When the pool keeps sessions, prompt i's n rows park as one session's
+    branches and are released at the end: a pool with a prefix cache keeps them as cached rows, which later requests
+    extending prompt i + one of its completions fork from (MCTS: a node's children's rollouts)."""
+    sess = policy.continuous(slots, temperature=temperature, max_new_tokens=max_new_tokens, stop=stop, seed=seed)
+    keep = bool(getattr(sess, "keeps_sessions", False))
+    keys = [object() for _ in prompts]
+    for i, p in enumerate(prompts):
+        for j in range(n):
+            sess.submit((i, j), p, (i * n + j, 0), **({"session": keys[i]} if keep else {}))
+    got = {}
+    while sess.busy:
+        got.update(sess.step())
+    if keep:
+        sess.release(keys)
+    return [[got[(i, j)] for j in range(n)] for i in range(len(prompts))]
+
+
 def candidates(policy, agent: Agent, states: Sequence[State], n: int = 1, *, temperature: float = 0.0,
-               max_new_tokens: int = 256, seed: int = 0, sessions: Sequence | None = None
+               max_new_tokens: int = 256, seed: int = 0, sessions: Sequence | None = None, slots: int = 0
                ) -> tuple[list[str], list[list[Candidate]]]:
     """N candidate actions for each state from ONE batched policy call: (prompts, candidates[state][n]).
     Over-long prompts are rendered shorter by the agent within the policy's budget (Agent.render).
-    sessions: one key per state for a policy that keeps sessions (see the module doc)."""
+    sessions: one key per state for a policy that keeps sessions (see the module doc). slots > 0: through the
+    policy's slot pool of that many slots instead (`pool_generate`)."""
     if not states:
         return [], []
     fits = prompt_fits(policy, max_new_tokens)
     prompts = [agent.render(s, fits) for s in states]
+    if slots:
+        outs = pool_generate(policy, prompts, n, slots=slots, temperature=temperature, max_new_tokens=max_new_tokens,
+                             stop=list(agent.stop) or None, seed=seed)
+        return prompts, [[Candidate(agent.parse(c.text), c) for c in out] for out in outs]
     extra = {} if sessions is None else {"sessions": list(sessions)}
     outs = policy.generate(prompts, n=n, temperature=temperature, max_new_tokens=max_new_tokens,
                            stop=list(agent.stop) or None, seed=seed, **extra)

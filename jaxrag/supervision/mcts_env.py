@@ -18,7 +18,8 @@ from jaxrag.supervision.mcts import GROUNDING, REASONING, TERMINAL, Child, Node,
 class PolicyTreeEnv:
     """TreeEnv over a Policy, a Retriever and an agent design (ReasonRAG's Reasoning/Grounding stages).
 
-    expand: every Reasoning leaf of the iteration in ONE `rollout.candidates` call (n samples each), their queries in
+    expand: every Reasoning leaf of the iteration in ONE `rollout.candidates` call (n samples each; through the
+    policy's kept slot pool when `continuous` and the policy has a prefix cache: `_pool_slots`), their queries in
     ONE batched search; every Grounding leaf in ONE `policy.generate` call over `agent.render_summary` prompts (two
     stages need two calls: their prompts and stop strings differ). A query child becomes a Grounding node when the
     agent summarizes and `grounding_stage` is on; otherwise its summary (if any) is filled at once.
@@ -55,6 +56,13 @@ class PolicyTreeEnv:
     def _grounds(self) -> bool:
         return bool(self.grounding_stage and getattr(self.agent, "summarizes", False))
 
+    @property
+    def _pool_slots(self) -> int:
+        """Slots for expansions through the policy's slot pool: only with continuous rollouts over a policy whose
+        pool is kept between calls (prefix_cache), where the children's rollouts then fork from the rows their
+        expansion left (the parent's prompt + the child's action); else 0, one batched `generate` call."""
+        return self.batch_size if self.continuous and getattr(self.policy, "prefix_cache", False) else 0
+
     def _seed(self) -> int:
         """A fresh seed for every sampler call (temperature 1 samples must differ between iterations)."""
         self._draws += 1
@@ -84,7 +92,7 @@ class PolicyTreeEnv:
                 s.must_answer = nd.depth + 1 >= max_depth or len(s.history) + 1 >= self.engine_max_steps(max_depth)
                 states.append(s)
             prompts, cands = candidates(self.policy, self.agent, states, n, temperature=self.temperature,
-                                        max_new_tokens=self.max_new_tokens, seed=self._seed())
+                                        max_new_tokens=self.max_new_tokens, seed=self._seed(), slots=self._pool_slots)
             self.sampled["expand"] += sum(len(c) for c in cands)
             q_states, q_steps = [], []
             for j, i in enumerate(reason):
