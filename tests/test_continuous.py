@@ -606,9 +606,10 @@ def test_prefix_cache_outlives_the_rollout_call_and_serves_the_next(lpol):
 
 
 def test_mcts_rollouts_fork_from_the_rows_earlier_iterations_left(lpol):
-    """ReasonRAG MCTS over a real policy with PolicyTreeEnv(continuous=True): with the prefix cache, expansions also
-    run through the kept pool and each iteration's rollouts fork from the rows that expansions and earlier rollouts
-    left; at temperature 0 the trees (every node's action, ids, value and visits) are the ones grown without it."""
+    """ReasonRAG MCTS over a real policy with PolicyTreeEnv(continuous=True): with the prefix cache and
+    pool_expansions, expansions also run through the kept pool and each iteration's rollouts fork from the rows that
+    expansions and earlier rollouts left; at temperature 0 the trees (every node's action, ids, value and visits)
+    are the ones grown without them."""
     from jaxrag.supervision.mcts import MCTSConfig, run_mcts, tree_to_json
     from jaxrag.supervision.mcts_env import PolicyTreeEnv
 
@@ -622,7 +623,8 @@ def test_mcts_rollouts_fork_from_the_rows_earlier_iterations_left(lpol):
         p = JaxPolicy(lpol.cfg, lpol.params, Latin1Tokenizer(), pool_tokens=320, pool_sessions=True,
                       prefix_cache=cache)
         env = PolicyTreeEnv(p, HashRetriever(PASSAGES), RawEcho(mode="plain", max_doc_chars=30), k=1, batch_size=4,
-                            max_new_tokens=12, temperature=0.0, rollout_temperature=0.0, continuous=True)
+                            max_new_tokens=12, temperature=0.0, rollout_temperature=0.0, continuous=True,
+                            pool_expansions=cache)
         out = run_mcts(env, QUESTIONS[:2], MCTSConfig(max_iterations=3, rollouts_per_node=2, max_depth=4))
         trees[cache], stats[cache] = [strip(tree_to_json(t)) for t in out], collections.Counter(p.pool_stats)
     assert trees[True] == trees[False]

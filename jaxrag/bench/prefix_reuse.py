@@ -21,7 +21,8 @@ a plain-mode prompt never extends the held ids here: only the shared-prefix path
 prefill token slots and appended tokens per turn for: no sessions, sessions with extensions only, sessions with
 shared prefixes, each timed on a second run (the first compiles every shape it meets).
 Part 3 (--mcts N): ReasonRAG MCTS on N questions of bench.rollout --kv's world with its SFT policy, rollouts through
-the slot pool with KV sessions, without and with the prefix cache (`mcts_rows`).
+the slot pool with KV sessions, without and with the prefix cache, and with expansions through the pool too
+(`mcts_rows`; requests and prefill then count the expansions' samples as well).
 Writes results/bench/prefix_reuse.json.
 """
 from __future__ import annotations
@@ -126,12 +127,13 @@ def mcts_rows(workdir: Path, questions: int, iterations: int, batch: int) -> lis
     items = load_questions(workdir, "train")[:questions]
     mcfg = MCTSConfig(max_iterations=iterations, rollouts_per_node=2)
     rows = []
-    for name, cache in (("pool + sessions", False), ("+ prefix cache", True)):
+    for name, cache, expansions in (("pool + sessions", False, False), ("+ prefix cache", True, False),
+                                    ("+ expansions in the pool", True, True)):
         for timed in (False, True):
             pol = stage_policy(workdir, "sft", tok)
             pol.pool_sessions, pol.prefix_cache = True, cache
             env = PolicyTreeEnv(pol, retriever, get_agent("react", mode="plain"), k=config.index.k, batch_size=batch,
-                                max_new_tokens=40, continuous=True, seed=1)
+                                max_new_tokens=40, continuous=True, pool_expansions=expansions, seed=1)
             t0 = time.perf_counter()
             trees = run_mcts(env, items, mcfg)
             total = time.perf_counter() - t0
