@@ -48,8 +48,8 @@ the request is a full insert, a fallback counted by reason in `stats` (fallback_
 fallback_evicted). Parked rows hold a slot and count as live for the left shift (never rolled out); a parked row
 whose span from its first token to the index would exceed T is evicted instead (evicted_span), and a request that
 needs a slot when none is free evicts a parked session (evicted_slot: the oldest with no request queued, else the
-oldest) rather than wait. A continued row holds its
-whole prompt, so a session request fits exactly when a full insert of it does (prompt + max_new_tokens <= T).
+oldest) rather than wait. A continued row holds its whole prompt, so a session request fits exactly when a full
+insert of it does (prompt + max_new_tokens <= T).
 At temperature 0 a continued request's tokens are the full prefill's (log-probs to float rounding); at T > 0 its
 key is the same fold, so it samples as without sessions.
 Candidates (N requests of one turn with one session key and the same ids, e.g. the rollout engine at
@@ -219,7 +219,7 @@ class SlotPool:
     request's prefill: same prompt ids in one insert, or a continued row's copies), inserts, shifts (_left / _right),
     finished; with sessions: reused (requests that continued a parked row, or a copy of one; reused_partial: of
     them, those that kept a common prefix shorter than the row's held ids; reused_cached: those that forked from a
-    cached row), continued_inserts,
+    cached row; dropped_cached: cached rows evicted), continued_inserts,
     reused_tokens (held ids not prefilled again, per request), appended_tokens (ids the session requests prefilled,
     once per prefill: appended ones, whole prompts on a fallback), fallback_new /
     _not_prefix / _evicted, evicted (_slot / _span); timing: insert_s (host prep + dispatch of the inserts, and the
@@ -338,10 +338,15 @@ class SlotPool:
         return [bs[0] for k, bs in self.parked.items() if _cached(k)]
 
     def _evict(self, b: int, why: str) -> None:
-        self.evicted.add(self.park[b])
+        """Slot b's parked row gives up its slot: a session's (counted in evicted, evicted_<why>; its next request
+        is a fallback_evicted) or a cached row (counted in dropped_cached)."""
+        if _cached(self.park[b]):
+            self.stats["dropped_cached"] += 1
+        else:
+            self.evicted.add(self.park[b])
+            self.stats["evicted"] += 1
+            self.stats[f"evicted_{why}"] += 1
         self._unpark(b)
-        self.stats["evicted"] += 1
-        self.stats[f"evicted_{why}"] += 1
 
     def _park(self, b: int, key: Hashable, prompt: list[int], ids: list[int]) -> None:
         """Slot b's row parks as a branch of session `key`: the rows of one turn (its candidates, same prompt) park

@@ -570,10 +570,11 @@ def test_prefix_cache_forks_new_sessions_from_a_released_row(lpol):
     pool.submit("w", w, (1, 0), session="W")            # slot of an evicted cached row, the source kept
     got = _drain(pool)
     assert got["w"].tokens == sample(cfg, params, [w], sp, jax.random.PRNGKey(0)).row(0)[0]
-    assert st["reused_cached"] == 4 and st["evicted_slot"] == 1 and len(pool._cached_slots()) == 3
+    assert st["reused_cached"] == 4 and st["dropped_cached"] == 1 and len(pool._cached_slots()) == 3
     pool.submit("z", _prompts(1, seed=11)[0], (9, 9), session="Z")   # unrelated: a full insert that evicts a
     _drain(pool)                                                     # cached row, not W's parked one
-    assert st["fallback_new"] == 2 and st["evicted_slot"] == 2 and len(pool._cached_slots()) == 2
+    assert st["fallback_new"] == 2 and st["dropped_cached"] == 2 and len(pool._cached_slots()) == 2
+    assert st["evicted"] == 0 and not pool.evicted   # no session lost its row
     assert pool.parked.get("W") and pool.parked.get("Z")
 
 
