@@ -15,6 +15,8 @@ def test_loads_lenient_variants():
         assert loads_lenient(s) == want, s
     assert loads_lenient("{'x': None, 'y': true}") == {"x": None, "y": True}
     assert loads_lenient('{"url": "http://x.org/a // b"}') == {"url": "http://x.org/a // b"}   # inside a string
+    assert loads_lenient('```json\n{"0": "```"}\n```') == {"0": "```"}   # a fence inside a string is text
+    assert loads_lenient('text {"a": "b",\n```') == {"a": "b"}              # unclosed, a fence after it
     assert loads_lenient("no json here") is None
     assert loads_lenient("{broken: [}") is None
 

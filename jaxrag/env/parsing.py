@@ -124,8 +124,10 @@ def loads_lenient(text: str) -> dict | None:
     Tolerates markdown fences, trailing commas, single quotes, smart quotes, Python literals
     (None/True/False), ` // comments`, a missing closing brace. Returns None when no object parses.
     """
-    for s in reversed(_balanced_objects(strip_fences(text))):
+    for s in reversed(_balanced_objects(text)):   # braces and quotes inside strings are skipped, fences kept there
         v = _load_one(s)
+        if v is None and "```" in s:   # a fence inside the span but outside its strings (an unclosed object)
+            v = _load_one(strip_fences(s))
         if v is not None:
             return v
     return None
