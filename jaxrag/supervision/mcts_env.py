@@ -19,9 +19,10 @@ class PolicyTreeEnv:
     """TreeEnv over a Policy, a Retriever and an agent design (ReasonRAG's Reasoning/Grounding stages).
 
     expand: every Reasoning leaf of the iteration in ONE `rollout.candidates` call (n samples each; through the
-    policy's slot pool with `pool_expansions`), their queries in ONE batched search; every Grounding leaf in ONE `policy.generate` call over `agent.render_summary` prompts (two
-    stages need two calls: their prompts and stop strings differ). A query child becomes a Grounding node when the
-    agent summarizes and `grounding_stage` is on; otherwise its summary (if any) is filled at once.
+    policy's slot pool with `pool_expansions`), their queries in ONE batched search; every Grounding leaf in ONE
+    `policy.generate` call over `agent.render_summary` prompts (two stages need two calls: their prompts and stop
+    strings differ). A query child becomes a Grounding node when the agent summarizes and `grounding_stage` is on;
+    otherwise its summary (if any) is filled at once.
     rollout: k copies of every node as partial Episodes (Grounding nodes first get their evidence sampled, in one
     call), all continued by ONE `rollout.rollout` call; v = the engine's answer reward (F1, or accuracy for multiple
     choice), steps = tree steps of the whole trajectory (a query with its evidence counts 2 when grounding counts).
@@ -42,8 +43,8 @@ class PolicyTreeEnv:
     # with continuous, expansions too: with a policy whose pool is kept between calls (prefix_cache) a node's
     # children's rollouts then fork from the rows their expansion left (the parent's prompt + the child's action).
     # Off by default: in bench.prefix_reuse --mcts on 2 CPU cores it forked 3x as often (229 against 76 requests)
-    # but ran 0.95x no cache against 1.05x for the cache with lock-step expansions (the pool's decode over all its
-    # slots costs more than the batched call)
+    # but ran at 0.95x the no-cache speed, where the cache with lock-step expansions ran at 1.05x (the pool's decode
+    # over all its slots costs more than the batched call). Needs a policy with `continuous` (else lock-step).
     pool_expansions: bool = False
     reward: str = "auto"  # v: f1, or acc for multiple choice
     seed: int = 0
@@ -65,7 +66,8 @@ class PolicyTreeEnv:
     def _pool_slots(self) -> int:
         """Slots for expansions through the policy's slot pool (`pool_expansions` with `continuous`); else 0: one
         batched `generate` call."""
-        return self.batch_size if self.continuous and self.pool_expansions else 0
+        pooled = self.continuous and self.pool_expansions and hasattr(self.policy, "continuous")
+        return self.batch_size if pooled else 0
 
     def _seed(self) -> int:
         """A fresh seed for every sampler call (temperature 1 samples must differ between iterations)."""
