@@ -247,3 +247,47 @@ def test_chunked_head_logprobs_equal_the_full_logits_values_and_gradients(temper
     g_want = jax.grad(lambda p, h: jnp.sum(full(p, h) * weights), argnums=(0, 1))(params, hidden)
     g_got = jax.grad(lambda p, h: jnp.sum(chunked(p, h) * weights), argnums=(0, 1))(params, hidden)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), g_got, g_want)
+
+
+def _dot_operand_dtypes(fn, *args):
+    """The operand dtypes of every dot_general in fn's jaxpr, nested jaxprs (scan, custom_vjp) included."""
+    from jax.extend.core import jaxprs_in_params
+
+    found = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                found.append(tuple(str(v.aval.dtype) for v in eqn.invars))
+            for sub in jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return found
+
+
+@pytest.mark.parametrize("max_logits", [None, 7 * 96])
+def test_bf16_head_backward_runs_every_gemm_in_bf16_close_to_float32(max_logits):
+    # the LM head's float32 logits get a bf16 backward (autocast's rule): no float32 GEMM on tensor-core hardware,
+    # for the full head and for the chunked one, and gradients within bf16 rounding of the float32 model's
+    from jaxrag.models import ModelConfig, init_params
+    from jaxrag.train.objectives import MAX_LOGITS, head_logprobs
+
+    cfg = ModelConfig(vocab_size=96, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64,
+                      tie_embeddings=True)
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 11), 0, cfg.vocab_size)
+    hidden = jax.random.normal(jax.random.PRNGKey(2), (3, 11, cfg.d_model))
+    weights = jax.random.normal(jax.random.PRNGKey(3), (3, 11))
+
+    def loss(p, h, c):
+        return jnp.sum(head_logprobs(c, p, h.astype(c.dtype), tokens, 0.7, max_logits or MAX_LOGITS) * weights)
+
+    bf16 = cfg.replace(dtype="bfloat16")
+    grad = jax.grad(loss, argnums=(0, 1))
+    dots = _dot_operand_dtypes(lambda p, h: grad(p, h, bf16), params, hidden)
+    assert dots and all(d == ("bfloat16", "bfloat16") for d in dots), dots
+    (gp, gh), (wp, wh) = grad(params, hidden, bf16), grad(params, hidden, cfg)
+    for got, want in ((gp["embed"], wp["embed"]), (gh, wh)):
+        assert got.dtype == want.dtype == jnp.float32
+        assert float(jnp.max(jnp.abs(got - want))) <= 0.02 * float(jnp.max(jnp.abs(want)))

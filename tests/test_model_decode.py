@@ -89,3 +89,21 @@ def test_bf16_cache_stays_close_and_is_stored_in_bf16():
     _compare(got, ref, 0.02 * scale)
     cfg_bf16 = CFG.replace(cache_dtype="bfloat16")
     assert init_cache(cfg_bf16, 1, 4)["v"][1].dtype == jnp.bfloat16
+
+
+def test_scanned_and_unrolled_stacked_layers_are_the_same_model_values_and_gradients():
+    # ModelConfig.scan_layers: lax.scan over the stacked leaves, or an unrolled loop over their jnp.split slices
+    # (the GPU default), whose gradient is one concatenate per leaf, not a sum of zero-padded slices
+    tokens = jnp.asarray([SEQS[0], SEQS[0][::-1]])
+    weights = jax.random.normal(jax.random.PRNGKey(4), (2, 10, CFG.vocab_size))
+
+    def loss(params, scan):
+        return jnp.sum(forward(CFG.replace(scan_layers=scan), params, tokens) * weights)
+
+    want, g_want = jax.value_and_grad(loss)(PARAMS, True)
+    got, g_got = jax.value_and_grad(loss)(PARAMS, False)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), g_got, g_want)
+    hlo = jax.jit(jax.grad(loss), static_argnums=1).lower(PARAMS, False).as_text()
+    assert "while" not in hlo and "stablehlo.pad" not in hlo and "concatenate" in hlo
+    assert "while" in jax.jit(jax.grad(loss), static_argnums=1).lower(PARAMS, True).as_text()

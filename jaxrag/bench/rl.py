@@ -105,7 +105,8 @@ def make_policy(preset: str, max_prompt_tokens: int):
             return ([1] if add_bos else []) + [b + 3 for b in t.encode()]
 
         def decode(self, ids):
-            return bytes(int(i) - 3 for i in ids if int(i) >= 3).decode(errors="replace")
+            # ids past the 256 bytes (a 128k-vocabulary model samples them) decode to nothing
+            return bytes(int(i) - 3 for i in ids if 3 <= int(i) < 259).decode(errors="replace")
 
         def chat(self, m, add_generation_prompt=True):
             return "\n\n".join(x["content"] for x in m)

@@ -16,6 +16,7 @@ frozen:    {"base": params} with LoRA (the reference = base, adapters off), {"re
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import jax
@@ -60,28 +61,63 @@ MAX_LOGITS = 1 << 27
 def head_logprobs(mcfg, params, hidden, tokens, temperature: float = 1.0, max_logits: int = MAX_LOGITS):
     """Token log-probs [B,T] (entry 0 = 0) from the final hidden states [B,T,D]: `sampled_logprobs` of the LM
     head's logits. When the [B,T,V] float32 logits would exceed `max_logits` entries (8 x 2,048 tokens x a 128k
-    vocabulary: 8.4 GB), the head and logsumexp run over chunks of rows under jax.checkpoint: neither pass holds
-    all the logits, and the backward pass recomputes one chunk's at a time. The same values either way."""
+    vocabulary: 8.4 GB), they are computed chunk by chunk of rows (`chunked_head_logprobs`): neither pass holds
+    all the logits. The same values either way."""
     B, T, D = hidden.shape
     if B * T * mcfg.vocab_size <= max_logits:
         return sampled_logprobs(logits_from_hidden(mcfg, params, hidden), tokens, temperature)
     rows = max(1, max_logits // mcfg.vocab_size)
-    h, tgt = hidden[:, :-1].reshape(-1, D), tokens[:, 1:].reshape(-1)
+    dt = jnp.dtype(mcfg.dtype)
+    h, tgt = hidden[:, :-1].astype(dt).reshape(-1, D), tokens[:, 1:].reshape(-1)
     n = -(-h.shape[0] // rows)
     pad = n * rows - h.shape[0]
     h = jnp.pad(h, ((0, pad), (0, 0))).reshape(n, rows, D)
     tgt = jnp.pad(tgt, (0, pad)).reshape(n, rows)
+    head = params["embed"].T if mcfg.tie_embeddings else params["lm_head"]
+    logp = chunked_head_logprobs(h, head.astype(dt), tgt, float(temperature), mcfg.matmul_precision)
+    return jnp.pad(logp.reshape(-1)[: B * (T - 1)].reshape(B, T - 1), ((0, 0), (1, 0)))
 
-    @jax.checkpoint
-    def chunk(xs):
+
+def _chunk_logits(hc, w, temperature, precision):
+    logits = jnp.dot(hc, w, precision=precision, preferred_element_type=jnp.float32)
+    return logits if temperature == 1.0 else logits / temperature
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def chunked_head_logprobs(h, w, tgt, temperature, precision):
+    """log softmax(h @ w / temperature)[tgt], one chunk of rows at a time: h [n,rows,D] and w [D,V] in the compute
+    dtype, tgt [n,rows] -> float32 [n,rows]. The forward keeps each row's logsumexp; the backward recomputes one
+    chunk's logits, forms its gradient (one-hot - softmax) in float32, casts it to the compute dtype for both
+    GEMMs (autocast's rule; a no-op in float32) and sums w's gradient over the chunks in float32."""
+    return _chunked_fwd(h, w, tgt, temperature, precision)[0]
+
+
+def _chunked_fwd(h, w, tgt, temperature, precision):
+    def one(xs):
         hc, tc = xs
-        logits = logits_from_hidden(mcfg, params, hc)
-        if temperature != 1.0:
-            logits = logits / temperature
-        return losses.picked_logprobs(logits, tc)
+        logits = _chunk_logits(hc, w, temperature, precision)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        return jnp.take_along_axis(logits, tc[:, None], axis=-1)[:, 0] - lse, lse
 
-    logp = jax.lax.map(chunk, (h, tgt)).reshape(-1)[: B * (T - 1)].reshape(B, T - 1)
-    return jnp.pad(logp, ((0, 0), (1, 0)))
+    logp, lse = jax.lax.map(one, (h, tgt))
+    return logp, (h, w, tgt, lse)
+
+
+def _chunked_bwd(temperature, precision, res, g):
+    h, w, tgt, lse = res
+
+    def one(dw, xs):
+        hc, tc, lc, gc = xs
+        probs = jnp.exp(_chunk_logits(hc, w, temperature, precision) - lc[:, None])
+        d = ((jax.nn.one_hot(tc, w.shape[1], dtype=jnp.float32) - probs) * (gc / temperature)[:, None]).astype(w.dtype)
+        dh = jnp.dot(d, w.T, precision=precision, preferred_element_type=jnp.float32).astype(h.dtype)
+        return dw + jnp.dot(hc.T, d, precision=precision, preferred_element_type=jnp.float32), dh
+
+    dw, dh = jax.lax.scan(one, jnp.zeros(w.shape, jnp.float32), (h, tgt, lse, g))
+    return dh, dw.astype(w.dtype), None
+
+
+chunked_head_logprobs.defvjp(_chunked_fwd, _chunked_bwd)
 
 
 def make_score_fn(mcfg, tc) -> Callable:
