@@ -153,7 +153,9 @@ class SlotScripted(ScriptedPolicy):
             def collect(self):
                 out = [r for r in self.running if r[2] <= 0]
                 self.running = [r for r in self.running if r[2] > 0]
-                return [(rid, completion(cut_at_stop(pol.respond(p, 0), stop))) for rid, p, _ in out]
+                # rid = (episode, candidate): candidate j answers as ScriptedPolicy's j-th sample does
+                return [(rid, completion(cut_at_stop(pol.respond(p, rid[1] if isinstance(rid, tuple) else 0), stop)))
+                        for rid, p, _ in out]
 
         self.session = Session()
         return self.session

@@ -97,6 +97,28 @@ def test_ranking_collection_with_the_oracle(world, tmp_path):
     assert [r.to_json() for r in back] == [r.to_json() for r in records]
 
 
+def test_ranking_collection_through_the_continuous_pool_equals_lockstep(world):
+    """RankingConfig(continuous=True): every state's N candidates run through the policy's slot pool (turns ending
+    out of order, the judge called on the states whose candidates finished together) and give the lock-step
+    collection's records, episodes and kept trajectories."""
+    solvable, hopeless, ret = world
+    agent = get_agent("react", mode="plain")
+    cfg = RankingConfig(n_candidates=4, max_steps=3, k=K)
+    lock_eps, cont_eps = [], []
+    lock, lock_st = collect_ranking(ScriptedPolicy(_script(solvable, hopeless)), ret, agent, OracleJudge(ret, K),
+                                    [solvable, hopeless], cfg, episodes=lock_eps)
+    pol = SlotScripted(_script(solvable, hopeless))
+    cont, cont_st = collect_ranking(pol, ret, agent, OracleJudge(ret, K), [solvable, hopeless],
+                                    RankingConfig(n_candidates=4, max_steps=3, k=K, continuous=True), episodes=cont_eps)
+    assert not pol.calls and pol.session.most == 8 and not pol.session.busy   # all through the pool: 2 states x 4
+    view = lambda recs: [(r.qid, r.step, r.prompt, [(c.raw, c.score, c.rank) for c in r.candidates]) for r in recs]
+    assert view(cont) == view(lock) and len(cont) == 3
+    assert [(e.qid, e.answer, e.reward, e.metadata["kept"]) for e in cont_eps] == \
+        [(e.qid, e.answer, e.reward, e.metadata["kept"]) for e in lock_eps]
+    for key in ("states", "records_kept", "trajectories_kept", "invalid_candidates"):
+        assert cont_st[key] == lock_st[key]
+
+
 class _BrokenJudge:
     name = "broken"
 
