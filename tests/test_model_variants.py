@@ -56,11 +56,12 @@ def _dot_precisions(cfg):
 
 
 def test_matmul_precision_is_full_for_fp32_and_default_for_bf16_unless_configured():
-    # every projection, attention product and the LM head: 2 layers x (q,k,v,o, 2 attn, gate,up,down) + head;
-    # the xla attention path (on a GPU "auto" gives bf16 attention to cuDNN, whose products are no dot_general)
+    # every projection, attention product and the LM head: (q,k,v,o, 2 attn, gate,up,down) + head;
+    # the xla attention path (on a GPU "auto" gives bf16 attention to cuDNN, whose products are no dot_general);
+    # the layers scanned (the scan body's 9 dots once; on a GPU, scan_layers=None unrolls them)
     for cfg, want in [(CFG, "HIGHEST"), (CFG.replace(dtype="bfloat16"), "DEFAULT"),
                       (CFG.replace(precision="high"), "HIGH"), (CFG.replace(dtype="bfloat16", precision="highest"), "HIGHEST")]:
-        n, precisions = _dot_precisions(cfg.replace(attention_impl="xla"))
+        n, precisions = _dot_precisions(cfg.replace(attention_impl="xla", scan_layers=True))
         assert n == 10 and set(precisions) == {(want, want)}, (cfg.dtype, cfg.precision, precisions)
     with pytest.raises(ConfigError, match="precision='tf32'"):
         CFG.replace(precision="tf32")
