@@ -291,3 +291,39 @@ def test_bf16_head_backward_runs_every_gemm_in_bf16_close_to_float32(max_logits)
     for got, want in ((gp["embed"], wp["embed"]), (gh, wh)):
         assert got.dtype == want.dtype == jnp.float32
         assert float(jnp.max(jnp.abs(got - want))) <= 0.02 * float(jnp.max(jnp.abs(want)))
+
+
+@pytest.mark.parametrize("dtype, max_logits", [("bfloat16", None), ("bfloat16", 7 * 96), ("float32", 7 * 96)])
+def test_a_frozen_head_gets_no_weight_gradient_gemm(dtype, max_logits):
+    # LoRA trains through a frozen base head: the custom backward rules (bf16 head, chunked head) compute only the
+    # hidden states' gradient, as autodiff does, with no [D,V] GEMM; that gradient equals the one taken with w
+    from jaxrag.models import ModelConfig, init_params
+    from jaxrag.train.objectives import MAX_LOGITS, head_logprobs
+
+    cfg = ModelConfig(vocab_size=96, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64,
+                      tie_embeddings=True, dtype=dtype)
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 11), 0, cfg.vocab_size)
+    hidden = jax.random.normal(jax.random.PRNGKey(2), (3, 11, cfg.d_model)).astype(dtype)
+
+    def loss(p, h):
+        return jnp.sum(head_logprobs(cfg, p, h, tokens, 1.0, max_logits or MAX_LOGITS))
+
+    h_only = jax.grad(loss, argnums=1)
+    shapes = []
+
+    def walk(jaxpr):
+        from jax.extend.core import jaxprs_in_params
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                shapes.append(tuple(eqn.outvars[0].aval.shape))
+            for sub in jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(jax.make_jaxpr(h_only)(params, hidden).jaxpr)
+    assert shapes and (cfg.d_model, cfg.vocab_size) not in shapes, shapes
+    both = jax.grad(loss, argnums=(0, 1))(params, hidden)
+    np.testing.assert_array_equal(np.asarray(h_only(params, hidden), np.float32), np.asarray(both[1], np.float32))
+    shapes.clear()
+    walk(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(params, hidden).jaxpr)
+    assert (cfg.d_model, cfg.vocab_size) in shapes   # the trained head's gradient GEMM is there

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
 from jaxrag.models.config import ModelConfig
 
@@ -220,19 +221,25 @@ def _half_head_matmul(h, w, precision):
     return jnp.dot(h, w, precision=precision, preferred_element_type=jnp.float32)
 
 
-def _half_head_fwd(h, w, precision):
-    return _half_head_matmul(h, w, precision), (h, w)
+def _half_head_fwd(h, w, precision):  # symbolic zeros: h and w come as CustomVJPPrimal(value, perturbed)
+    out = _half_head_matmul(h.value, w.value, precision)
+    return out, (h.value, w.value, () if h.perturbed else None, () if w.perturbed else None)
 
 
 def _half_head_bwd(precision, res, g):
-    h, w = res
+    """Only the gradients asked for: a frozen head (LoRA) gets no [D,V] GEMM, as under autodiff."""
+    h, w, want_h, want_w = res
+    if isinstance(g, SymbolicZero):
+        return None, None
     g = g.astype(h.dtype)
-    dh = jnp.dot(g, w.T, precision=precision, preferred_element_type=jnp.float32).astype(h.dtype)
-    dw = jnp.dot(h.T, g, precision=precision, preferred_element_type=jnp.float32).astype(w.dtype)
+    dh = None if want_h is None else jnp.dot(g, w.T, precision=precision,
+                                              preferred_element_type=jnp.float32).astype(h.dtype)
+    dw = None if want_w is None else jnp.dot(h.T, g, precision=precision,
+                                              preferred_element_type=jnp.float32).astype(w.dtype)
     return dh, dw
 
 
-_half_head_matmul.defvjp(_half_head_fwd, _half_head_bwd)
+_half_head_matmul.defvjp(_half_head_fwd, _half_head_bwd, symbolic_zeros=True)
 
 
 # ------------------------------------------------------------------------------------- full-sequence pass

@@ -21,6 +21,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 
 from jaxrag import losses
 from jaxrag.models import critic_scores, forward_hidden
@@ -88,36 +89,46 @@ def chunked_head_logprobs(h, w, tgt, temperature, precision):
     """log softmax(h @ w / temperature)[tgt], one chunk of rows at a time: h [n,rows,D] and w [D,V] in the compute
     dtype, tgt [n,rows] -> float32 [n,rows]. The forward keeps each row's logsumexp; the backward recomputes one
     chunk's logits, forms its gradient (one-hot - softmax) in float32, casts it to the compute dtype for both
-    GEMMs (autocast's rule; a no-op in float32) and sums w's gradient over the chunks in float32."""
-    return _chunked_fwd(h, w, tgt, temperature, precision)[0]
+    GEMMs (autocast's rule; a no-op in float32) and, when w is trained, sums its gradient over the chunks in
+    float32."""
+    return _chunked_logp(h, w, tgt, temperature, precision)[0]
 
 
-def _chunked_fwd(h, w, tgt, temperature, precision):
+def _chunked_logp(h, w, tgt, temperature, precision):
     def one(xs):
         hc, tc = xs
         logits = _chunk_logits(hc, w, temperature, precision)
         lse = jax.nn.logsumexp(logits, axis=-1)
         return jnp.take_along_axis(logits, tc[:, None], axis=-1)[:, 0] - lse, lse
 
-    logp, lse = jax.lax.map(one, (h, tgt))
-    return logp, (h, w, tgt, lse)
+    return jax.lax.map(one, (h, tgt))
+
+
+def _chunked_fwd(h, w, tgt, temperature, precision):  # symbolic zeros: inputs come as CustomVJPPrimal
+    logp, lse = _chunked_logp(h.value, w.value, tgt.value, temperature, precision)
+    return logp, (h.value, w.value, tgt.value, lse, () if w.perturbed else None)
 
 
 def _chunked_bwd(temperature, precision, res, g):
-    h, w, tgt, lse = res
+    """h's gradient always; w's only when w is trained (a frozen LoRA base head gets no [D,V] GEMMs)."""
+    h, w, tgt, lse, want_w = res
+    if isinstance(g, SymbolicZero):
+        return None, None, None
 
     def one(dw, xs):
         hc, tc, lc, gc = xs
         probs = jnp.exp(_chunk_logits(hc, w, temperature, precision) - lc[:, None])
         d = ((jax.nn.one_hot(tc, w.shape[1], dtype=jnp.float32) - probs) * (gc / temperature)[:, None]).astype(w.dtype)
         dh = jnp.dot(d, w.T, precision=precision, preferred_element_type=jnp.float32).astype(h.dtype)
-        return dw + jnp.dot(hc.T, d, precision=precision, preferred_element_type=jnp.float32), dh
+        if dw is not None:
+            dw = dw + jnp.dot(hc.T, d, precision=precision, preferred_element_type=jnp.float32)
+        return dw, dh
 
-    dw, dh = jax.lax.scan(one, jnp.zeros(w.shape, jnp.float32), (h, tgt, lse, g))
-    return dh, dw.astype(w.dtype), None
+    dw, dh = jax.lax.scan(one, None if want_w is None else jnp.zeros(w.shape, jnp.float32), (h, tgt, lse, g))
+    return dh, None if dw is None else dw.astype(w.dtype), None
 
 
-chunked_head_logprobs.defvjp(_chunked_fwd, _chunked_bwd)
+chunked_head_logprobs.defvjp(_chunked_fwd, _chunked_bwd, symbolic_zeros=True)
 
 
 def make_score_fn(mcfg, tc) -> Callable:
