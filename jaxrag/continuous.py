@@ -68,7 +68,11 @@ its ids (shared_prefix, the same rule): that row's kept keys/values are extended
 free slot, the cached row left as it was for later forks; the requests of one insert with the same ids fork once. A
 request needing a slot evicts cached rows first, least recently used (forked from) first, never a source of the
 insert under way. MCTS is the use: rollouts from a node start with its state's prompt, which extends the prompt of
-its parent that the parent's earlier rollouts left cached (`reused_cached`).
+its parent that the parent's earlier rollouts left cached (`reused_cached`). The prefix cache also shares heads
+within one insert: distinct new prompts whose common prefix passes the same rule (at least min_shared ids and a
+quarter of each) have it prefilled once, and each prompt's rest is prefilled against it (`extend_rows` over the
+prefix's own small cache), as a fork from a cached row would (`prefix_shared`, `prefix_shared_tokens`): a state's
+candidates continued M times each (rollout values), an expansion's children, a batch of one agent's first prompts.
 """
 from __future__ import annotations
 
@@ -467,11 +471,13 @@ class SlotPool:
         by_prompt: dict[tuple[int, ...], list[tuple[int, _Request]]] = {}
         for b, r in fresh:
             by_prompt.setdefault(tuple(r.ids), []).append((b, r))
-        distinct = sorted(by_prompt, key=len, reverse=True)
+        groups, distinct = self._prefix_groups(list(by_prompt)) if self.prefix_cache else ([], list(by_prompt))
+        distinct = sorted(distinct, key=len, reverse=True)
         room = self.max_len - self.sp.max_new_tokens    # every prompt fits it (submit); a bucket past it is cut to it
         cont = sorted(cont, key=lambda c: len(c[2][0][1].ids) - c[1], reverse=True)      # most appended first
         P_max = max(min(bucket(len(distinct[0]), 16), room) if distinct else 0,
-                    min(self._span(cont), room) if cont else 0)
+                    min(self._span(cont), room) if cont else 0,
+                    min(self._group_span(groups), room) if groups else 0)
         if self.index < P_max:
             self._shift(P_max - self.index)
         while distinct:
@@ -492,11 +498,85 @@ class SlotPool:
             self.stats["prefill_shared"] += len(placed) - n
             self.stats["appended_tokens"] += sum(len(ids) for ids in group
                                                  if any(r.session is not None for _, r in by_prompt[ids]))
+        if groups:
+            self._share_prefixes(groups, by_prompt, room)
         while cont:
             n = 1 << (len(cont).bit_length() - 1)
             group, cont = cont[:n], cont[n:]
             self._continue(group, room)
         self.timing["insert_s"] += time.perf_counter() - t0
+
+    def _prefix_groups(self, prompts: list[tuple[int, ...]]) -> tuple[list[tuple[int, list]], list[tuple[int, ...]]]:
+        """(groups, the rest): runs of the sorted distinct prompts whose common prefix c keeps at least min_shared
+        ids and a quarter of every member (shared_prefix's rule; none with min_shared 0), each member appending at
+        least one id: [(c, members)]."""
+        if self.min_shared <= 0 or len(prompts) < 2:
+            return [], prompts
+        groups, rest = [], []
+        order = sorted(prompts)
+        run, c = [order[0]], len(order[0])
+
+        def close():
+            (groups.append((c, list(run))) if len(run) > 1 else rest.extend(run))
+
+        for p in order[1:]:
+            lcp = next((i for i, (a, b) in enumerate(zip(run[0], p)) if a != b), min(len(run[0]), len(p)))
+            keep = min(lcp, c, min(len(x) for x in run) - 1, len(p) - 1)   # sorted: run[0] vs p bounds the run's
+            if keep >= self.min_shared and 4 * keep >= max(len(p), *map(len, run)):
+                run.append(p)
+                c = keep
+            else:
+                close()
+                run, c = [p], len(p)
+        close()
+        return groups, rest
+
+    @staticmethod
+    def _group_span(groups: list[tuple[int, list]]) -> int:
+        """Cache slots the rows of shared-prefix groups are built in: the prefix's bucket + the rests' bucket."""
+        return bucket(max(c for c, _ in groups), 16) + fine_bucket(max(len(p) - c for c, ms in groups for p in ms))
+
+    def _share_prefixes(self, groups: list[tuple[int, list]], by_prompt: dict, room: int) -> None:
+        """Shared-prefix groups of one insert: every group's prefix prefilled once (generate's prefill, one row a
+        group), then each member's rest against its group's prefix (`extend_rows` over that small cache, the same
+        pass a fork from a cached row runs) and written by `place` into its requests' slots."""
+        heads = [ms[0][:c] for c, ms in groups]
+        n, H = bucket(len(heads), 1), bucket(max(map(len, heads)), 16)
+        tokens, positions, valid = left_pad(heads, n, H)
+        small = init_cache(self.cfg, n, H + self.sp.max_new_tokens, self.cache["k"][0].dtype)
+        _, small = _prefill(self.cfg, self.params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid),
+                            small)
+        self.stats["prefill_tokens"] += n * H
+        rest = [(g, c, p) for g, (c, ms) in enumerate(groups) for p in ms]
+        M = bucket(max(c for c, _ in groups), 16)
+        while rest:
+            m = 1 << (len(rest).bit_length() - 1)
+            part, rest = rest[:m], rest[m:]
+            tails = [p[c:] for _, c, p in part]
+            A = fine_bucket(max(map(len, tails)))
+            keep = min(M + A, room)
+            held = np.asarray([c for _, c, _ in part], np.int32)
+            tokens, positions, valid = left_pad(tails, m, A)
+            logits, rows_kv, rows_valid = extend_rows(
+                self.cfg, self.params, small, jnp.asarray([g for g, _, _ in part], jnp.int32), jnp.asarray(held),
+                jnp.asarray(tokens), jnp.asarray(positions + held[:, None]), jnp.asarray(valid), M, keep)
+            placed = [(u, b, r) for u, (_, _, p) in enumerate(part) for b, r in by_prompt[p]]
+            rows, slots, folds = self._pad_rows(placed)
+            self.cache, self.state, self.keys = place(self.cache, self.state, self.keys, self.base_key, logits,
+                                                      rows_kv, rows_valid, slots, folds, rows)
+            for _, b, r in placed:
+                self._taken(b, r)
+            self.placed = self.keys
+            self.stats["inserts"] += 1
+            self.stats["prefill_tokens"] += m * A
+            self.stats["prefill_shared"] += len(placed) - m
+            self.stats["prefix_shared"] += m
+            self.stats["prefix_shared_tokens"] += int(held.sum())
+            self.stats["appended_tokens"] += sum(len(t) for t, (_, _, p) in zip(tails, part)
+                                                 if any(r.session is not None for _, r in by_prompt[p]))
+        self.stats["prefix_shared_tokens"] -= sum(c for c, _ in groups)   # each prefix is prefilled once
+        self.stats["appended_tokens"] += sum(c for c, ms in groups
+                                             if any(r.session is not None for p in ms for _, r in by_prompt[p]))
 
     @staticmethod
     def _span(cont: list[tuple[int, int, list]]) -> int:

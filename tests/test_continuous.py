@@ -578,6 +578,40 @@ def test_prefix_cache_forks_new_sessions_from_a_released_row(lpol):
     assert pool.parked.get("W") and pool.parked.get("Z")
 
 
+def test_prefix_cache_prefills_a_head_shared_within_one_insert_once(lpol):
+    """prefix_cache: distinct new prompts of one insert whose common prefix keeps at least min_shared ids and a
+    quarter of each have it prefilled once, each prompt's rest against it: the tokens of the full prefill, fewer
+    prompt tokens computed. A prompt sharing too little of its length (the quarter rule) is prefilled in full."""
+    cfg, params = lpol.cfg, lpol._sample_params
+    sp = SamplingParams(max_new_tokens=6)
+    rng = np.random.default_rng(7)
+    head = [1] + rng.integers(3, 250, size=40).tolist()
+    a, b = head + rng.integers(3, 250, size=9).tolist(), head[:35] + rng.integers(3, 250, size=12).tolist()
+    d = head[:20] + rng.integers(3, 250, size=61).tolist()     # 20 of 81 ids shared: under a quarter
+    prompts = {"a1": a, "a2": a, "b": b, "c": _prompts(1, seed=11)[0], "d": d}
+    ref = sample(cfg, params, list(prompts.values()), sp, jax.random.PRNGKey(0))
+    stats = {}
+    for cache in (False, True):
+        pool = SlotPool(cfg, params, 5, 160, sp, jax.random.PRNGKey(0), sessions=True, prefix_cache=cache)
+        for i, (rid, ids) in enumerate(prompts.items()):
+            pool.submit(rid, ids, (0, i), session=rid.upper())
+        got = _drain(pool)
+        for r, rid in enumerate(prompts):
+            assert got[rid].tokens == ref.row(r)[0], (cache, rid)
+            np.testing.assert_allclose(got[rid].logprobs, ref.row(r)[1], rtol=0, atol=1e-4)
+        stats[cache] = pool.stats
+    off, on = stats[False], stats[True]
+    assert off["prefix_shared"] == 0 and on["prefix_shared"] == 2 and on["prefix_shared_tokens"] == 35
+    assert on["prefill_shared"] == off["prefill_shared"] == 1                  # a2 copies a's row either way
+    assert on["fallback_new"] == off["fallback_new"] == 5 and on["reused"] == 0
+    total = len(a) + len(b) + len(prompts["c"]) + len(d)
+    assert off["appended_tokens"] == total and on["appended_tokens"] == total - 35
+    assert on["prefill_tokens"] < off["prefill_tokens"]
+    assert pool._prefix_groups([tuple(a), tuple(b), tuple(d)])[0] == [(35, sorted([tuple(a), tuple(b)]))]
+    pool.min_shared = 0                                                           # 0: extensions only, no groups
+    assert pool._prefix_groups([tuple(a), tuple(b)]) == ([], [tuple(a), tuple(b)])
+
+
 def test_prefix_cache_outlives_the_rollout_call_and_serves_the_next(lpol):
     """JaxPolicy(prefix_cache=True): `continuous` keeps its slot pool between calls of the same settings and finished
     episodes' rows stay cached, so a later call that continues those episodes from an earlier step (as MCTS rollouts

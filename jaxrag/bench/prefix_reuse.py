@@ -144,6 +144,7 @@ def mcts_rows(workdir: Path, questions: int, iterations: int, batch: int) -> lis
                      "requests": st["finished"],
                      "prefill_slots_per_request": st["prefill_tokens"] / max(st["finished"], 1),
                      "reused": st["reused"], "reused_cached": st["reused_cached"],
+                     "prefix_shared": st["prefix_shared"], "prefix_shared_tokens": st["prefix_shared_tokens"],
                      "dropped_cached": st["dropped_cached"], "evicted": st["evicted"],
                      "prefill_s": pol.timing["prefill_s"], "decode_s": pol.timing["decode_s"]})
         print(f"  mcts {name}: {rows[-1]['rollouts_per_s']:.1f} rollouts/s", flush=True)
@@ -213,7 +214,8 @@ def main(argv=None):
     mcts = mcts_rows(Path(args.mcts_workdir), args.mcts, args.mcts_iterations, args.batch) if args.mcts else []
     if mcts:
         print(table(mcts, ["path", "trees", "nodes", "rollouts", "rollouts_per_s", "total_s", "requests",
-                           "prefill_slots_per_request", "reused", "reused_cached", "dropped_cached", "evicted",
+                           "prefill_slots_per_request", "reused", "reused_cached", "prefix_shared",
+                           "prefix_shared_tokens", "dropped_cached", "evicted",
                            "prefill_s", "decode_s"]))
     gflops = matmul_gflops()
     print(f"jitted 2048x2048 fp32 matmul: {gflops:.1f} GFLOP/s")
