@@ -2,6 +2,7 @@
 
     python -m jaxrag.bench.prefix_reuse [--workdir DIR] [--episodes 128] [--designs react,search-o1,...]
         [--modes plain,chat] [--replay react/chat,react/plain] [--batch 16] [--new-tokens 8]
+        [--mcts N [--mcts-iterations I]] [--values N [--values-n 4 --values-m 4]]
 
 The world: the synthetic pipeline's `tiny` preset (world, index, teacher, tokenizer; no training). Its teacher's
 multi-turn episodes (train split, the first --episodes) are rendered turn by turn by each design in each mode and
@@ -23,6 +24,8 @@ shared prefixes, each timed on a second run (the first compiles every shape it m
 Part 3 (--mcts N): ReasonRAG MCTS on N questions of bench.rollout --kv's world with its SFT policy, rollouts through
 the slot pool with KV sessions, without and with the prefix cache, and with expansions through the pool too
 (`mcts_rows`; requests and prefill then count the expansions' samples as well).
+Part 4 (--values N): rollout values (M continuations of each candidate) of the states a ranking collection over N
+questions of that world recorded, through the pool with KV sessions, without and with the prefix cache (`values_rows`).
 Writes results/bench/prefix_reuse.json.
 """
 from __future__ import annotations
@@ -151,6 +154,51 @@ def mcts_rows(workdir: Path, questions: int, iterations: int, batch: int) -> lis
     return rows
 
 
+def values_rows(workdir: Path, questions: int, n: int, m: int, batch: int) -> list[dict]:
+    """Part 4 (--values): Math-Shepherd rollout values (supervision/rollout_values, continuous, KV sessions in the
+    pool) of the states a ranking collection over the bench.rollout --kv world's SFT policy recorded (N candidates
+    at T = 1, the oracle judge), M continuations each, without and with the prefix cache (which shares a state's
+    history among its candidates' first prompts within one insert): seconds, prefill token slots per request, the
+    shared heads. Each variant runs twice (the first compiles); the records are collected once."""
+    from jaxrag.bench.rollout_kv import synthetic_world
+    from jaxrag.env.agents import get_agent
+    from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
+    from jaxrag.supervision.judges import OracleJudge
+    from jaxrag.supervision.ranking import RankingConfig, collect_ranking
+    from jaxrag.supervision.rollout_values import RolloutValueConfig, rollout_values
+
+    config = synthetic_world(workdir, 300)
+    tok = load_tokenizer(workdir)
+    retriever = make_retriever(config, workdir)
+    agent = get_agent("react", mode="plain")
+    items = load_questions(workdir, "train")[:questions]
+    k = config.index.k
+    pol = stage_policy(workdir, "sft", tok)
+    records, _ = collect_ranking(pol, retriever, agent, OracleJudge(retriever, k), items,
+                                 RankingConfig(n_candidates=n, max_steps=4, k=k, batch_size=batch, max_new_tokens=40))
+    vcfg = RolloutValueConfig(m=m, temperature=1.0, metric="em", max_steps=4, k=k, batch_size=batch,
+                              max_new_tokens=40, continuous=True)
+    rows = []
+    for name, cache in (("pool + sessions", False), ("+ prefix cache", True)):
+        for timed in (False, True):
+            pol = stage_policy(workdir, "sft", tok)
+            pol.pool_sessions, pol.prefix_cache = True, cache
+            st: dict = {}
+            t0 = time.perf_counter()
+            rollout_values(pol, retriever, agent, records, vcfg, stats=st)
+            total = time.perf_counter() - t0
+        ps = pol.pool_stats
+        rows.append({"path": name, "states": len(records), "candidates": st["candidates"],
+                     "continuations": st["continuations"], "continuations_per_s": st["continuations"] / total,
+                     "total_s": total, "requests": ps["finished"],
+                     "prefill_slots_per_request": ps["prefill_tokens"] / max(ps["finished"], 1),
+                     "prefix_shared": ps["prefix_shared"], "prefix_shared_tokens": ps["prefix_shared_tokens"],
+                     "reused": ps["reused"], "reused_cached": ps["reused_cached"],
+                     "prefill_s": pol.timing["prefill_s"], "decode_s": pol.timing["decode_s"]})
+        print(f"  values {name}: {rows[-1]['continuations_per_s']:.1f} continuations/s", flush=True)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", default="/tmp/jaxrag_bench_prefix")
@@ -164,6 +212,10 @@ def main(argv=None):
     ap.add_argument("--mcts", type=int, default=0, help="also run MCTS on this many questions (needs the SFT world)")
     ap.add_argument("--mcts-iterations", type=int, default=6)
     ap.add_argument("--mcts-workdir", default="/tmp/jaxrag_bench_kv")
+    ap.add_argument("--values", type=int, default=0,
+                    help="also run rollout values of a ranking collection's states on this many questions (SFT world)")
+    ap.add_argument("--values-n", type=int, default=4, help="candidates per state (--values)")
+    ap.add_argument("--values-m", type=int, default=4, help="continuations per candidate (--values)")
     args = ap.parse_args(argv)
     import jax
 
@@ -217,11 +269,17 @@ def main(argv=None):
                            "prefill_slots_per_request", "reused", "reused_cached", "prefix_shared",
                            "prefix_shared_tokens", "dropped_cached", "evicted",
                            "prefill_s", "decode_s"]))
+    values = values_rows(Path(args.mcts_workdir), args.values, args.values_n, args.values_m, args.batch) \
+        if args.values else []
+    if values:
+        print(table(values, ["path", "states", "candidates", "continuations", "continuations_per_s", "total_s",
+                             "requests", "prefill_slots_per_request", "prefix_shared", "prefix_shared_tokens",
+                             "reused", "reused_cached", "prefill_s", "decode_s"]))
     gflops = matmul_gflops()
     print(f"jitted 2048x2048 fp32 matmul: {gflops:.1f} GFLOP/s")
     out = write_result("prefix_reuse", {"episodes": len(episodes), "world": "synthetic tiny (teacher, train split)",
                                         "batch": args.batch, "new_tokens": args.new_tokens, "matmul_gflops": gflops,
-                                        "accounting": rows, "replay": replays, "mcts": mcts,
+                                        "accounting": rows, "replay": replays, "mcts": mcts, "values": values,
                                         "turns": int(np.sum([len(e.steps) for e in episodes]))})
     print(f"wrote {out}")
 
