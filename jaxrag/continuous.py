@@ -490,12 +490,7 @@ class SlotPool:
             self.cache, self.state, self.keys = insert(
                 self.cfg, self.params, self.cache, self.state, self.keys, self.base_key, jnp.asarray(tokens),
                 jnp.asarray(positions), jnp.asarray(valid), slots, folds, self.sp.max_new_tokens, rows)
-            for _, b, r in placed:
-                self._taken(b, r)
-            self.placed = self.keys
-            self.stats["inserts"] += 1
-            self.stats["prefill_tokens"] += n * P
-            self.stats["prefill_shared"] += len(placed) - n
+            self._inserted(placed, n, n * P)
             self.stats["appended_tokens"] += sum(len(ids) for ids in group
                                                  if any(r.session is not None for _, r in by_prompt[ids]))
         if groups:
@@ -564,12 +559,7 @@ class SlotPool:
             rows, slots, folds = self._pad_rows(placed)
             self.cache, self.state, self.keys = place(self.cache, self.state, self.keys, self.base_key, logits,
                                                       rows_kv, rows_valid, slots, folds, rows)
-            for _, b, r in placed:
-                self._taken(b, r)
-            self.placed = self.keys
-            self.stats["inserts"] += 1
-            self.stats["prefill_tokens"] += m * A
-            self.stats["prefill_shared"] += len(placed) - m
+            self._inserted(placed, m, m * A)
             self.stats["prefix_shared"] += m
             self.stats["prefix_shared_tokens"] += int(held.sum())
             self.stats["appended_tokens"] += sum(len(t) for t, (_, _, p) in zip(tails, part)
@@ -612,6 +602,16 @@ class SlotPool:
         self.stats["reused"] += len(placed)
         self.stats["prefill_shared"] += len(placed) - n
         self.stats["appended_tokens"] += sum(map(len, appended))
+
+    def _inserted(self, placed: list[tuple[int, int, _Request]], n: int, prefilled: int) -> None:
+        """Bookkeeping after `place` wrote n prefilled rows (`prefilled` token slots computed) into the slots of
+        `placed` (prefill row, slot, request): the slots taken, the keys current, the insert counted."""
+        for _, b, r in placed:
+            self._taken(b, r)
+        self.placed = self.keys
+        self.stats["inserts"] += 1
+        self.stats["prefill_tokens"] += prefilled
+        self.stats["prefill_shared"] += len(placed) - n
 
     def _pad_rows(self, placed: list[tuple[int, int, _Request]]):
         """(rows, slots, folds) device arrays for `place` from (prefilled row, slot, request) triples, padded to a
