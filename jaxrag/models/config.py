@@ -53,8 +53,8 @@ class ModelConfig:
     attention_impl: str = "auto"
     # Full-sequence passes over stacked layers: True = lax.scan (compile time flat in depth), False = an unrolled
     # loop over the layers' slices; None = unrolled on a GPU (XLA:GPU copies each layer's slice of the stacked
-    # weights, gradients and residuals: 12% of a Llama-3.2-1B training step on an H100, bench.train_profile),
-    # scanned elsewhere. The same values either way.
+    # weights, gradients and residuals: a Llama-3.2-1B loss gradient took 332 ms scanned, 278 unrolled on an H100,
+    # bench.train_profile), scanned elsewhere. The same values either way.
     scan_layers: bool | None = None
     cache_dtype: str | None = None  # KV cache storage dtype (e.g. "bfloat16" to halve decode's cache reads); None = dtype
     bos_id: int | None = None
