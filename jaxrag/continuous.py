@@ -536,7 +536,7 @@ class SlotPool:
         group), then each member's rest against its group's prefix (`extend_rows` over that small cache, the same
         pass a fork from a cached row runs) and written by `place` into its requests' slots."""
         heads = [ms[0][:c] for c, ms in groups]
-        n, H = bucket(len(heads), 1), bucket(max(map(len, heads)), 16)
+        n, H = bucket(len(heads), 1), min(bucket(max(map(len, heads)), 16), room)   # as insert's prefill
         tokens, positions, valid = left_pad(heads, n, H)
         small = init_cache(self.cfg, n, H + self.sp.max_new_tokens, self.cache["k"][0].dtype)
         _, small = _prefill(self.cfg, self.params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid),
