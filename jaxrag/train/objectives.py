@@ -75,7 +75,7 @@ def head_logprobs(mcfg, params, hidden, tokens, temperature: float = 1.0, max_lo
     h = jnp.pad(h, ((0, pad), (0, 0))).reshape(n, rows, D)
     tgt = jnp.pad(tgt, (0, pad)).reshape(n, rows)
     head = params["embed"].T if mcfg.tie_embeddings else params["lm_head"]
-    logp = chunked_head_logprobs(h, head.astype(dt), tgt, float(temperature), mcfg.matmul_precision)
+    logp = chunked_head_logprobs(h, head, tgt, float(temperature), mcfg.matmul_precision)
     return jnp.pad(logp.reshape(-1)[: B * (T - 1)].reshape(B, T - 1), ((0, 0), (1, 0)))
 
 
@@ -86,15 +86,17 @@ def _chunk_logits(hc, w, temperature, precision):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def chunked_head_logprobs(h, w, tgt, temperature, precision):
-    """log softmax(h @ w / temperature)[tgt], one chunk of rows at a time: h [n,rows,D] and w [D,V] in the compute
-    dtype, tgt [n,rows] -> float32 [n,rows]. The forward keeps each row's logsumexp; the backward recomputes one
-    chunk's logits, forms its gradient (one-hot - softmax) in float32, casts it to the compute dtype for both
-    GEMMs (autocast's rule; a no-op in float32) and, when w is trained, sums its gradient over the chunks in
-    float32."""
+    """log softmax(h @ w / temperature)[tgt], one chunk of rows at a time: h [n,rows,D] in the compute dtype, w
+    [D,V] the parameter (cast to h's dtype once a pass), tgt [n,rows] -> float32 [n,rows]. The forward keeps each
+    row's logsumexp (and no cast copy of w); the backward recomputes one chunk's logits, forms its gradient
+    (one-hot - softmax) in float32, casts it to the compute dtype for both GEMMs (autocast's rule; a no-op in
+    float32) and, when w is trained, sums its gradient over the chunks in float32, returned in w's dtype."""
     return _chunked_logp(h, w, tgt, temperature, precision)[0]
 
 
 def _chunked_logp(h, w, tgt, temperature, precision):
+    w = w.astype(h.dtype)
+
     def one(xs):
         hc, tc = xs
         logits = _chunk_logits(hc, w, temperature, precision)
@@ -111,21 +113,22 @@ def _chunked_fwd(h, w, tgt, temperature, precision):  # symbolic zeros: inputs c
 
 def _chunked_bwd(temperature, precision, res, g):
     """h's gradient always; w's only when w is trained (a frozen LoRA base head gets no [D,V] GEMMs)."""
-    h, w, tgt, lse, want_w = res
+    h, w_param, tgt, lse, want_w = res
     if isinstance(g, SymbolicZero):
         return None, None, None
+    w = w_param.astype(h.dtype)
 
     def one(dw, xs):
         hc, tc, lc, gc = xs
         probs = jnp.exp(_chunk_logits(hc, w, temperature, precision) - lc[:, None])
-        d = ((jax.nn.one_hot(tc, w.shape[1], dtype=jnp.float32) - probs) * (gc / temperature)[:, None]).astype(w.dtype)
+        d = ((jax.nn.one_hot(tc, w.shape[1], dtype=jnp.float32) - probs) * (gc / temperature)[:, None]).astype(h.dtype)
         dh = jnp.dot(d, w.T, precision=precision, preferred_element_type=jnp.float32).astype(h.dtype)
         if dw is not None:
             dw = dw + jnp.dot(hc.T, d, precision=precision, preferred_element_type=jnp.float32)
         return dw, dh
 
     dw, dh = jax.lax.scan(one, None if want_w is None else jnp.zeros(w.shape, jnp.float32), (h, tgt, lse, g))
-    return dh, None if dw is None else dw.astype(w.dtype), None
+    return dh, None if dw is None else dw.astype(w_param.dtype), None
 
 
 chunked_head_logprobs.defvjp(_chunked_fwd, _chunked_bwd, symbolic_zeros=True)
