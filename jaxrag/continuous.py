@@ -543,25 +543,15 @@ class SlotPool:
                             small)
         self.stats["prefill_tokens"] += n * H
         rest = [(g, c, p) for g, (c, ms) in enumerate(groups) for p in ms]
-        M = bucket(max(c for c, _ in groups), 16)
         while rest:
             m = 1 << (len(rest).bit_length() - 1)
             part, rest = rest[:m], rest[m:]
             tails = [p[c:] for _, c, p in part]
-            A = fine_bucket(max(map(len, tails)))
-            keep = min(M + A, room)
-            held = np.asarray([c for _, c, _ in part], np.int32)
-            tokens, positions, valid = left_pad(tails, m, A)
-            logits, rows_kv, rows_valid = extend_rows(
-                self.cfg, self.params, small, jnp.asarray([g for g, _, _ in part], jnp.int32), jnp.asarray(held),
-                jnp.asarray(tokens), jnp.asarray(positions + held[:, None]), jnp.asarray(valid), M, keep)
             placed = [(u, b, r) for u, (_, _, p) in enumerate(part) for b, r in by_prompt[p]]
-            rows, slots, folds = self._pad_rows(placed)
-            self.cache, self.state, self.keys = place(self.cache, self.state, self.keys, self.base_key, logits,
-                                                      rows_kv, rows_valid, slots, folds, rows)
+            A = self._extend_into_slots(small, [g for g, _, _ in part], [c for _, c, _ in part], tails, placed, room)
             self._inserted(placed, m, m * A)
             self.stats["prefix_shared"] += m
-            self.stats["prefix_shared_tokens"] += int(held.sum())
+            self.stats["prefix_shared_tokens"] += sum(c for _, c, _ in part)
             self.stats["appended_tokens"] += sum(len(t) for t, (_, _, p) in zip(tails, part)
                                                  if any(r.session is not None for _, r in by_prompt[p]))
         self.stats["prefix_shared_tokens"] -= sum(c for c, _ in groups)   # each prefix is prefilled once
@@ -582,17 +572,9 @@ class SlotPool:
         insert shares one prefill. A row then holds exactly its prompt's len(ids) tokens, as after a full prefill."""
         held = [h for _, h, _ in group]
         appended = [members[0][1].ids[h:] for _, h, members in group]
-        A, M, n = fine_bucket(max(map(len, appended))), bucket(max(held), 16), len(group)
-        keep = min(M + A, room)
-        tokens, positions, valid = left_pad(appended, n, A)
-        logits, small, small_valid = extend_rows(
-            self.cfg, self.params, self.cache, jnp.asarray([src for src, _, _ in group], jnp.int32),
-            jnp.asarray(held, jnp.int32), jnp.asarray(tokens), jnp.asarray(positions + np.asarray(held)[:, None]),
-            jnp.asarray(valid), M, keep)
+        n = len(group)
         placed = [(u, b, r) for u, (_, _, members) in enumerate(group) for b, r in members]   # (row, slot, request)
-        rows, slots, folds = self._pad_rows(placed)
-        self.cache, self.state, self.keys = place(self.cache, self.state, self.keys, self.base_key, logits, small,
-                                                  small_valid, slots, folds, rows)
+        A = self._extend_into_slots(self.cache, [src for src, _, _ in group], held, appended, placed, room)
         for u, b, r in placed:
             self._taken(b, r)
             self.stats["reused_tokens"] += held[u]
@@ -602,6 +584,23 @@ class SlotPool:
         self.stats["reused"] += len(placed)
         self.stats["prefill_shared"] += len(placed) - n
         self.stats["appended_tokens"] += sum(map(len, appended))
+
+    def _extend_into_slots(self, source: dict, rows: list[int], held: list[int], appended: list, placed: list,
+                           room: int) -> int:
+        """Rows `rows` of the cache `source` (the pool's parked rows, or a small cache of prefilled heads), each
+        keeping its first held[i] valid ids and extended by appended[i] (`extend_rows`: prefilled once against the
+        kept keys/values, then compacted), written by `place` into the slots of `placed` (row index, slot,
+        request) with a fresh sampler state and each request's key. Returns the appended ids' padded length."""
+        A, M = fine_bucket(max(map(len, appended))), bucket(max(held), 16)
+        tokens, positions, valid = left_pad(appended, len(rows), A)
+        kept = np.asarray(held, np.int32)
+        logits, small, small_valid = extend_rows(
+            self.cfg, self.params, source, jnp.asarray(rows, jnp.int32), jnp.asarray(kept), jnp.asarray(tokens),
+            jnp.asarray(positions + kept[:, None]), jnp.asarray(valid), M, min(M + A, room))
+        index, slots, folds = self._pad_rows(placed)
+        self.cache, self.state, self.keys = place(self.cache, self.state, self.keys, self.base_key, logits, small,
+                                                  small_valid, slots, folds, index)
+        return A
 
     def _inserted(self, placed: list[tuple[int, int, _Request]], n: int, prefilled: int) -> None:
         """Bookkeeping after `place` wrote n prefilled rows (`prefilled` token slots computed) into the slots of
