@@ -114,27 +114,41 @@ def replay(model_cfg, params, turns_by_episode, batch: int, new_tokens: int, ses
             "insert%": 100 * pool.timing["insert_s"] / total, "decode%": 100 * pool.timing["decode_s"] / total}
 
 
+def sft_world(workdir: Path, questions: int):
+    """(config, tokenizer, retriever, the first `questions` train questions) of bench.rollout --kv's world (its SFT
+    policy trained for 300 steps if not yet done)."""
+    from jaxrag.bench.rollout_kv import synthetic_world
+    from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever
+
+    config = synthetic_world(workdir, 300)
+    items = load_questions(workdir, "train")[:questions]
+    return config, load_tokenizer(workdir), make_retriever(config, workdir), items
+
+
+def pool_policy(workdir: Path, tok, cache: bool):
+    """A fresh copy of that world's SFT policy, KV sessions in its slot pool, the prefix cache on or off."""
+    from jaxrag.pipelines.synthetic.world import stage_policy
+
+    pol = stage_policy(workdir, "sft", tok)
+    pol.pool_sessions, pol.prefix_cache = True, cache
+    return pol
+
+
 def mcts_rows(workdir: Path, questions: int, iterations: int, batch: int) -> list[dict]:
     """Part 3 (--mcts): ReasonRAG MCTS (PolicyTreeEnv, continuous rollouts with KV sessions) over the bench.rollout
     --kv world's SFT policy and its questions, with and without the prefix cache: rollouts/s, the pool's prefill
     token slots per rollout, the forks from cached rows. Each variant runs twice (the first compiles)."""
-    from jaxrag.bench.rollout_kv import synthetic_world
     from jaxrag.env.agents import get_agent
-    from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
     from jaxrag.supervision.mcts import MCTSConfig, run_mcts
     from jaxrag.supervision.mcts_env import PolicyTreeEnv
 
-    config = synthetic_world(workdir, 300)
-    tok = load_tokenizer(workdir)
-    retriever = make_retriever(config, workdir)
-    items = load_questions(workdir, "train")[:questions]
+    config, tok, retriever, items = sft_world(workdir, questions)
     mcfg = MCTSConfig(max_iterations=iterations, rollouts_per_node=2)
     rows = []
     for name, cache, expansions in (("pool + sessions", False, False), ("+ prefix cache", True, False),
                                     ("+ expansions in the pool", True, True)):
         for timed in (False, True):
-            pol = stage_policy(workdir, "sft", tok)
-            pol.pool_sessions, pol.prefix_cache = True, cache
+            pol = pool_policy(workdir, tok, cache)
             env = PolicyTreeEnv(pol, retriever, get_agent("react", mode="plain"), k=config.index.k, batch_size=batch,
                                 max_new_tokens=40, continuous=True, pool_expansions=expansions, seed=1)
             t0 = time.perf_counter()
@@ -160,29 +174,22 @@ def values_rows(workdir: Path, questions: int, n: int, m: int, batch: int) -> li
     at T = 1, the oracle judge), M continuations each, without and with the prefix cache (which shares a state's
     history among its candidates' first prompts within one insert): seconds, prefill token slots per request, the
     shared heads. Each variant runs twice (the first compiles); the records are collected once."""
-    from jaxrag.bench.rollout_kv import synthetic_world
     from jaxrag.env.agents import get_agent
-    from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
     from jaxrag.supervision.judges import OracleJudge
     from jaxrag.supervision.ranking import RankingConfig, collect_ranking
     from jaxrag.supervision.rollout_values import RolloutValueConfig, rollout_values
 
-    config = synthetic_world(workdir, 300)
-    tok = load_tokenizer(workdir)
-    retriever = make_retriever(config, workdir)
+    config, tok, retriever, items = sft_world(workdir, questions)
     agent = get_agent("react", mode="plain")
-    items = load_questions(workdir, "train")[:questions]
     k = config.index.k
-    pol = stage_policy(workdir, "sft", tok)
-    records, _ = collect_ranking(pol, retriever, agent, OracleJudge(retriever, k), items,
+    records, _ = collect_ranking(pool_policy(workdir, tok, False), retriever, agent, OracleJudge(retriever, k), items,
                                  RankingConfig(n_candidates=n, max_steps=4, k=k, batch_size=batch, max_new_tokens=40))
     vcfg = RolloutValueConfig(m=m, temperature=1.0, metric="em", max_steps=4, k=k, batch_size=batch,
                               max_new_tokens=40, continuous=True)
     rows = []
     for name, cache in (("pool + sessions", False), ("+ prefix cache", True)):
         for timed in (False, True):
-            pol = stage_policy(workdir, "sft", tok)
-            pol.pool_sessions, pol.prefix_cache = True, cache
+            pol = pool_policy(workdir, tok, cache)
             st: dict = {}
             t0 = time.perf_counter()
             rollout_values(pol, retriever, agent, records, vcfg, stats=st)
