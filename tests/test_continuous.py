@@ -52,7 +52,8 @@ def _drain(pool):
     return got
 
 
-def test_slot_pool_equals_lockstep_sampler_with_reused_slots_and_stop_strings(pol):
+@pytest.mark.parametrize("block", [None, 8])   # the pool's cache read whole (108 slots), or its filled window
+def test_slot_pool_equals_lockstep_sampler_with_reused_slots_and_stop_strings(pol, block):
     cfg, params, tok = pol.cfg, pol._sample_params, pol.tokenizer
     prompts = _prompts(7)
     sp = SamplingParams(max_new_tokens=20)
@@ -64,7 +65,8 @@ def test_slot_pool_equals_lockstep_sampler_with_reused_slots_and_stop_strings(po
     ref = sample(cfg, params, prompts, sp, jax.random.PRNGKey(0), stop_strings=stop, tokenizer=tok)
     assert len(set(ref.lengths.tolist())) > 1 and "stop" in ref.finish_reason and "length" in ref.finish_reason
     # 2 slots for 7 requests (slots reused), a pool short enough that the cache is shifted both ways
-    pool = SlotPool(cfg, params, 2, 100, sp, jax.random.PRNGKey(0), stop_strings=stop, tokenizer=tok, chunk=8)
+    pool = SlotPool(cfg.replace(cache_block=block), params, 2, 100, sp, jax.random.PRNGKey(0), stop_strings=stop,
+                    tokenizer=tok, chunk=8)
     for i, p in enumerate(prompts):
         pool.submit(i, p, (i, 0))
     got = _drain(pool)

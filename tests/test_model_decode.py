@@ -1,13 +1,15 @@
 """KV-cache decode: prefill + per-layer in-place cache updates equal the full-sequence model, for stacked and
-unstacked layer weights and a bf16 cache."""
+unstacked layer weights, a bf16 cache, and attention over the whole cache or over its filled window in blocks."""
 
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxrag.models import ModelConfig, decode_step, forward, init_cache, init_params, prefill, unstack_layers
-from jaxrag.models.transformer import layer_params
+from jaxrag.models.config import ConfigError
+from jaxrag.models.transformer import attend, attend_window, cache_block, layer_params
 
 CFG = ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=64)
 PARAMS = init_params(CFG, jax.random.PRNGKey(0), std=0.3)
@@ -50,11 +52,13 @@ def _compare(got, ref, atol):
         np.testing.assert_allclose(got[i, :n], ref[i, :n], atol=atol)
 
 
-def test_prefill_and_decode_equal_the_full_sequence_for_stacked_and_unstacked_layers():
+@pytest.mark.parametrize("block", [0, 4, 5])   # the whole 12-slot cache at once; its filled window in blocks
+def test_prefill_and_decode_equal_the_full_sequence_for_stacked_and_unstacked_layers(block):
     ref = _reference()
-    stacked, _ = _cached_logits(CFG, PARAMS)
+    cfg = CFG.replace(cache_block=block)
+    stacked, _ = _cached_logits(cfg, PARAMS)
     _compare(stacked, ref, 1e-5)
-    unstacked, cache = _cached_logits(CFG, unstack_layers(PARAMS))
+    unstacked, cache = _cached_logits(cfg, unstack_layers(PARAMS))
     _compare(unstacked, ref, 1e-5)
     assert len(cache["k"]) == CFG.n_layers and cache["k"][0].shape == (3, 2, 12, 8)  # per layer [B,K,S,Dh]
     assert int(cache["index"]) == 6 + 5
@@ -70,13 +74,14 @@ def test_unstacked_params_are_the_same_model():
     assert unstack_layers(unstacked) is unstacked
 
 
-def test_decode_updates_each_layer_cache_buffer_in_place():
-    params = unstack_layers(PARAMS)
-    cache = init_cache(CFG, 3, 16)
+@pytest.mark.parametrize("block", [0, 4])
+def test_decode_updates_each_layer_cache_buffer_in_place(block):
+    params, cfg = unstack_layers(PARAMS), CFG.replace(cache_block=block)
+    cache = init_cache(cfg, 3, 16)
     tok = jnp.zeros((3,), jnp.int32)
-    logits, cache = step(CFG, params, tok, tok, cache)  # the first call may allocate
+    logits, cache = step(cfg, params, tok, tok, cache)  # the first call may allocate
     before = [b.unsafe_buffer_pointer() for b in cache["k"] + cache["v"]]
-    _, after = step(CFG, params, tok, tok + 1, cache)
+    _, after = step(cfg, params, tok, tok + 1, cache)
     assert all(b.is_deleted() for b in cache["k"] + cache["v"])  # donated
     assert [b.unsafe_buffer_pointer() for b in after["k"] + after["v"]] == before  # written where it lies
 
@@ -107,3 +112,64 @@ def test_scanned_and_unrolled_stacked_layers_are_the_same_model_values_and_gradi
     hlo = jax.jit(jax.grad(loss), static_argnums=1).lower(PARAMS, False).as_text()
     assert "while" not in hlo and "stablehlo.pad" not in hlo and "concatenate" in hlo
     assert "while" in jax.jit(jax.grad(loss), static_argnums=1).lower(PARAMS, True).as_text()
+
+
+def _window_case(T, S=23, B=3, K=2, G=2, Dh=8, seed=0):
+    """q for T new tokens at slots [S-T-4, S-4) of an S-slot cache whose rows hold ragged spans: row 0 slots
+    [9, ...), row 1 [11, ...) with a hole, row 2 nothing before its new tokens (lo = 9)."""
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.normal(size=(B, T, K * G, Dh)), jnp.float32)
+    k = rng.normal(size=(B, K, S, Dh)).astype(np.float32)
+    v = rng.normal(size=(B, K, S, Dh)).astype(np.float32)
+    start = S - T - 4
+    valid = np.zeros((B, S), bool)
+    valid[0, 9:start + T] = True
+    valid[1, 11:start + T] = True
+    valid[1, 14:16] = False
+    valid[2, start:start + T] = True
+    query_slots = start + jnp.arange(T)
+    mask = (np.arange(S)[None, :] <= np.asarray(query_slots)[:, None])[None] & valid[:, None, :]
+    return q, k, v, valid, query_slots, jnp.asarray(mask)
+
+
+@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("block", [1, 4, 7, 16, 23])
+def test_window_attention_equals_attention_over_the_whole_cache(T, block):
+    q, k, v, valid, query_slots, mask = _window_case(T)
+    ref = attend(q, jnp.asarray(k), jnp.asarray(v), mask, "highest")
+    lo = jnp.argmax(jnp.any(jnp.asarray(valid), axis=0))
+    assert int(lo) == 9
+    got = attend_window(q, jnp.asarray(k), jnp.asarray(v), jnp.asarray(valid), query_slots, lo, block, "highest")
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-6)
+    # a bf16 cache: the same rounding as the one-pass path
+    kb, vb = jnp.asarray(k, jnp.bfloat16), jnp.asarray(v, jnp.bfloat16)
+    np.testing.assert_allclose(attend_window(q, kb, vb, jnp.asarray(valid), query_slots, lo, block),
+                               attend(q, kb, vb, mask), rtol=0, atol=2e-2)
+
+
+def test_window_attention_reads_only_the_blocks_of_the_filled_window():
+    """NaN in every slot outside the window's blocks: the one-pass path reads them (0 x NaN in its probs @ v), the
+    window path never does and gives the values of a clean cache. Block 4: the window [9, 20) is blocks [8, 20)."""
+    q, k, v, valid, query_slots, mask = _window_case(1)
+    ref = attend_window(q, jnp.asarray(k), jnp.asarray(v), jnp.asarray(valid), query_slots, jnp.asarray(9), 4)
+    k[:, :, :8], v[:, :, :8], k[:, :, 20:], v[:, :, 20:] = np.nan, np.nan, np.nan, np.nan
+    k, v = jnp.asarray(k), jnp.asarray(v)
+    assert np.isnan(np.asarray(attend(q, k, v, mask))).all()
+    got = attend_window(q, k, v, jnp.asarray(valid), query_slots, jnp.asarray(9), 4)
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_a_row_with_nothing_to_attend_to_gets_zeros():
+    q, k, v, valid, query_slots, _ = _window_case(1)
+    valid[2] = False
+    got = attend_window(q, jnp.asarray(k), jnp.asarray(v), jnp.asarray(valid), query_slots, jnp.asarray(9), 4)
+    assert np.all(np.isfinite(np.asarray(got))) and not np.asarray(got[2]).any()
+
+
+def test_cache_block_by_config_and_backend():
+    assert cache_block(CFG.replace(cache_block=0), 1024) == 0
+    assert cache_block(CFG.replace(cache_block=64), 1024) == 64
+    assert cache_block(CFG.replace(cache_block=64), 64) == 0   # one block would hold the cache: one pass
+    assert cache_block(CFG, 1024) == (128 if jax.default_backend() == "cpu" else 0)
+    with pytest.raises(ConfigError, match="cache_block=-1"):
+        CFG.replace(cache_block=-1)

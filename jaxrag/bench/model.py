@@ -17,10 +17,14 @@ What it reports:
   attention, autocast to the same dtype and (on GPU) fused AdamW.
 - batched generation: `generate.sample` (greedy, bf16 weights and KV cache on an accelerator, layers unstacked
   as the RL policy holds them) vs `model.generate` with a static and a dynamic cache.
-- one decode step at several cache sizes: time, the HBM roofline (weights + the whole KV cache read once at the
-  bandwidth measured in the run), its share, and XLA's cost-analysis bytes accessed / those needed bytes: as XLA
-  counts them, and with the embedding lookup counted as the rows it reads ("gather as rows": XLA's cost analysis
-  counts a gather as reading its whole table, `gather_overcount`).
+- one decode step at several cache sizes, each cache full: time, the HBM roofline (weights + the whole KV cache
+  read once at the bandwidth measured in the run), its share, and XLA's cost-analysis bytes accessed / those
+  needed bytes: as XLA counts them, and with the embedding lookup counted as the rows it reads ("gather as rows":
+  XLA's cost analysis counts a gather as reading its whole table, `gather_overcount`). The bytes are those of the
+  one-pass program (cache_block 0): XLA counts the body of the window path's block loop once.
+- the same step where the backend's default reads the cache's filled window (`ModelConfig.cache_block`, CPU): the
+  one-pass program's time beside it, and a row for the largest cache holding only as many tokens as the smallest
+  (a slot pool sized for its longest request, holding short ones), whose roofline counts the filled slots.
 Writes results/bench/model[_<preset>].json, naming the device.
 """
 
@@ -40,7 +44,7 @@ from jaxrag.bench.common import table, time_it, write_result
 from jaxrag.bench.trainer_step import trainer_step
 from jaxrag.generate import SamplingParams, sample
 from jaxrag.models import ModelConfig, forward, init_params
-from jaxrag.models.transformer import decode_step, init_cache, unstack_layers
+from jaxrag.models.transformer import cache_block, decode_step, init_cache, unstack_layers
 from jaxrag.train.batching import SFTExample, sft_batch
 
 CONFIG = ModelConfig(vocab_size=32000, d_model=512, n_layers=8, n_heads=8, n_kv_heads=2, head_dim=64, d_ff=1536, max_seq_len=1024)
@@ -152,17 +156,21 @@ def gather_overcount(params, batch: int) -> float:
     return counted - batch * embed.shape[1] * embed.dtype.itemsize - token.nbytes
 
 
-def jax_decode_step(cfg, params, batch, slots, steps=16):
-    """Seconds of one decode step over a `slots`-slot cache (median over steps) and XLA's bytes accessed for it."""
+def jax_decode_step(cfg, params, batch, slots, filled=None, steps=16):
+    """Seconds of one decode step over a `slots`-slot cache whose rows hold `filled` tokens at slots [0, filled)
+    (default: all but the slot the step writes), median over steps, and XLA's bytes accessed for it."""
     step = jax.jit(functools.partial(decode_step, cfg), donate_argnums=(3,))
+    filled = slots - 1 if filled is None else filled
     cache = init_cache(cfg, batch, slots)
-    token, position = jnp.ones((batch,), jnp.int32), jnp.zeros((batch,), jnp.int32)
+    cache["valid"], cache["index"] = cache["valid"].at[:, :filled].set(True), jnp.asarray(filled, jnp.int32)
+    token, position = jnp.ones((batch,), jnp.int32), jnp.full((batch,), filled, jnp.int32)
     compiled = step.lower(params, token, position, cache).compile()
     accessed = bytes_accessed(compiled)
     box = {"cache": cache}
 
     def one():
         logits, box["cache"] = compiled(params, token, position, box["cache"])
+        box["cache"]["index"] = jnp.asarray(filled, jnp.int32)   # every step writes the same slot
         logits.block_until_ready()
 
     return time_it(one, steps), accessed
@@ -314,18 +322,29 @@ def main(argv=None):
             if cache in pt:
                 gen |= {f"torch {cache} tok/s": db * new / pt[cache], f"jax/torch {cache}": pt[cache] / t_gen}
         show(gen)
-        for slots in pre.slots:
-            t, accessed = jax_decode_step(icfg, iparams, db, slots)
-            need = decode_bytes(icfg, db, slots)
-            r = {"step": f"decode step (B {db}, {slots} slots)", "ms": 1e3 * t, "roofline ms": 1e3 * need / bandwidth,
-                 "% roofline": 100 * need / bandwidth / t, "needed GB": need / 1e9, "XLA accessed GB": accessed / 1e9,
-                 "accessed / needed": accessed / need, "gather as rows": (accessed - overcount) / need}
+        one_pass = icfg.replace(cache_block=0)
+        partial = (max(pre.slots), min(pre.slots)) if len(pre.slots) > 1 else None
+        for slots, filled in [(s, None) for s in pre.slots] + ([partial] if partial else []):
+            need = decode_bytes(icfg, db, filled or slots)
+            t_one, accessed = jax_decode_step(one_pass, iparams, db, slots, filled)
+            r = {"step": f"decode step (B {db}, {slots} slots" + (f", {filled} filled)" if filled else ")")}
+            if cache_block(icfg, slots):   # the default reads the filled window: the one-pass program beside it
+                t = jax_decode_step(icfg, iparams, db, slots, filled)[0]
+                r |= {"ms": 1e3 * t, "one-pass ms": 1e3 * t_one, "one-pass / window": t_one / t}
+            else:
+                t = t_one
+                r["ms"] = 1e3 * t
+            r |= {"roofline ms": 1e3 * need / bandwidth, "% roofline": 100 * need / bandwidth / t, "needed GB": need / 1e9}
+            if not filled:   # XLA's bytes of the one-pass program against the whole cache
+                r |= {"XLA accessed GB": accessed / 1e9, "accessed / needed": accessed / need,
+                      "gather as rows": (accessed - overcount) / need}
             if sheet_bw:
                 r["% datasheet bw"] = 100 * need / sheet_bw / t
             show(r)
 
     cols = ["step", "jax tok/s", "torch tok/s", "jax/torch", "jax TFLOP/s", "jax % peak", "jax % datasheet", "torch % peak",
-            "torch static tok/s", "jax/torch static", "torch dynamic tok/s", "jax/torch dynamic", "ms", "roofline ms",
+            "torch static tok/s", "jax/torch static", "torch dynamic tok/s", "jax/torch dynamic", "ms", "one-pass ms",
+            "one-pass / window", "roofline ms",
             "% roofline", "% datasheet bw", "accessed / needed", "gather as rows", "error"]
     print(f"\n{device}, preset {name}")
     print(table(rows, [c for c in cols if any(c in r for r in rows)]))

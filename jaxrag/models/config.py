@@ -57,6 +57,12 @@ class ModelConfig:
     # bench.train_profile), scanned elsewhere. The same values either way.
     scan_layers: bool | None = None
     cache_dtype: str | None = None  # KV cache storage dtype (e.g. "bfloat16" to halve decode's cache reads); None = dtype
+    # Attention over the KV cache (decode, continuing a cache): 0 = every slot in one pass; n > 0 = only the filled
+    # window (the first slot any row holds to the newest token), n slots at a time with an online softmax, so a
+    # step reads what the rows hold, not the cache's size. None = 128 on CPU (a 1,024-slot cache holding 192
+    # tokens: 26 -> 19 ms per step, bench.model), 0 on GPU/TPU until measured there (a loop of small blocks per
+    # layer, where a fused kernel is the answer). The same values up to float rounding.
+    cache_block: int | None = None
     bos_id: int | None = None
     eos_ids: tuple[int, ...] = ()
     pad_id: int | None = None
@@ -74,6 +80,8 @@ class ModelConfig:
             raise ConfigError(f"precision={self.precision!r}; supported: None (by dtype) or one of {PRECISIONS}")
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ConfigError(f"attention_impl={self.attention_impl!r}; supported: {ATTENTION_IMPLS}")
+        if self.cache_block is not None and self.cache_block < 0:
+            raise ConfigError(f"cache_block={self.cache_block}; need None (by backend), 0 (one pass) or a block size > 0")
         scaling = self.rope_scaling_dict
         if scaling is not None and scaling.get("rope_type", "default") not in SUPPORTED_ROPE_TYPES:
             raise ConfigError(f"unsupported rope_type {scaling.get('rope_type')!r}; supported: {SUPPORTED_ROPE_TYPES}")

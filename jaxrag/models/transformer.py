@@ -155,6 +155,55 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision:
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
 
 
+def attend_window(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, query_slots: jax.Array, lo: jax.Array,
+                  block: int, precision: str | None = None) -> jax.Array:
+    """`attend` over a KV cache's filled window only: slots [lo, query_slots[-1] + 1), `block` at a time.
+
+    q [B,T,H,Dh] (T new tokens at cache slots query_slots [T]), k/v [B,K,S,Dh], valid [B,S]; a token attends to
+    valid slots <= its own, as `forward_cached`'s mask says. The blocks start at lo rounded down to a multiple of
+    `block` and run under a loop with a traced trip count, each a pair of batched GEMMs over `block` slots with
+    flash-decoding's running max and sum: a step reads the slots the rows hold, not the whole cache. The last block
+    is clamped into the cache and skips slots an earlier block took. A row with no slot to attend to gets zeros."""
+    B, T, H, Dh = q.shape
+    K, S = k.shape[1], k.shape[2]
+    G, C = H // K, min(block, S)
+    out_dtype = q.dtype
+    q = q.astype(k.dtype).reshape(B, T, K, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, Dh)
+    first = (lo // C) * C
+    n_blocks = (query_slots[-1] + 1 - first + C - 1) // C
+
+    def body(j, carry):
+        run_max, run_sum, acc = carry
+        nominal = first + j * C
+        at = jnp.minimum(nominal, S - C)
+        slots = at + jnp.arange(C)
+        ok = (slots[None, :] <= query_slots[:, None]) & (slots >= nominal)[None, :]  # [T,C]
+        mask = (ok[None] & jax.lax.dynamic_slice_in_dim(valid, at, C, axis=1)[:, None, :])[:, None, None]  # [B,1,1,T,C]
+        kb = jax.lax.dynamic_slice_in_dim(k, at, C, axis=2)
+        vb = jax.lax.dynamic_slice_in_dim(v, at, C, axis=2)
+        s = jnp.matmul(q, kb.swapaxes(-1, -2), precision=precision, preferred_element_type=jnp.float32) / math.sqrt(Dh)
+        s = jnp.where(mask, s.reshape(B, K, G, T, C), NEG_INF)
+        new_max = jnp.maximum(run_max, s.max(-1))
+        p = jnp.where(mask, jnp.exp(s - new_max[..., None]), 0.0)
+        rescale = jnp.exp(run_max - new_max)
+        pv = jnp.matmul(p.astype(v.dtype).reshape(B, K, G * T, C), vb, precision=precision,
+                        preferred_element_type=jnp.float32).reshape(B, K, G, T, Dh)
+        return new_max, run_sum * rescale + p.sum(-1), acc * rescale[..., None] + pv
+
+    init = (jnp.full((B, K, G, T), NEG_INF, jnp.float32), jnp.zeros((B, K, G, T), jnp.float32),
+            jnp.zeros((B, K, G, T, Dh), jnp.float32))
+    _, run_sum, acc = jax.lax.fori_loop(0, n_blocks, body, init)
+    out = (acc / jnp.maximum(run_sum, 1e-30)[..., None]).astype(out_dtype)
+    return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
+
+
+def cache_block(cfg: ModelConfig, slots: int) -> int:
+    """The block size cache attention runs at for a `slots`-slot cache: cfg.cache_block, None decided by backend
+    (128 on CPU, 0 elsewhere); 0 (one pass over every slot) when a single block would hold the whole cache."""
+    block = cfg.cache_block if cfg.cache_block is not None else (128 if jax.default_backend() == "cpu" else 0)
+    return block if 0 < block < slots else 0
+
+
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision: str | None = None) -> jax.Array:
     """Grouped-query attention. q [B,T,H,Dh], k/v [B,S,K,Dh], mask [B,T,S] (True = may attend) -> [B,T,H,Dh]."""
     return attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, precision)
@@ -426,7 +475,8 @@ def forward_cached(cfg: ModelConfig, params: Params, tokens, positions, token_va
 
     tokens/positions/token_valid [B,T]. A new token at slot s attends to valid slots <= s. Decode (T = 1) and
     continuing a cache with more tokens are this one function; layers run as an unrolled loop so each layer's
-    cache buffer is updated in place (dynamic_update_slice under donation) and read where it lies.
+    cache buffer is updated in place (dynamic_update_slice under donation) and read where it lies: all of it, or
+    with cfg.cache_block only its filled window (`attend_window`).
     Returns (logits [B,T,V] float32, new cache).
     """
     hidden, cache = forward_cached_hidden(cfg, params, tokens, positions, token_valid, cache)
@@ -439,9 +489,14 @@ def forward_cached_hidden(cfg: ModelConfig, params: Params, tokens, positions, t
     S = cache["valid"].shape[1]
     start = cache["index"]
     valid = jax.lax.dynamic_update_slice(cache["valid"], token_valid.astype(bool), (0, start))
-    slots = jnp.arange(S)
     query_slots = start + jnp.arange(T)
-    mask = (slots[None, :] <= query_slots[:, None])[None] & valid[:, None, :]  # [B,T,S]
+    block = cache_block(cfg, S)
+    if block:   # the filled window: from the first slot any row holds
+        lo = jnp.argmax(jnp.any(valid, axis=0))
+        attn = lambda q, k, v: attend_window(q, k, v, valid, query_slots, lo, block, cfg.matmul_precision)
+    else:
+        mask = (jnp.arange(S)[None, :] <= query_slots[:, None])[None] & valid[:, None, :]  # [B,T,S]
+        attn = lambda q, k, v: attend(q, k, v, mask, cfg.matmul_precision)
     inv_freq = jnp.asarray(rope_inv_freq(cfg))
     x = _embed(cfg, params, tokens)
     ks, vs = list(cache["k"]), list(cache["v"])
@@ -451,7 +506,7 @@ def forward_cached_hidden(cfg: ModelConfig, params: Params, tokens, positions, t
         q, k, v = _project_qkv(cfg, lp, h, positions, inv_freq)
         ks[i] = jax.lax.dynamic_update_slice(ks[i], k.transpose(0, 2, 1, 3).astype(ks[i].dtype), (0, 0, start, 0))
         vs[i] = jax.lax.dynamic_update_slice(vs[i], v.transpose(0, 2, 1, 3).astype(vs[i].dtype), (0, 0, start, 0))
-        x = _attn_out_and_mlp(cfg, lp, x, attend(q, ks[i], vs[i], mask, cfg.matmul_precision))
+        x = _attn_out_and_mlp(cfg, lp, x, attn(q, ks[i], vs[i]))
     hidden = rms_norm(x, params["final_norm"], cfg.rms_eps)
     return hidden, {"k": tuple(ks), "v": tuple(vs), "valid": valid, "index": start + T}
 
