@@ -19,15 +19,16 @@ step = jax.jit(decode_step, static_argnums=0, donate_argnums=4)
 prefill_jit = jax.jit(prefill, static_argnums=0, donate_argnums=5)
 
 
-def _cached_logits(cfg, params, cache_dtype=None):
-    """Per row: the logits after each decoded token (teacher-forced with SEQS), from prefill + decode_step."""
+def _cached_logits(cfg, params, cache_dtype=None, extra=0):
+    """Per row: the logits after each decoded token (teacher-forced with SEQS), from prefill + decode_step, in a cache
+    of `extra` slots more than the 12 it needs."""
     P = 6  # padded prompt length
     tokens = np.zeros((3, P), np.int32)
     valid = np.zeros((3, P), bool)
     for i, s in enumerate(SEQS):
         tokens[i, P - PROMPT:], valid[i, P - PROMPT:] = s[:PROMPT], True
     positions = np.maximum(np.cumsum(valid, 1) - 1, 0).astype(np.int32)
-    cache = init_cache(cfg, 3, P + 6, dtype=cache_dtype)
+    cache = init_cache(cfg, 3, P + 6 + extra, dtype=cache_dtype)
     logits, cache = prefill_jit(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
     out = [np.asarray(logits)]
     for t in range(5):
@@ -52,15 +53,16 @@ def _compare(got, ref, atol):
         np.testing.assert_allclose(got[i, :n], ref[i, :n], atol=atol)
 
 
-@pytest.mark.parametrize("block", [0, 4, 5])   # the whole 12-slot cache at once; its filled window in blocks
-def test_prefill_and_decode_equal_the_full_sequence_for_stacked_and_unstacked_layers(block):
+# the whole cache at once; or its filled window (12 slots of 40 or 48) in blocks of 2, 5 (the last one clamped), 6
+@pytest.mark.parametrize("block,extra", [(0, 0), (2, 36), (5, 28), (6, 36)])
+def test_prefill_and_decode_equal_the_full_sequence_for_stacked_and_unstacked_layers(block, extra):
     ref = _reference()
     cfg = CFG.replace(cache_block=block)
-    stacked, _ = _cached_logits(cfg, PARAMS)
+    stacked, _ = _cached_logits(cfg, PARAMS, extra=extra)
     _compare(stacked, ref, 1e-5)
-    unstacked, cache = _cached_logits(cfg, unstack_layers(PARAMS))
+    unstacked, cache = _cached_logits(cfg, unstack_layers(PARAMS), extra=extra)
     _compare(unstacked, ref, 1e-5)
-    assert len(cache["k"]) == CFG.n_layers and cache["k"][0].shape == (3, 2, 12, 8)  # per layer [B,K,S,Dh]
+    assert len(cache["k"]) == CFG.n_layers and cache["k"][0].shape == (3, 2, 12 + extra, 8)  # per layer [B,K,S,Dh]
     assert int(cache["index"]) == 6 + 5
 
 
@@ -74,7 +76,7 @@ def test_unstacked_params_are_the_same_model():
     assert unstack_layers(unstacked) is unstacked
 
 
-@pytest.mark.parametrize("block", [0, 4])
+@pytest.mark.parametrize("block", [0, 2])
 def test_decode_updates_each_layer_cache_buffer_in_place(block):
     params, cfg = unstack_layers(PARAMS), CFG.replace(cache_block=block)
     cache = init_cache(cfg, 3, 16)
@@ -166,10 +168,35 @@ def test_a_row_with_nothing_to_attend_to_gets_zeros():
     assert np.all(np.isfinite(np.asarray(got))) and not np.asarray(got[2]).any()
 
 
+def test_decode_reads_the_window_while_it_is_at_most_half_the_cache():
+    """A decode step over a 64-slot cache, blocks of 4, NaN keys/values in every slot past the window's blocks:
+    while the rows hold few tokens the step reads only the window (finite logits, those of a clean cache); once the
+    window's blocks pass half the cache it reads every slot (one pass: NaN), as cache_block 0 always does."""
+    params = unstack_layers(PARAMS)
+    B, S = 3, 64
+
+    def step_logits(cfg, filled, poison):
+        cache = init_cache(cfg, B, S)
+        lim = -(-(filled + 1) // 4) * 4   # the end of the window's last block
+        cache["k"] = tuple(b.at[:, :, lim:].set(jnp.nan if poison else 0.0) for b in cache["k"])
+        cache["v"] = tuple(b.at[:, :, lim:].set(jnp.nan if poison else 0.0) for b in cache["v"])
+        cache["valid"] = cache["valid"].at[:, :filled].set(True)
+        cache["index"] = jnp.asarray(filled, jnp.int32)
+        tok = jnp.asarray([5, 9, 11], jnp.int32)
+        return np.asarray(step(cfg, params, tok, jnp.full((B,), filled, jnp.int32), cache)[0])
+
+    windowed = CFG.replace(cache_block=4)
+    for filled in (3, 20, 31):   # windows of 4, 24 and 32 slots: at most half of 64
+        got = step_logits(windowed, filled, poison=True)
+        np.testing.assert_allclose(got, step_logits(CFG.replace(cache_block=0), filled, poison=False), atol=1e-5)
+        assert np.isnan(step_logits(CFG.replace(cache_block=0), filled, poison=True)).all()
+    assert np.isnan(step_logits(windowed, 32, poison=True)).all()   # a 36-slot window: one pass
+
+
 def test_cache_block_by_config_and_backend():
     assert cache_block(CFG.replace(cache_block=0), 1024) == 0
     assert cache_block(CFG.replace(cache_block=64), 1024) == 64
-    assert cache_block(CFG.replace(cache_block=64), 64) == 0   # one block would hold the cache: one pass
-    assert cache_block(CFG, 1024) == (128 if jax.default_backend() == "cpu" else 0)
+    assert cache_block(CFG.replace(cache_block=64), 511) == 0   # fewer than 8 blocks: always one pass
+    assert cache_block(CFG, 1024) == (64 if jax.default_backend() == "cpu" else 0)
     with pytest.raises(ConfigError, match="cache_block=-1"):
         CFG.replace(cache_block=-1)

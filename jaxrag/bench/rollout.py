@@ -153,21 +153,24 @@ def _timed(pol, retriever, agent, examples, cfg: RolloutConfig, tok=None) -> dic
     return row
 
 
-def pure_decode(pol, batch: int, new_tokens: int, repeats: int = 3) -> float:
+def pure_decode(pol, batch: int, new_tokens: int, repeats: int = 3, context: int = 0) -> float:
     """New tokens/s of the JaxPolicy's sampler decoding `new_tokens` for `batch` one-token prompts (no EOS, no stop:
-    every row runs to the end), the fastest of `repeats` runs after a warm-up."""
+    every row runs to the end), the fastest of `repeats` runs after a warm-up. With `context` > 0 the prompts hold
+    that many tokens and only the decode is timed (Completions.timing["decode_s"]): the decoder's own speed over a
+    rollout's context, its prefill left out."""
     import jax
 
     from jaxrag.generate import SamplingParams, sample
 
     cfg, sp = dataclasses.replace(pol.cfg, eos_ids=()), SamplingParams(max_new_tokens=new_tokens)
-    run = lambda: sample(cfg, pol._sample_params, [[cfg.bos_id]] * batch, sp, jax.random.PRNGKey(0))
+    prompt = [cfg.bos_id] + [3 + i % (cfg.vocab_size - 3) for i in range(max(context - 1, 0))]
+    run = lambda: sample(cfg, pol._sample_params, [prompt] * batch, sp, jax.random.PRNGKey(0))
     run()
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         out = run()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, out.timing["decode_s"] if context else time.perf_counter() - t0)
     return float(out.lengths.sum()) / best
 
 

@@ -1,7 +1,7 @@
 """Cross-turn KV reuse vs today's full prefill: full multi-turn rollouts on the synthetic world, the real policy.
 
     python -m jaxrag.bench.rollout --kv [--workdir DIR] [--batches 1,8,32] [--episodes 128] [--sft-steps 300]
-        [--paths today,stops,reuse,continuous,cont+reuse] [--n 1] [--temperature 0]
+        [--paths today,stops,reuse,continuous,cont+reuse] [--n 1] [--temperature 0] [--cache-blocks 0,128]
 
 The world: the synthetic pipeline's `tiny` preset (world, index, teacher, tokenizer) with the demo's model size
 (d_model 128, 4 layers) trained by its SFT stage for --sft-steps (a reused --workdir skips what is done), so
@@ -19,7 +19,11 @@ and the time split: prefill (host batch prep + prefill pass), decode, retrieval,
 parsing, engine). first_run_s: the warm-up run's seconds (its compilations included; a path measured later at the
 same batch size reuses the shapes an earlier one compiled). vs_pure_decode%: the run's new tokens (every
 candidate's) per second of its whole time / a pure decode's at the same decode batch, batch x N rows
-(bench.rollout.pure_decode: one-token prompts, --max-new-tokens each, no stop).
+(bench.rollout.pure_decode: one-token prompts, --max-new-tokens each, no stop); vs_pure_decode_ctx%: the same
+against the decode alone of prompts as long as the first path's mean prompt (`context_per_turn`), the attention
+work a rollout's decode cannot avoid. --cache-blocks runs every path at
+each ModelConfig.cache_block given (0: attention reads the whole KV cache each step; n: only its filled window, n
+slots at a time); without it, at the backend's default.
 Writes results/bench/rollout_kv.json.
 """
 from __future__ import annotations
@@ -87,6 +91,7 @@ def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
            "turns": turns,
            "turns_per_episode": turns / len(eps),
            "prefill_slots_per_turn": (pol.prefill_tokens - before[1]) / turns, "prompt_tokens_per_turn": real / turns,
+           "context_per_turn": sum(len(s.prompt_ids) for e in eps for s in e.steps if s.prompt) / turns,
            "decode_fill%": 100 * (pol.decode_tokens - before[4]) / max(pol.decode_slots - before[3], 1),
            "prefill%": 100 * pre / tot, "decode%": 100 * dec / tot, "retrieve%": 100 * st["retrieve_s"] / tot,
            "host%": 100 * (tot - pre - dec - st["retrieve_s"] - st["summarize_s"]) / tot,
@@ -109,6 +114,7 @@ def main(argv=None):
     ap.add_argument("--paths", default=",".join(PATHS), help=f"which of {list(PATHS)} to run (the first is the base)")
     ap.add_argument("--n", type=int, default=1, help="candidate actions sampled per state")
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--cache-blocks", default=None, help="ModelConfig.cache_block values to run every path at")
     args = ap.parse_args(argv)
     unknown = [p for p in args.paths.split(",") if p not in PATHS]
     if unknown:
@@ -128,12 +134,16 @@ def main(argv=None):
     questions = [q for split in ("test", "dev", "heldout") for q in load_questions(args.workdir, split)][:args.episodes]
     agent = get_agent("react", mode="plain")
     pol = stage_policy(args.workdir, "sft", tok)
+    model_cfg = pol.cfg
+    blocks = [int(x) for x in args.cache_blocks.split(",")] if args.cache_blocks else [model_cfg.cache_block]
     gflops = matmul_gflops()
     rows = []
     for b in [int(x) for x in args.batches.split(",")]:
         acts, base = {}, None
         pure = pure_decode(pol, b * args.n, args.max_new_tokens)   # the decode batch: N rows per live episode
-        for path, (stops, reuse, cont) in paths.items():
+        for (path, (stops, reuse, cont)), block in [(p, k) for p in paths.items() for k in blocks]:
+            pol.cfg = model_cfg.replace(cache_block=block)
+            name = path if len(blocks) == 1 else f"{path} block {block}"
             rcfg = RolloutConfig(k=config.index.k, max_steps=8, batch_size=b, max_new_tokens=args.max_new_tokens,
                                  reward="em", seed=config.seed, continuous=cont, n_candidates=args.n,
                                  temperature=args.temperature)
@@ -141,18 +151,23 @@ def main(argv=None):
             pol.sessions = SessionPool(pol.cfg, b * args.n, pol.cfg.max_seq_len) if reuse and not cont else None
             pol.pool_sessions = reuse and cont
             row, eps = measure(pol, retriever, agent, questions, rcfg)
-            acts[path] = [[s.action.raw for s in e.steps] for e in eps]
-            base = base or row["episodes_per_s"]
+            acts[name] = [[s.action.raw for s in e.steps] for e in eps]
+            if base is None:   # the decoder at the backend's default cache attention
+                base, pol.cfg = row["episodes_per_s"], model_cfg
+                pure_ctx = pure_decode(pol, b * args.n, args.max_new_tokens, context=round(row["context_per_turn"]))
             row.update(speedup=row["episodes_per_s"] / base, pure_decode_tokens_per_s=pure,
-                       **{"vs_pure_decode%": 100 * row["new_tokens_per_s"] / pure},
-                       same_actions=sum(x == y for x, y in zip(acts[next(iter(paths))], acts[path])) / len(questions))
-            rows.append({"path": path, **row})
-            print(f"  {path} batch {b}: {row['episodes_per_s']:.2f} ep/s", flush=True)
+                       pure_decode_ctx_tokens_per_s=pure_ctx,
+                       **{"vs_pure_decode%": 100 * row["new_tokens_per_s"] / pure,
+                          "vs_pure_decode_ctx%": 100 * row["new_tokens_per_s"] / pure_ctx},
+                       same_actions=sum(x == y for x, y in zip(next(iter(acts.values())), acts[name])) / len(questions))
+            rows.append({"path": name, "cache_block": block, **row})
+            print(f"  {name} batch {b}: {row['episodes_per_s']:.2f} ep/s", flush=True)
+        pol.cfg = model_cfg
     cols = ["path", "batch", "episodes_per_s", "candidates_per_s", "speedup", "total_s", "first_run_s",
             "turns_per_episode", "prefill_slots_per_turn", "prompt_tokens_per_turn", "decode_fill%", "prefill%",
             "decode%", "retrieve%", "host%", "reused", "fallback_new",
-            "fallback_not_prefix", "fallback_evicted", "same_actions", "new_tokens_per_s", "pure_decode_tokens_per_s",
-            "vs_pure_decode%"]
+            "fallback_not_prefix", "fallback_evicted", "same_actions", "context_per_turn", "new_tokens_per_s",
+            "pure_decode_tokens_per_s", "vs_pure_decode%", "pure_decode_ctx_tokens_per_s", "vs_pure_decode_ctx%"]
     print(table(rows, cols))
     print(f"jitted 2048x2048 fp32 matmul: {gflops:.1f} GFLOP/s")
     out = write_result("rollout_kv", {"episodes": len(questions), "agent": "react/plain", "k": config.index.k,

@@ -57,11 +57,12 @@ class ModelConfig:
     # bench.train_profile), scanned elsewhere. The same values either way.
     scan_layers: bool | None = None
     cache_dtype: str | None = None  # KV cache storage dtype (e.g. "bfloat16" to halve decode's cache reads); None = dtype
-    # Attention over the KV cache (decode, continuing a cache): 0 = every slot in one pass; n > 0 = only the filled
-    # window (the first slot any row holds to the newest token), n slots at a time with an online softmax, so a
-    # step reads what the rows hold, not the cache's size. None = 128 on CPU (a 1,024-slot cache holding 192
-    # tokens: 26 -> 19 ms per step, bench.model), 0 on GPU/TPU until measured there (a loop of small blocks per
-    # layer, where a fused kernel is the answer). The same values up to float rounding.
+    # Attention over the KV cache (decode, continuing a cache): 0 = every slot in one pass; n > 0 = in a cache of
+    # at least 8n slots, only the filled window (the first slot any row holds to the newest token), n slots at a
+    # time with an online softmax, whenever its blocks cover at most half the cache: a step reads what the rows
+    # hold, not the cache's size (a slot pool is sized for its longest request). None = 64 on CPU (a 1,024-slot
+    # cache holding 192 tokens: 31.6 -> 19.4 ms a step, bench.model), 0 on GPU/TPU until measured there (a loop
+    # of small blocks per layer, where a fused kernel is the answer). The same values up to float rounding.
     cache_block: int | None = None
     bos_id: int | None = None
     eos_ids: tuple[int, ...] = ()

@@ -198,10 +198,11 @@ def attend_window(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, qu
 
 
 def cache_block(cfg: ModelConfig, slots: int) -> int:
-    """The block size cache attention runs at for a `slots`-slot cache: cfg.cache_block, None decided by backend
-    (128 on CPU, 0 elsewhere); 0 (one pass over every slot) when a single block would hold the whole cache."""
-    block = cfg.cache_block if cfg.cache_block is not None else (128 if jax.default_backend() == "cpu" else 0)
-    return block if 0 < block < slots else 0
+    """The block size cache attention may read a `slots`-slot cache's filled window at: cfg.cache_block, None
+    decided by backend (64 on CPU, 0 elsewhere); 0 (always one pass over every slot) for a cache of fewer than 8
+    blocks, where a window skips too little to pay for compiling its loop."""
+    block = cfg.cache_block if cfg.cache_block is not None else (64 if jax.default_backend() == "cpu" else 0)
+    return block if 0 < block and 8 * block <= slots else 0
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision: str | None = None) -> jax.Array:
@@ -476,7 +477,8 @@ def forward_cached(cfg: ModelConfig, params: Params, tokens, positions, token_va
     tokens/positions/token_valid [B,T]. A new token at slot s attends to valid slots <= s. Decode (T = 1) and
     continuing a cache with more tokens are this one function; layers run as an unrolled loop so each layer's
     cache buffer is updated in place (dynamic_update_slice under donation) and read where it lies: all of it, or
-    with cfg.cache_block only its filled window (`attend_window`).
+    with cfg.cache_block only its filled window (`attend_window`) when that window's blocks cover at most half the
+    cache (a traced choice: XLA:CPU copies each block it slices, so a window costs about twice a slot of one pass).
     Returns (logits [B,T,V] float32, new cache).
     """
     hidden, cache = forward_cached_hidden(cfg, params, tokens, positions, token_valid, cache)
@@ -490,13 +492,17 @@ def forward_cached_hidden(cfg: ModelConfig, params: Params, tokens, positions, t
     start = cache["index"]
     valid = jax.lax.dynamic_update_slice(cache["valid"], token_valid.astype(bool), (0, start))
     query_slots = start + jnp.arange(T)
+    mask = (jnp.arange(S)[None, :] <= query_slots[:, None])[None] & valid[:, None, :]  # [B,T,S]
+    attn = lambda q, k, v: attend(q, k, v, mask, cfg.matmul_precision)
     block = cache_block(cfg, S)
-    if block:   # the filled window: from the first slot any row holds
+    if block:   # the filled window (from the first slot any row holds) where its blocks cover at most half the cache
         lo = jnp.argmax(jnp.any(valid, axis=0))
-        attn = lambda q, k, v: attend_window(q, k, v, valid, query_slots, lo, block, cfg.matmul_precision)
-    else:
-        mask = (jnp.arange(S)[None, :] <= query_slots[:, None])[None] & valid[:, None, :]  # [B,T,S]
-        attn = lambda q, k, v: attend(q, k, v, mask, cfg.matmul_precision)
+        n_blocks = (start + T - (lo // block) * block + block - 1) // block   # as attend_window counts them
+        windowed = 2 * n_blocks * block <= S
+        one_pass = attn
+        attn = lambda q, k, v: jax.lax.cond(
+            windowed, lambda: attend_window(q, k, v, valid, query_slots, lo, block, cfg.matmul_precision),
+            lambda: one_pass(q, k, v))
     inv_freq = jnp.asarray(rope_inv_freq(cfg))
     x = _embed(cfg, params, tokens)
     ks, vs = list(cache["k"]), list(cache["v"])
