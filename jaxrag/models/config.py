@@ -61,7 +61,7 @@ class ModelConfig:
     # at least 8n slots, only the filled window (the first slot any row holds to the newest token), n slots at a
     # time with an online softmax, whenever its blocks cover at most half the cache: a step reads what the rows
     # hold, not the cache's size (a slot pool is sized for its longest request). None = 64 on CPU (a 1,024-slot
-    # cache holding 192 tokens: 31.6 -> 19.4 ms a step, bench.model), 0 on GPU/TPU until measured there (a loop
+    # cache holding 192 tokens: 35.1 -> 24.3 ms a step, bench.model), 0 on GPU/TPU until measured there (a loop
     # of small blocks per layer, where a fused kernel is the answer). The same values up to float rounding.
     cache_block: int | None = None
     bos_id: int | None = None
