@@ -17,6 +17,21 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop JAX's compiled programs after each test file. XLA:CPU maps every compiled program into about three
+    memory regions of its own and the suite compiles tens of thousands of small programs; in one process that
+    passes Linux's vm.max_map_count (65,530) near the end of the suite, and the next mmap aborts the process deep
+    inside XLA or tensorstore (seen in CI at test_train.py). Session fixtures recompile on their next use."""
+    yield
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+
+
 def _tiny_hf(kind: str, path):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
