@@ -21,7 +21,12 @@ same batch size reuses the shapes an earlier one compiled). vs_pure_decode%: the
 candidate's) per second of its whole time / a pure decode's at the same decode batch, batch x N rows
 (bench.rollout.pure_decode: one-token prompts, --max-new-tokens each, no stop); vs_pure_decode_ctx%: the same
 against the decode alone of prompts as long as the first path's mean prompt (`context_per_turn`), the attention
-work a rollout's decode cannot avoid. --cache-blocks runs every path at
+work a rollout's decode cannot avoid. The bound of the workload itself: an ideal engine decodes the run's new tokens
+at that context-matched rate and prefills the prompt tokens the path computes (the appended ones on the reuse
+paths) at `pure_prefill`'s rate (the cached forward alone of that many tokens per row, batch rows, against the rest
+of the mean prompt held in the cache; no padding, gathers or copies), with no host, retrieval or dispatch time.
+ceiling% = its decode time / its whole time (what vs_pure_decode_ctx% would be for that engine), engine% = its time
+/ the run's, so vs_pure_decode_ctx% = ceiling% x engine% / 100. --cache-blocks runs every path at
 each ModelConfig.cache_block given (0: attention reads the whole KV cache each step; n: only its filled window, n
 slots at a time); without it, at the backend's default.
 Writes results/bench/rollout_kv.json.
@@ -120,7 +125,7 @@ def main(argv=None):
     if unknown:
         ap.error(f"--paths: unknown {unknown}; choose from {list(PATHS)}")
     paths = {p: PATHS[p] for p in args.paths.split(",")}
-    from jaxrag.bench.rollout import pure_decode
+    from jaxrag.bench.rollout import pure_decode, pure_prefill
     from jaxrag.env.agents import get_agent
     from jaxrag.env.rollout import RolloutConfig
     from jaxrag.kv_sessions import SessionPool
@@ -137,7 +142,7 @@ def main(argv=None):
     model_cfg = pol.cfg
     blocks = [int(x) for x in args.cache_blocks.split(",")] if args.cache_blocks else [model_cfg.cache_block]
     gflops = matmul_gflops()
-    rows = []
+    rows, prefill_rates = [], {}
     for b in [int(x) for x in args.batches.split(",")]:
         acts, base = {}, None
         pure = pure_decode(pol, b * args.n, args.max_new_tokens)   # the decode batch: N rows per live episode
@@ -155,10 +160,18 @@ def main(argv=None):
             if base is None:   # the decoder at the backend's default cache attention
                 base, pol.cfg = row["episodes_per_s"], model_cfg
                 pure_ctx = pure_decode(pol, b * args.n, args.max_new_tokens, context=round(row["context_per_turn"]))
+            appended = round(row["prompt_tokens_per_turn"])
+            held = max(round(row["context_per_turn"]) - appended, 0)
+            spec = (b, appended, held, pol.cfg.cache_block)
+            if spec not in prefill_rates:   # one prefill a state: its N candidates share it
+                prefill_rates[spec] = pure_prefill(pol, b, appended, held)
+            decode_s = row["new_tokens_per_s"] * row["total_s"] / pure_ctx
+            ideal_s = decode_s + row["prompt_tokens_per_turn"] * row["turns"] / prefill_rates[spec]
             row.update(speedup=row["episodes_per_s"] / base, pure_decode_tokens_per_s=pure,
-                       pure_decode_ctx_tokens_per_s=pure_ctx,
+                       pure_decode_ctx_tokens_per_s=pure_ctx, pure_prefill_tokens_per_s=prefill_rates[spec],
                        **{"vs_pure_decode%": 100 * row["new_tokens_per_s"] / pure,
-                          "vs_pure_decode_ctx%": 100 * row["new_tokens_per_s"] / pure_ctx},
+                          "vs_pure_decode_ctx%": 100 * row["new_tokens_per_s"] / pure_ctx,
+                          "ceiling%": 100 * decode_s / ideal_s, "engine%": 100 * ideal_s / row["total_s"]},
                        same_actions=sum(x == y for x, y in zip(next(iter(acts.values())), acts[name])) / len(questions))
             rows.append({"path": name, "cache_block": block, **row})
             print(f"  {name} batch {b}: {row['episodes_per_s']:.2f} ep/s", flush=True)
@@ -167,7 +180,7 @@ def main(argv=None):
             "turns_per_episode", "prefill_slots_per_turn", "prompt_tokens_per_turn", "decode_fill%", "prefill%",
             "decode%", "retrieve%", "host%", "reused", "fallback_new",
             "fallback_not_prefix", "fallback_evicted", "same_actions", "context_per_turn", "new_tokens_per_s",
-            "pure_decode_tokens_per_s", "vs_pure_decode%", "pure_decode_ctx_tokens_per_s", "vs_pure_decode_ctx%"]
+            "pure_decode_tokens_per_s", "vs_pure_decode%", "pure_decode_ctx_tokens_per_s", "vs_pure_decode_ctx%", "pure_prefill_tokens_per_s", "ceiling%", "engine%"]
     print(table(rows, cols))
     print(f"jitted 2048x2048 fp32 matmul: {gflops:.1f} GFLOP/s")
     out = write_result("rollout_kv", {"episodes": len(questions), "agent": "react/plain", "k": config.index.k,
