@@ -17,19 +17,29 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-@pytest.fixture(autouse=True, scope="module")
+def _mapped_regions() -> int:
+    try:
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+    except OSError:   # not Linux: no per-process limit on memory maps to stay under
+        return 0
+
+
+@pytest.fixture(autouse=True)
 def _release_compiled_programs():
-    """Drop JAX's compiled programs after each test file. XLA:CPU maps every compiled program into about three
-    memory regions of its own and the suite compiles tens of thousands of small programs; in one process that
-    passes Linux's vm.max_map_count (65,530) near the end of the suite, and the next mmap aborts the process deep
-    inside XLA or tensorstore (seen in CI at test_train.py). Session fixtures recompile on their next use."""
+    """Drop JAX's compiled programs once the process holds 20,000 memory maps. XLA:CPU maps every compiled program
+    into regions of its own (about three; more for a larger program) and the suite compiles thousands of programs;
+    in one process that passed Linux's vm.max_map_count (65,530) near the end of the suite, and the next mmap
+    aborted the process deep inside XLA or tensorstore (seen in CI at test_train.py). Fixtures recompile on their
+    next use."""
     yield
-    import gc
+    if _mapped_regions() > 20_000:
+        import gc
 
-    import jax
+        import jax
 
-    jax.clear_caches()
-    gc.collect()
+        jax.clear_caches()
+        gc.collect()
 
 
 def _tiny_hf(kind: str, path):
