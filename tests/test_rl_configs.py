@@ -76,6 +76,16 @@ def test_full_configs_carry_the_papers_settings():
     assert (s.rl.group_size, s.train.grpo.beta, s.train.grpo.kl_estimator) == (8, 0.001, "k3")
     assert s.train.grpo.kl_clamp == 10.0
     assert (s.train.optimizer.lr, s.reward, s.agent.name, s.rl.minibatches) == (1e-6, "smartsearch", "smartsearch", 4)
+    # the static checks pass at the papers' settings: ARENA's 64 accumulation steps divide the loop's 1,792
+    # episodes per update, not the train section's own batch_size (the RL loop sets it)
+    for name in ("arena", "smartsearch"):
+        c = load_config(name)
+        assert [n for n, _ in plan(c)] == ["rl"] and c.rl.train.grad_accum in (64, 8)
+    c = load_config("arena")
+    c.rl.train.grad_accum = 100
+    with pytest.raises(StageError, match=r"config.rl.train: train config: grad_accum: batch_size 1792 is not "
+                                         r"divisible by grad_accum 100"):
+        plan(c)
 
 
 @pytest.mark.parametrize("key, value, message", [

@@ -101,7 +101,7 @@ def rl_train_config(rc: RLConfig, train_config=None) -> ml_collections.ConfigDic
     sampling_temperature = rc.temperature (1 when greedy), grpo.group_size = G, batch_size = B·G / minibatches
     (episodes per update; rows are padded to a multiple of grad_accum), steps = rc.steps · inner_steps · minibatches
     (optimizer steps, for the learning-rate schedule). loss must be grpo or ppo."""
-    tc = tconfig.resolve(train_config)
+    tc = tconfig.resolve(train_config, check=False)   # validated below, with the batch size the loop sets
     if tc.loss not in RL_LOSSES:
         raise ValueError(f"train config: loss: online RL runs {RL_LOSSES}, got {tc.loss!r}")
     with tc.unlocked():
