@@ -188,9 +188,11 @@ def arena_relevance_score(pred_ids: Iterable[int], gold_ids: Iterable[int]) -> f
 
 
 def arena_reward(text: str, answer: str | None, gold: Sequence[str], pred_ids: Iterable[int],
-                 gold_ids: Iterable[int], bonus: float = 10.0) -> dict:
-    fmt = arena_format_score(text)
-    acc = exact_match(answer, gold)
+                 gold_ids: Iterable[int], bonus: float = 10.0, accuracy=None, format_score=None) -> dict:
+    """ARENA's adaptive reward (003 §3.3): format + accuracy + relevance + bonus (when all three are 1). accuracy
+    (pred, gold) -> [0, 1] and format_score(text) -> {0, 1} replace EM and the section check (the ablations)."""
+    fmt = (format_score or arena_format_score)(text)
+    acc = (accuracy or exact_match)(answer, gold)
     rel = arena_relevance_score(pred_ids, gold_ids)
     b = bonus if (fmt == 1 and acc == 1 and rel == 1) else 0.0
     return {"format": fmt, "accuracy": acc, "relevance": rel, "bonus": b, "total": fmt + acc + rel + b}

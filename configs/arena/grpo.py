@@ -54,7 +54,11 @@ def smoke(c: ml_collections.ConfigDict) -> None:
     The paper's reward "arena" (a random model scores 0 on it: the smoke checks the wiring, not learning)."""
     c.stages = ["setup", "rl"]
     c.setup = tiny_checkpoint_config(str(BENCHMARKS / "corpus_multihop_contexts.jsonl"))
-    s = c.rl
+    smoke_rl(c.rl)
+
+
+def smoke_rl(s: ml_collections.ConfigDict) -> None:
+    """The smoke's settings of one RL stage section (configs/arena/fig3.py's rows take them too)."""
     s.policy.path = "stage:setup"
     s.policy.max_prompt_tokens = 384
     s.questions.path = str(BENCHMARKS / "hotpotqa_dev_500.jsonl")

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 
 PAPERS = {"rag_gym": "RAG-Gym", "reasonrag": "ReasonRAG", "arena": "ARENA", "smartsearch": "SmartSearch"}
-AGENTS = ("direct", "cot", "rag", "react", "search_o1", "re2search", "reasonrag", "arena", "smartsearch")
+AGENTS = ("direct", "cot", "rag", "react", "search_o1", "re2search", "reasonrag", "arena", "arena_naive", "smartsearch")
 TUNINGS = ("sft", "dpo", "ppo", "grpo", "critic", "orm", "orl")  # orm: outcome reward model; orl: outcome-reward RL
 
 LLAMA8, QWEN7, QWEN3 = "Llama-3.1-8B-Instruct", "Qwen2.5-7B-Instruct", "Qwen2.5-3B-Instruct"
@@ -157,6 +157,13 @@ TABLES: tuple[PaperTable, ...] = (
         ("Qwen2.5-7B-Instruct", QWEN7, (91.6, 68.3, 97.8, 67.3, 80.2, 48.4)),
         ("ARENA-7B", QWEN7, (100.0, 91.3, 100.0, 90.8, 100.0, 59.5)),
     )),
+    # 003 lines 321-329, App. I "Ablation on the Bonus Reward", Table 10 (caption lost; line 323 names it): the
+    # model trained without the bonus (configs/arena/fig3.py's eval_nobonus) on HotpotQA; Format and Relevance in
+    # percent as Table 3 prints them. Its checkpoints at steps 25/50/75 are NOT_TYPED (fig3.py evaluates the final one).
+    PaperTable("arena", "table10", "Ablation of the bonus reward (HotpotQA)",
+               "003_5246a32dcbbd2702.txt lines 321-329", _cols("HotpotQA", "em f1 arena_format arena_relevance"), (
+        ("ARENA-7B-nobonus (step 95)", QWEN7, (60.4, 74.5, 86.0, 13.6)),
+    )),
     # 004_7581ae3297a71a16.txt lines 213-231, "Table 1. Performance comparison of SmartSearch and existing
     # approaches on four knowledge-intensive benchmarks"; Qwen2.5-3B-Instruct for every row (§5.1 Implementation
     # Details). The "(↑n%)" improvements after SmartSearch's cells dropped.
@@ -214,6 +221,7 @@ METHODS: dict[tuple[str, str, str], str] = {
     ("arena", "table2", "ARENA-Qwen2.5-7B"): "arena+grpo",
     ("arena", "table3", "Qwen2.5-7B-Instruct"): "arena",
     ("arena", "table3", "ARENA-7B"): "arena+grpo",
+    ("arena", "table10", "ARENA-7B-nobonus (step 95)"): "arena+grpo-no_bonus",
     ("smartsearch", "table1", "Direct Inference"): "direct",
     ("smartsearch", "table1", "CoT"): "cot",
     ("smartsearch", "table1", "RAG"): "rag",
@@ -246,6 +254,8 @@ NOT_TYPED: dict[tuple[str, str], tuple[str, ...]] = {
                           "Qwen-7B-SFT-direct", "Qwen-7B-SFT-reasoning", "SimpleDeepSearcher-7B",
                           "Naive-GRPO (its backbone is not stated)", "R1-Searcher-7B", "Search-R1-7B",
                           "ZeroSearch-7B", "ReSearch-7B"),
+    ("arena", "table10"): ("ARENA-7B-nobonus_checkpoint-25", "ARENA-7B-nobonus_checkpoint-50",
+                           "ARENA-7B-nobonus_checkpoint-75"),
     ("smartsearch", "table1"): ("IRCoT", "ReSearch", "ZeroSearch", "R1-Searcher", "Search-R1", "PPR", "StepSearch"),
 }
 

@@ -13,6 +13,16 @@ supporting paragraphs among the references, set by the rollout engine from the d
 
 `strict_format` is the released code's stricter check (src/evaluate.py format_score): the reply starts with the three
 sections, separated only by whitespace, with no '<' inside any of them, </answer> ending a line.
+
+The ablations of 003 §5.3 (Fig. 3; configs/arena/fig3.py) register their own rewards:
+  "arena_nobonus"  w/o bonus reward: format + accuracy + relevance (App. I)
+  "arena_f1acc"    F1 accuracy: the accuracy term is the answer's token F1 (max over the gold answers) instead of EM;
+                   the bonus still needs all three terms at 1
+  "arena_naive"    Naive-GRPO (§4.3: "format and accuracy rewards", for the agent "arena_naive"): format = the
+                   original recipe's check (open-r1 format_reward: the reply is <think>…</think>, whitespace,
+                   <answer>…</answer> and nothing after it) + EM accuracy of the <answer>
+LJ accuracy (an LLM judge's verdict as the accuracy term) is not registered: a reward here reads only its episode,
+and a judge call per completion needs an endpoint in the RL stage's config.
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ from jaxrag.env.mdp import ANSWER, Episode
 from jaxrag.supervision.rewards import Reward, register
 
 BONUS = 10.0
+ACCURACY = {"em": metrics.exact_match, "f1": metrics.f1_score}
+_THINK_ANSWER = re.compile(r"^<think>.*?</think>\s*<answer>.*?</answer>$", re.S | re.M)   # open-r1 format_reward
 _STRICT = re.compile(r"<relevance>[^<]*</relevance>\s*<analysis>[^<]*</analysis>\s*<answer>[^<]*</answer>$", re.M)
 
 
@@ -33,22 +45,53 @@ def strict_format_score(text: str) -> float:
     return float(bool(_STRICT.match(text or "")))
 
 
-def arena_episode_reward(ep: Episode, *, bonus: float = BONUS, strict_format: bool = False) -> Reward:
-    """The adaptive reward of one ARENA episode; components: format, accuracy, relevance, bonus."""
+def arena_episode_reward(ep: Episode, *, bonus: float = BONUS, strict_format: bool = False,
+                         accuracy: str = "em") -> Reward:
+    """The adaptive reward of one ARENA episode; components: format, accuracy, relevance, bonus. accuracy: "em"
+    (the paper's) or "f1" (Fig. 3's F1-accuracy ablation)."""
+    if accuracy not in ACCURACY:
+        raise ValueError(f"arena reward: accuracy must be one of {sorted(ACCURACY)}, got {accuracy!r}")
+    text, answer = _reply(ep)
+    last = ep.steps[-1] if ep.steps else None
+    cited = list(last.action.extra.get("relevance", [])) if last is not None else []
+    parts = metrics.arena_reward(text, answer, ep.gold, cited, list(ep.metadata.get("gold_ref_ids", [])),
+                                 bonus=bonus, accuracy=ACCURACY[accuracy],
+                                 format_score=strict_format_score if strict_format else None)
+    return Reward(float(parts["total"]), {k: float(parts[k]) for k in ("format", "accuracy", "relevance", "bonus")})
+
+
+def _reply(ep: Episode) -> tuple[str, str | None]:
+    """(the last generation's text, the episode's answer): ARENA answers in one step."""
     last = ep.steps[-1] if ep.steps else None
     text = last.action.raw if last is not None else ""
-    cited = list(last.action.extra.get("relevance", [])) if last is not None else []
     answer = ep.answer if ep.answer is not None else (last.action.text if last and last.action.kind == ANSWER else None)
-    gold_ids = list(ep.metadata.get("gold_ref_ids", []))
-    parts = metrics.arena_reward(text, answer, ep.gold, cited, gold_ids, bonus=bonus)
-    if strict_format:
-        fmt = strict_format_score(text)
-        full = fmt == 1 and parts["accuracy"] == 1 and parts["relevance"] == 1
-        parts = {**parts, "format": fmt, "bonus": bonus if full else 0.0}
-        parts["total"] = parts["format"] + parts["accuracy"] + parts["relevance"] + parts["bonus"]
-    return Reward(float(parts["total"]), {k: float(parts[k]) for k in ("format", "accuracy", "relevance", "bonus")})
+    return text or "", answer
+
+
+def naive_format_score(text: str) -> float:
+    """1 if the reply is <think>…</think>, whitespace, <answer>…</answer> and nothing after it (open-r1's
+    format_reward: re.match with DOTALL | MULTILINE, so </answer> may end any line)."""
+    return float(bool(_THINK_ANSWER.match(text or "")))
 
 
 @register("arena")
 def arena_reward(ep: Episode) -> Reward:
     return arena_episode_reward(ep)
+
+
+@register("arena_nobonus")
+def arena_nobonus_reward(ep: Episode) -> Reward:
+    return arena_episode_reward(ep, bonus=0.0)
+
+
+@register("arena_f1acc")
+def arena_f1acc_reward(ep: Episode) -> Reward:
+    return arena_episode_reward(ep, accuracy="f1")
+
+
+@register("arena_naive")
+def arena_naive_reward(ep: Episode) -> Reward:
+    """Naive-GRPO: format (the <think>/<answer> check) + EM accuracy."""
+    text, answer = _reply(ep)
+    fmt, acc = naive_format_score(text), metrics.exact_match(answer, ep.gold)
+    return Reward(fmt + acc, {"format": fmt, "accuracy": acc})

@@ -1,0 +1,89 @@
+"""ARENA's ablation study (003 §5.3, Figure 3; App. I): variants of ARENA's GRPO (configs/arena/grpo.py) from
+Qwen2.5-7B-Instruct, each evaluated on HotpotQA (500 dev, the question's own paragraphs) with Table 2's protocol
+(configs/arena/table2.py: EM, F1, LLM-as-a-judge; Format and Relevance).
+
+    python -m jaxrag.main --config=configs/arena/fig3.py --workdir=runs/arena_fig3 \
+        --config.base_model=/models/Qwen2.5-7B-Instruct --config.train_questions=/data/arena_grpo_train.jsonl
+    python -m jaxrag.main --config=configs/arena/fig3.py:smoke --workdir=/tmp/arena_fig3_smoke   # CI
+
+Rows (eval stage <- RL stage; jaxrag.pipelines.published method):
+  ARENA                    rl_arena   -> eval_arena    "arena+grpo"                      grpo.py as it is
+  Naive-GRPO               rl_naive   -> eval_naive    "arena_naive+grpo"                agent arena_naive (the
+                           released code's <think>/<answer> template), reward "arena_naive" (format + accuracy,
+                           §4.3), the k3 estimator
+  w/o KL stabilization     rl_nokl    -> eval_nokl     "arena+grpo-no_kl_stabilization"  the k3 estimator
+  w/o bonus reward         rl_nobonus -> eval_nobonus  "arena+grpo-no_bonus"             reward "arena_nobonus"
+  F1 accuracy              rl_f1acc   -> eval_f1acc    "arena+grpo-f1_accuracy"          reward "arena_f1acc"
+  LJ accuracy              not configured: its accuracy term is an LLM judge's verdict on every completion, and
+                           a reward here reads only its episode (jaxrag.supervision.arena_reward)
+Settings the paper does not state for the ablations are ARENA's own (G = 7, β = 0.04, lr 3e-6, T 0.9, 256 new
+tokens, one epoch). "Removes our improved estimator" (§5.3) is read as GRPO's own k3 estimator (Shao et al. 2024,
+the one ARENA's k2 replaces, §3.2); Naive-GRPO, "the original GRPO algorithm", uses it too.
+Published values: Figure 3 is a bar chart whose numbers are not printed, so none are typed in; App. I Table 10's
+final no-bonus model is (published.py, "arena" "table10").
+"""
+
+import ml_collections
+
+from configs.arena import grpo as grpo_cfg
+from configs.arena import table2 as t2_cfg
+from configs.common import paper
+
+# RL stage -> (agent, reward, KL estimator); eval stage -> (its RL stage, variant)
+RL = {"rl_arena": ("arena", "arena", "k2"), "rl_naive": ("arena_naive", "arena_naive", "k3"),
+      "rl_nokl": ("arena", "arena", "k3"), "rl_nobonus": ("arena", "arena_nobonus", "k2"),
+      "rl_f1acc": ("arena", "arena_f1acc", "k2")}
+ROWS = {"eval_arena": ("rl_arena", ""), "eval_naive": ("rl_naive", ""), "eval_nokl": ("rl_nokl", "no_kl_stabilization"),
+        "eval_nobonus": ("rl_nobonus", "no_bonus"), "eval_f1acc": ("rl_f1acc", "f1_accuracy")}
+
+
+def rl_stage(base, questions, agent: str, reward: str, kl: str) -> ml_collections.ConfigDict:
+    s = grpo_cfg.get_config("").rl
+    s.policy.path = base
+    s.questions.path = questions
+    s.agent.name = agent
+    s.reward = reward
+    s.train.grpo.kl_estimator = kl
+    return s
+
+
+def get_config(variant: str = ""):
+    paper.check_variant("configs/arena/fig3.py", variant)
+    t2 = t2_cfg.get_config("shared" if variant in ("shared", "smoke") else "")
+    c = ml_collections.ConfigDict({"paper": "arena", "table": "fig3", "model": "Qwen2.5-7B-Instruct"})
+    c.base_model = base = ml_collections.FieldReference("models/Qwen2.5-7B-Instruct", field_type=str)
+    c.train_questions = questions = ml_collections.FieldReference("data/arena_grpo_train.jsonl", field_type=str)
+    for name, (agent, reward, kl) in RL.items():
+        c[name] = rl_stage(base, questions, agent, reward, kl)
+    hotpot = [d for d in t2.eval.datasets if d["name"] == "HotpotQA"]
+    for name, (rl, v) in ROWS.items():
+        e = c[name] = ml_collections.ConfigDict(t2.eval.to_dict())
+        e.datasets = hotpot
+        e.agents = [{"name": RL[rl][0], **({"variant": v} if v else {})}]
+        e.policy.path = f"stage:{rl}"
+        e.tuning = "grpo"
+        e.index_recall = name == "eval_arena"
+    c.stages = list(RL) + list(ROWS)
+    if variant == "smoke":
+        smoke(c)
+    return c
+
+
+def smoke(c: ml_collections.ConfigDict) -> None:
+    """A tiny random checkpoint; one GRPO step of 1 question x 2 episodes per row (grpo.py's smoke settings)
+    on shared HotpotQA questions with their own paragraphs; each row's eval on 2 questions."""
+    from configs.rag_gym import pieces
+    from jaxrag.pipelines.rl import tiny_checkpoint_config
+
+    c.stages = ["setup"] + list(c.stages)
+    c.setup = tiny_checkpoint_config(paper.SHARED_CORPUS)
+    c.model = "tiny-random"
+    c.base_model = "stage:setup"
+    c.train_questions = str(paper.BENCHMARKS / paper.SHARED["HotpotQA"])
+    for name in RL:
+        s = c[name]
+        grpo_cfg.smoke_rl(s)
+        s.questions.select = "first:2"
+        s.rl.update(dict(steps=1, questions_per_step=1))
+    for name in ROWS:
+        pieces.smoke_eval(c[name], ("HotpotQA",), "first:2")
