@@ -76,7 +76,7 @@ def test_paper_variants_carry_the_protocol():
 
 
 def test_paper_variant_needs_a_checkpoint_before_any_compute():
-    with pytest.raises(StageError, match=r"config.eval.policy.path: empty"):
+    with pytest.raises(StageError, match=r"config.eval.policy.path: empty: set --config.eval.policy.path=<a Hugging"):
         plan(load("smartsearch/table1", "shared"))
 
 

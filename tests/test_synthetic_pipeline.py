@@ -305,6 +305,9 @@ def test_dev_trial_i_is_the_demo_sft_at_two_budgets():
         got = trial[stage].to_dict()
         assert got["train"]["steps"] == steps and got["eval_every"] == 60
         assert {**got, "eval_every": want["eval_every"], "train": {**got["train"], "steps": 720}} == want
+    for bad in ("", "f", "ab"):   # an unknown trial is named, not an error deep in the file
+        with pytest.raises(ValueError, match=rf"dev_tuning.py: unknown trial {bad!r} \(one of a, b, c, d, e, g"):
+            mod.get_config(bad)
 
 
 def test_mcts_pairs_at_the_ranking_budget(run):

@@ -96,7 +96,12 @@ def agreement(critic_stage, records):
                                           agent="react"))
 
 
+TRIALS = "abcdeghi"   # f is part of e (a diagnostic on its pairs)
+
+
 def get_config(which: str = "a"):
+    if len(which) != 1 or which not in TRIALS:
+        raise ValueError(f"configs/synthetic/dev_tuning.py: unknown trial {which!r} (one of {', '.join(TRIALS)})")
     c = pl.get_config("demo")
     sft_before_i(c)
     grpo_before_h(c)

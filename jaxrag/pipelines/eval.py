@@ -209,7 +209,7 @@ def check_config(config, name: str) -> None:
     pcfg, rcfg = plain(ec.policy), plain(ec.retriever)
     if pcfg.get("fn", "jaxrag.pipelines.common:load_policy") == "jaxrag.pipelines.common:load_policy" \
             and not pcfg.get("path"):
-        config_fail(f"{name}.policy.path", "empty: set --config.{name}.policy.path=<a Hugging Face checkpoint dir>")
+        config_fail(f"{name}.policy.path", f"empty: set --config.{name}.policy.path=<a Hugging Face checkpoint dir>")
     if rcfg.get("fn", "jaxrag.pipelines.common:load_retriever") == "jaxrag.pipelines.common:load_retriever" \
             and not rcfg.get("index_dir") and rcfg.get("corpus"):
         _check_file(f"{name}.retriever.corpus", rcfg["corpus"])
