@@ -223,6 +223,27 @@ def _published(paper: str, table: str) -> set[str]:
     return {m for (p, t, _), m in METHODS.items() if (p, t) == (paper, table)}
 
 
+@pytest.mark.parametrize("name", ["rag_gym/sft", "rag_gym/dpo", "rag_gym/ppo"])
+def test_rag_gym_tuned_rows_take_any_of_the_six_designs(name):
+    """Each of Table 2's tuned rows is one config argument: the design collects, trains and is evaluated."""
+    tuning = name.split("/")[1]
+    published = _published("rag_gym", "table2")
+    for arg, variant, agent in (("", "", "re2search"), ("react", "", "react"), ("shared,cot", "shared", "cot"),
+                                ("search_o1,smoke", "smoke", "search_o1")):
+        c = load(name, arg)
+        assert c.collect.agent.name == agent and _eval_methods(c) == {f"{agent}+{tuning}"} <= published
+        if tuning == "ppo":
+            assert c.ppo.agent.name == agent
+        assert ("setup" in c.stages) == (variant == "smoke")
+        if variant == "shared":
+            assert c.eval.datasets[0]["select"] == "last:250"
+    assert len(plan(load(name, "smoke,direct"))) == len(load(name, "smoke").stages)
+    for bad in ("reactt", "react,cot", "shared,smoke"):
+        with pytest.raises(ValueError, match=rf"{name}.py: unknown argument {bad!r} \(a variant of '', 'shared', "
+                                             r"'smoke' and/or an agent of direct, cot, rag, react, search_o1"):
+            load(name, bad)
+
+
 def test_training_row_configs_pass_the_static_checks_and_name_the_published_rows():
     rr = load("reasonrag/table3", "smoke")
     assert [n for n, _ in plan(rr)] == ["setup", "mcts", "dpo", "sft", "orl_5k", "orl_10k", "eval_base", "eval_dpo",

@@ -40,6 +40,22 @@ def check_variant(path: str, variant: str) -> None:
         raise ValueError(f"{path}: unknown variant {variant!r} (use one of {', '.join(map(repr, VARIANTS))})")
 
 
+RAG_GYM_AGENTS = ("direct", "cot", "rag", "react", "search_o1", "re2search")   # the six designs RAG-Gym tunes
+
+
+def variant_and_agent(path: str, arg: str, default: str = "re2search") -> tuple[str, str]:
+    """A RAG-Gym tuned-row config's argument: a variant, an agent design, or both ("shared,react"): (variant,
+    agent), the agent one of RAG-Gym's six (default Re²Search, its best), so each of Table 2's tuned rows is
+    `--config=configs/rag_gym/dpo.py:react` and so on."""
+    parts = [p for p in arg.split(",") if p] if arg else []
+    agents = [p for p in parts if p in RAG_GYM_AGENTS]
+    rest = [p for p in parts if p not in RAG_GYM_AGENTS]
+    if len(agents) > 1 or len(rest) > 1 or (rest and rest[0] not in VARIANTS):
+        raise ValueError(f"{path}: unknown argument {arg!r} (a variant of {', '.join(map(repr, VARIANTS))} and/or an "
+                         f"agent of {', '.join(RAG_GYM_AGENTS)}, e.g. 'shared,react')")
+    return (rest[0] if rest else ""), (agents[0] if agents else default)
+
+
 def dataset(name: str, path: str, select: str = "all") -> dict:
     """One dataset of an eval stage: a QA JSONL (absolute, or relative to the workdir) and its selection."""
     return {"name": name, "path": path, "select": select}

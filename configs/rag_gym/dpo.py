@@ -17,8 +17,9 @@ Stages:
            bf16 with remat, prompts up to 4,096 tokens.
   eval     configs/rag_gym/table2.py's protocol on the open-domain sets with the tuned actor ("<agent>+dpo"); the
            Search-o1 / Re²Search summaries from the untuned base model, as in RAG-Gym.
-`agent` picks the design (RAG-Gym tunes each of the six; Re²Search is its best). `base_model` is the one place the
-base checkpoint is named (collect's policy, dpo's init and tokenizer, the summarizer).
+The design is the config's argument, alone or after the variant: `dpo.py:react`, `dpo.py:shared,search_o1` (RAG-Gym
+tunes each of its six; default Re²Search, its best). `base_model` is the one place the base checkpoint is named
+(collect's policy, dpo's init and tokenizer, the summarizer).
 """
 
 import importlib.util
@@ -38,8 +39,7 @@ def _table2(variant: str):
 
 
 def get_config(variant: str = ""):
-    paper.check_variant("configs/rag_gym/dpo.py", variant)
-    agent = "re2search"
+    variant, agent = paper.variant_and_agent("configs/rag_gym/dpo.py", variant)
     t2 = _table2("shared" if variant == "shared" else "")
     base = ml_collections.FieldReference("", field_type=str)
     c = ml_collections.ConfigDict({"paper": "rag_gym", "table": "table2", "model": "Llama-3.1-8B-Instruct"})

@@ -12,7 +12,8 @@ executed action's reward is r_φ(s_t, a_t) at its last token, GAE over the traje
 collection's, the first 1,000 HotpotQA dev) -> eval. The released code has no PPO script and the paper gives no PPO
 hyperparameters: the PPO settings below are OpenRLHF's defaults where it has them (clip 0.2, value clip 0.2, γ 1,
 λ 0.95, actor lr 5e-7) and jaxrag's elsewhere; one pass over the 1,000 questions at 8 per step. Say so beside any
-number this config produces.
+number this config produces. The design is the config's argument, alone or after the variant: `ppo.py:react`,
+`ppo.py:shared,rag` (default Re²Search).
 """
 
 from configs.common import paper
@@ -21,8 +22,7 @@ from jaxrag.pipelines.rl import stage_config
 
 
 def get_config(variant: str = ""):
-    paper.check_variant("configs/rag_gym/ppo.py", variant)
-    agent = "re2search"
+    variant, agent = paper.variant_and_agent("configs/rag_gym/ppo.py", variant)
     c, t2, base, _ = pieces.critic_head("table2", ["collect", "critic_pairs", "critic", "ppo", "eval"], agent, variant)
     c.ppo = s = stage_config()
     s.policy.path = base

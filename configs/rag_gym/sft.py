@@ -8,7 +8,8 @@ the tuned actor ("<agent>+sft").
 
 Stages: collect (as configs/rag_gym/dpo.py) -> sft (LoRA r 256 / α 512 / dropout 0.05 on q, k, v, lr 5e-5, batch 64 =
 4 x 16 accumulation, 3 epochs: configs/rag_gym/pieces.py) -> eval (Table 2's open-domain protocol; the Search-o1 /
-Re²Search summaries from the untuned base model). `agent` picks the design (RAG-Gym tunes each of the six).
+Re²Search summaries from the untuned base model). The design is the config's argument,
+alone or after the variant: `sft.py:react`, `sft.py:shared,cot` (RAG-Gym tunes each of its six; default Re²Search).
 """
 
 import ml_collections
@@ -19,8 +20,7 @@ from configs.rag_gym import table2 as t2_cfg
 
 
 def get_config(variant: str = ""):
-    paper.check_variant("configs/rag_gym/sft.py", variant)
-    agent = "re2search"
+    variant, agent = paper.variant_and_agent("configs/rag_gym/sft.py", variant)
     t2 = t2_cfg.get_config("shared" if variant == "shared" else "")
     base = ml_collections.FieldReference("", field_type=str)
     c = ml_collections.ConfigDict({"paper": "rag_gym", "table": "table2", "model": "Llama-3.1-8B-Instruct"})
