@@ -20,7 +20,7 @@ The ablations of 003 §5.3 (Fig. 3; configs/arena/fig3.py) register their own re
                    the bonus still needs all three terms at 1
   "arena_naive"    Naive-GRPO (§4.3: "format and accuracy rewards", for the agent "arena_naive"): format = the
                    original recipe's check (open-r1 format_reward: the reply is <think>…</think>, whitespace,
-                   <answer>…</answer> and nothing after it) + EM accuracy of the <answer>
+                   <answer>…</answer> ending a line) + EM accuracy of the <answer>
 LJ accuracy (an LLM judge's verdict as the accuracy term) is not registered: a reward here reads only its episode,
 and a judge call per completion needs an endpoint in the RL stage's config.
 """
@@ -69,8 +69,8 @@ def _reply(ep: Episode) -> tuple[str, str | None]:
 
 
 def naive_format_score(text: str) -> float:
-    """1 if the reply is <think>…</think>, whitespace, <answer>…</answer> and nothing after it (open-r1's
-    format_reward: re.match with DOTALL | MULTILINE, so </answer> may end any line)."""
+    """1 if the reply is <think>…</think>, whitespace, then <answer>…</answer> ending a line (open-r1's
+    format_reward: re.match with DOTALL | MULTILINE, so text on later lines still passes)."""
     return float(bool(_THINK_ANSWER.match(text or "")))
 
 
