@@ -8,9 +8,11 @@
 Protocol: HotpotQA dev (the last 1,000; the first 1,000 train), 2WikiMultihopQA dev (the last 1,000), Bamboogle (all
 125): EM / F1; MedQA (the 1,273 US test questions): accuracy. Actions at temperature 0, at most 10 per question,
 32 documents per search from BM25 (Lucene parameters) and a dense retriever fused by RRF (k 60, each list cut at 32),
-whole passages. Wikipedia for the three open-domain sets; MedQA searches textbooks + StatPearls (MedRAG's corpora)
-in its own stage. The Search-o1 and Re²Search summaries come from the policy itself (the untuned base model, as in
-RAG-Gym; a tuned row sets `summarizer` to the base model). MedQA's dense side is MedCPT, as in MedRAG: the article
+whole passages: BGE-Base for the open-domain sets (001 App. C: build `indexes/wiki` with `prepare --encoder
+$WORKDIR/models/bge-base-en-v1.5 --pooling cls`, BGE's CLS vectors), MedCPT for MedQA. Wikipedia for the three
+open-domain sets; MedQA searches textbooks + StatPearls (MedRAG's corpora) in its own stage. The Search-o1 and
+Re²Search summaries come from the policy itself (the untuned base model, as in RAG-Gym; a tuned row sets
+`summarizer` to the base model). MedQA's dense side is MedCPT, as in MedRAG: the article
 encoder embeds each snippet as the pair (title, content), the query encoder each query, CLS vectors, no normalization,
 inner product. Build `indexes/medcorp` from MedRAG's chunk files (id, title, content) with the encoders under models/:
     cat textbooks/chunk/*.jsonl statpearls/chunk/*.jsonl > medcorp.jsonl
