@@ -25,7 +25,7 @@ base model and `tuning` naming the method ("--config.eval.tuning=dpo": rows "rea
 
 from configs.common import paper
 
-AGENTS = ("direct", "cot", "rag", "react", "search_o1", "re2search")
+AGENTS = paper.RAG_GYM_AGENTS
 
 
 def get_config(variant: str = ""):

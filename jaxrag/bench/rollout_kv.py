@@ -180,7 +180,8 @@ def main(argv=None):
             "turns_per_episode", "prefill_slots_per_turn", "prompt_tokens_per_turn", "decode_fill%", "prefill%",
             "decode%", "retrieve%", "host%", "reused", "fallback_new",
             "fallback_not_prefix", "fallback_evicted", "same_actions", "context_per_turn", "new_tokens_per_s",
-            "pure_decode_tokens_per_s", "vs_pure_decode%", "pure_decode_ctx_tokens_per_s", "vs_pure_decode_ctx%", "pure_prefill_tokens_per_s", "ceiling%", "engine%"]
+            "pure_decode_tokens_per_s", "vs_pure_decode%", "pure_decode_ctx_tokens_per_s", "vs_pure_decode_ctx%",
+            "pure_prefill_tokens_per_s", "ceiling%", "engine%"]
     print(table(rows, cols))
     print(f"jitted 2048x2048 fp32 matmul: {gflops:.1f} GFLOP/s")
     out = write_result("rollout_kv", {"episodes": len(questions), "agent": "react/plain", "k": config.index.k,

@@ -155,6 +155,13 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision:
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
 
 
+def window_blocks(lo, end, block: int):
+    """(first slot, number of blocks) of the window [lo, end) read `block` slots at a time from lo rounded down to
+    a multiple of `block`."""
+    first = (lo // block) * block
+    return first, (end - first + block - 1) // block
+
+
 def attend_window(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, query_slots: jax.Array, lo: jax.Array,
                   block: int, precision: str | None = None) -> jax.Array:
     """`attend` over a KV cache's filled window only: slots [lo, query_slots[-1] + 1), `block` at a time.
@@ -169,8 +176,7 @@ def attend_window(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, qu
     G, C = H // K, min(block, S)
     out_dtype = q.dtype
     q = q.astype(k.dtype).reshape(B, T, K, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, Dh)
-    first = (lo // C) * C
-    n_blocks = (query_slots[-1] + 1 - first + C - 1) // C
+    first, n_blocks = window_blocks(lo, query_slots[-1] + 1, C)
 
     def body(j, carry):
         run_max, run_sum, acc = carry
@@ -497,8 +503,7 @@ def forward_cached_hidden(cfg: ModelConfig, params: Params, tokens, positions, t
     block = cache_block(cfg, S)
     if block:   # the filled window (from the first slot any row holds) where its blocks cover at most half the cache
         lo = jnp.argmax(jnp.any(valid, axis=0))
-        n_blocks = (start + T - (lo // block) * block + block - 1) // block   # as attend_window counts them
-        windowed = 2 * n_blocks * block <= S
+        windowed = 2 * window_blocks(lo, start + T, block)[1] * block <= S
         one_pass = attn
         attn = lambda q, k, v: jax.lax.cond(
             windowed, lambda: attend_window(q, k, v, valid, query_slots, lo, block, cfg.matmul_precision),

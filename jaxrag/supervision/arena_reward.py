@@ -52,8 +52,7 @@ def arena_episode_reward(ep: Episode, *, bonus: float = BONUS, strict_format: bo
     if accuracy not in ACCURACY:
         raise ValueError(f"arena reward: accuracy must be one of {sorted(ACCURACY)}, got {accuracy!r}")
     text, answer = _reply(ep)
-    last = ep.steps[-1] if ep.steps else None
-    cited = list(last.action.extra.get("relevance", [])) if last is not None else []
+    cited = list(ep.steps[-1].action.extra.get("relevance", [])) if ep.steps else []
     parts = metrics.arena_reward(text, answer, ep.gold, cited, list(ep.metadata.get("gold_ref_ids", [])),
                                  bonus=bonus, accuracy=ACCURACY[accuracy],
                                  format_score=strict_format_score if strict_format else None)
