@@ -126,12 +126,12 @@ def failure_kind(failure: str) -> str:
 
 
 def judge_episodes(episodes: Sequence[Episode], judge) -> dict:
-    """LJ (judge: jaxrag.judge.OpenAIJudge) over the episodes the judge could judge, with the counts that say how far to trust it: lj_judged,
-    lj_failed and lj_failures ({kind: count}). Each episode keeps its own record in metadata["lj"] (verdict, or
+    """LJ (judge: jaxrag.judge.OpenAIJudge, `workers` requests at a time) over the episodes the judge could judge,
+    with the counts that say how far to trust it: lj_judged, lj_failed and lj_failures ({kind: count}). Each episode keeps its own record in metadata["lj"] (verdict, or
     the failure with attempts and seconds), so the episodes file says which items were not judged and why."""
     verdicts, kinds = [], {}
-    for ep in episodes:
-        verdict, r = judge.judge_answer_result(ep.gold, ep.answer)  # r None: no answer to judge (verdict False)
+    results = judge.judge_answers([(ep.gold, ep.answer) for ep in episodes])
+    for ep, (verdict, r) in zip(episodes, results):  # r None: no answer to judge (verdict False)
         rec: dict[str, Any] = {"verdict": verdict}
         if r is not None:
             rec.update(attempts=r.attempts, seconds=round(r.seconds, 3))

@@ -20,12 +20,13 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-# ARENA App. D.3 Table 6
+# ARENA App. D.3 Table 6, with the released code's layout (src/gpt_eval.py format_prompt): four newlines between the
+# sections, the gold answers as Python's str() of their list, the response the <answer> text.
 LJ_PROMPT = ("*************Consider a knowledge Q&A RAG task to test the capability of a testing model, the correct "
-             "answer list is:*************\n{correct_answer}\n*************Here is the model's response:*************\n"
-             "{model_response}\n*************Please check if the model's answer is correct. As long as the model's "
-             "answer hits any item (or synonym) in the correct answer list, it can be considered correct. You only "
-             "need to answer \"yes\" or \"no\".*************")
+             "answer list is:*************\n{correct_answer}\n\n\n\n*************Here is the model's response:"
+             "*************\n{model_response}\n\n\n\n*************Please check if the model's answer is correct. As "
+             "long as the model's answer hits any item (or synonym) in the correct answer list, it can be considered "
+             "correct. You only need to answer \"yes\" or \"no\".*************")
 
 FATAL_STATUS = (400, 401, 403, 404)     # retrying cannot help
 RETRY_AFTER_STATUS = (429, 503)         # the server may say when to come back
@@ -82,6 +83,7 @@ class OpenAIJudge:
     temperature: float = 0.0
     max_tokens: int = 16
     max_wait_s: float = 120.0              # cap on one Retry-After wait
+    workers: int = 8                       # concurrent requests of judge_answers
     sleep: Callable[[float], None] = dataclasses.field(default=time.sleep, repr=False, compare=False)
 
     @property
@@ -179,16 +181,29 @@ class OpenAIJudge:
     def judge_answer_result(self, golds: Sequence[str], response: str | None) -> tuple[bool | None, ChatResult | None]:
         """(verdict, the exchange): verdict None when every attempt failed (the ChatResult says why: HTTP status,
         timeout, refused connection, or a reply that says neither yes nor no, which is retried); no exchange when
-        there is no answer to judge (verdict False)."""
-        if response is None:
+        there is no answer to judge (None or blank: verdict False, as the released code scores an empty answer 0)."""
+        if response is None or not response.strip():
             return False, None
-        prompt = LJ_PROMPT.format(correct_answer=json.dumps(list(golds), ensure_ascii=False), model_response=response)
+        prompt = LJ_PROMPT.format(correct_answer=str(list(golds)), model_response=response.strip())
         check = lambda reply: "" if parse_yes_no(reply) is not None else f"neither yes nor no: {reply[:80]!r}"
         r = self.chat_result([{"role": "user", "content": prompt}], check=check)
         return (parse_yes_no(r.text) if r.ok else None), r
 
+    def judge_answers(self, items: Sequence[tuple[Sequence[str], str | None]]) -> list[tuple[bool | None,
+                                                                                           ChatResult | None]]:
+        """judge_answer_result of every (golds, response), `workers` requests at a time, in order."""
+        if len(items) <= 1 or self.workers <= 1:
+            return [self.judge_answer_result(g, r) for g, r in items]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(self.workers, len(items))) as pool:
+            return list(pool.map(lambda item: self.judge_answer_result(*item), items))
+
 
 def parse_yes_no(reply: str) -> bool | None:
+    """The first word that is "yes" or "no". The released scorer (src/gpt_eval.py get_score) tests the substrings
+    'yes', then 'no', and scores a reply with neither 0.5; here such a reply is retried and, if it stays so, recorded
+    as a failure (the verdict None)."""
     words = "".join(c if c.isalpha() else " " for c in (reply or "").lower()).split()
     for w in words:
         if w == "yes":
@@ -198,12 +213,12 @@ def parse_yes_no(reply: str) -> bool | None:
     return None
 
 
-CONFIG_KEYS = ("base_url", "model", "api_key_env", "timeout_s", "retries", "backoff_s")
+CONFIG_KEYS = ("base_url", "model", "api_key_env", "timeout_s", "retries", "backoff_s", "workers")
 
 
 def judge_from_config(cfg) -> OpenAIJudge | None:
-    """cfg: a dict/ConfigDict with base_url, model (+ optional api_key_env, timeout_s, retries, backoff_s); None if
-    no base_url. Any other key is a ValueError (a misspelled option is never silently ignored)."""
+    """cfg: a dict/ConfigDict with base_url, model (+ optional api_key_env, timeout_s, retries, backoff_s, workers);
+    None if no base_url. Any other key is a ValueError (a misspelled option is never silently ignored)."""
     if cfg is None:
         return None
     unknown = sorted(set(cfg.keys() if hasattr(cfg, "keys") else vars(cfg)) - set(CONFIG_KEYS))
@@ -214,4 +229,5 @@ def judge_from_config(cfg) -> OpenAIJudge | None:
         return None
     return OpenAIJudge(base_url=get("base_url"), model=get("model", "gpt-4o"),
                        api_key_env=get("api_key_env", "OPENAI_API_KEY"), timeout_s=float(get("timeout_s", 30.0)),
-                       retries=int(get("retries", 3)), backoff_s=float(get("backoff_s", 0.5)))
+                       retries=int(get("retries", 3)), backoff_s=float(get("backoff_s", 0.5)),
+                       workers=int(get("workers", 8)))

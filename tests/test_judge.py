@@ -12,11 +12,15 @@ from jaxrag.judge import JudgeError, OpenAIJudge, judge_from_config, parse_yes_n
 class _Handler(http.server.BaseHTTPRequestHandler):
     replies: list = []
     seen: list = []
+    answer = None   # optional: prompt -> reply text (for concurrent requests, whose order is not fixed)
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).seen.append((self.path, self.headers.get("Authorization"), body))
-        status, payload = type(self).replies.pop(0) if type(self).replies else (200, "yes")
+        if type(self).answer is not None:
+            status, payload = 200, type(self).answer(body["messages"][0]["content"])
+        else:
+            status, payload = type(self).replies.pop(0) if type(self).replies else (200, "yes")
         data = payload if isinstance(payload, bytes) else json.dumps(
             {"choices": [{"message": {"role": "assistant", "content": payload}}]}).encode()
         self.send_response(status)
@@ -31,7 +35,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def server():
-    _Handler.replies, _Handler.seen = [], []
+    _Handler.replies, _Handler.seen, _Handler.answer = [], [], None
     with loopback(_Handler) as url:
         yield url
 
@@ -45,7 +49,32 @@ def test_yes_no_and_request_shape(server, monkeypatch):
     path, auth, body = _Handler.seen[0]
     assert path == "/v1/chat/completions" and auth == "Bearer sekrit"
     assert body["model"] == "gpt-4o" and body["temperature"] == 0.0
-    assert '["Paris"]' in body["messages"][0]["content"] and "It is Paris" in body["messages"][0]["content"]
+    assert body["messages"][0]["content"] == LJ_RELEASED.format("['Paris']", "It is Paris")
+
+
+# ARENA's released src/gpt_eval.py format_prompt, written out: gold answers as str(list), four newlines between parts
+LJ_RELEASED = ("*************Consider a knowledge Q&A RAG task to test the capability of a testing model, the correct answer "
+               "list is:*************\n{}\n\n\n\n*************Here is the model's response:*************\n{}\n\n\n\n"
+               "*************Please check if the model's answer is correct. As long as the model's answer hits any "
+               "item (or synonym) in the correct answer list, it can be considered correct. You only need to answer "
+               "\"yes\" or \"no\".*************")
+
+
+def test_blank_answer_is_false_without_a_call(server):
+    """The released scorer gives an empty <answer> 0 without asking GPT-4o."""
+    j = OpenAIJudge(server, "m", backoff_s=0.0)
+    assert j.judge_answer(["a"], "  ") is False and j.judge_answer(["a"], None) is False
+    assert _Handler.seen == []
+
+
+def test_judge_answers_concurrent_in_order(server):
+    """judge_answers sends `workers` requests at a time and returns each verdict at its item's place."""
+    _Handler.answer = lambda prompt: "yes" if "right" in prompt else "no"
+    j = OpenAIJudge(server, "m", backoff_s=0.0, workers=4)
+    items = [(["x"], "right" if i % 3 == 0 else "wrong") for i in range(20)] + [(["x"], None)]
+    got = [v for v, _ in j.judge_answers(items)]
+    assert got == [i % 3 == 0 for i in range(20)] + [False]
+    assert len(_Handler.seen) == 20
 
 
 def test_retries_then_succeeds_on_malformed_and_5xx(server):
@@ -78,6 +107,7 @@ def test_parse_yes_no_and_config():
     assert parse_yes_no("maybe") is None and parse_yes_no("") is None
     assert judge_from_config({"base_url": ""}) is None
     assert judge_from_config({"base_url": "http://x/v1", "model": "m", "retries": 5}).retries == 5
+    assert judge_from_config({"base_url": "http://x/v1", "model": "m", "workers": 2}).workers == 2
     with pytest.raises(ValueError, match=r"unknown keys \['retires'\]"):  # even with no endpoint set
         judge_from_config({"base_url": "", "retires": 5})
 
@@ -88,7 +118,7 @@ def test_lj_counts_and_records_every_failure_by_kind(server):
     from jaxrag.env.mdp import Episode
     from jaxrag.evaluate import episode_metrics, results_table
 
-    j = OpenAIJudge(server, "m", retries=2, backoff_s=0.0)
+    j = OpenAIJudge(server, "m", retries=2, backoff_s=0.0, workers=1)  # one at a time: the replies below are in order
     eps = [Episode(qid=str(i), question="q", gold=["a"], answer=a) for i, a in enumerate(["a", "a", "b", "a", None])]
     _Handler.replies = [(200, "yes"),                      # 0: judged yes
                         (200, "Maybe"), (200, "Maybe?"),   # 1: neither yes nor no, twice: a recorded failure
