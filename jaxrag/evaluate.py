@@ -16,6 +16,7 @@ import numpy as np
 from jaxrag import metrics as M
 from jaxrag.env.mdp import Episode, write_episodes
 from jaxrag.env.rollout import RolloutConfig, rollout
+from jaxrag.judge import verdict_record
 
 log = logging.getLogger(__name__)
 
@@ -127,19 +128,16 @@ def failure_kind(failure: str) -> str:
 
 def judge_episodes(episodes: Sequence[Episode], judge) -> dict:
     """LJ (judge: jaxrag.judge.OpenAIJudge, `workers` requests at a time) over the episodes the judge could judge,
-    with the counts that say how far to trust it: lj_judged, lj_failed and lj_failures ({kind: count}). Each episode keeps its own record in metadata["lj"] (verdict, or
-    the failure with attempts and seconds), so the episodes file says which items were not judged and why."""
+    with the counts that say how far to trust it: lj_judged, lj_failed and lj_failures ({kind: count}). Each episode
+    keeps its own record in metadata["lj"] (jaxrag.judge.verdict_record), so the episodes file says which items were
+    not judged and why."""
     verdicts, kinds = [], {}
     results = judge.judge_answers([(ep.gold, ep.answer) for ep in episodes])
     for ep, (verdict, r) in zip(episodes, results):  # r None: no answer to judge (verdict False)
-        rec: dict[str, Any] = {"verdict": verdict}
-        if r is not None:
-            rec.update(attempts=r.attempts, seconds=round(r.seconds, 3))
+        ep.metadata["lj"] = rec = verdict_record(verdict, r)
         if verdict is None:
-            rec["failure"] = r.failure
             kind = failure_kind(rec["failure"])
             kinds[kind] = kinds.get(kind, 0) + 1
-        ep.metadata["lj"] = rec
         verdicts.append(verdict)
     ok = [v for v in verdicts if v is not None]
     if kinds:

@@ -200,6 +200,17 @@ class OpenAIJudge:
             return list(pool.map(lambda item: self.judge_answer_result(*item), items))
 
 
+def verdict_record(verdict: bool | None, r: ChatResult | None) -> dict:
+    """What an episode keeps of its LJ call (metadata["lj"]): the verdict, and with a call its attempts and seconds,
+    and why it failed when the verdict is None."""
+    rec: dict = {"verdict": verdict}
+    if r is not None:
+        rec.update(attempts=r.attempts, seconds=round(r.seconds, 3))
+        if verdict is None:
+            rec["failure"] = r.failure
+    return rec
+
+
 def parse_yes_no(reply: str) -> bool | None:
     """The first word that is "yes" or "no". The released scorer (src/gpt_eval.py get_score) tests the substrings
     'yes', then 'no', and scores a reply with neither 0.5; here such a reply is retried and, if it stays so, recorded

@@ -53,8 +53,8 @@ def test_yes_no_and_request_shape(server, monkeypatch):
 
 
 # ARENA's released src/gpt_eval.py format_prompt, written out: gold answers as str(list), four newlines between parts
-LJ_RELEASED = ("*************Consider a knowledge Q&A RAG task to test the capability of a testing model, the correct answer "
-               "list is:*************\n{}\n\n\n\n*************Here is the model's response:*************\n{}\n\n\n\n"
+LJ_RELEASED = ("*************Consider a knowledge Q&A RAG task to test the capability of a testing model, the correct "
+               "answer list is:*************\n{}\n\n\n\n*************Here is the model's response:*************\n{}\n\n\n\n"
                "*************Please check if the model's answer is correct. As long as the model's answer hits any "
                "item (or synonym) in the correct answer list, it can be considered correct. You only need to answer "
                "\"yes\" or \"no\".*************")

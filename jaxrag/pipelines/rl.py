@@ -11,6 +11,8 @@ config.<name> (configs/arena/grpo.py, configs/smartsearch/grpo.py):
   questions  path (QA JSONL, jaxrag.data.qa.load_qa), select ("all", "first:N", ...), limit (0 = no limit).
   agent      name (jaxrag.env.agents), mode (chat | plain), max_docs (0 = all), max_doc_chars (0 = no cut).
   reward     a reward spec (jaxrag.supervision.rewards.reward_fn): "em", "arena", "em+0.5*f1".
+  answer_judge  the LLM judge of a judged reward ("arena_ljacc": ARENA's LJ accuracy): jaxrag.judge.judge_from_config
+             keys (base_url "" = none, model, api_key_env, timeout_s, retries, backoff_s, workers).
   prm        optional ("" = none), loss ppo only: a critic checkpoint (HF dir + head.npz, or stage:<s>) whose score of
              each executed action is that step's reward (RAG-Gym's PPO: rewards from the trained PRM;
              jaxrag.pipelines.eval.load_prm) instead of `reward`'s outcome at the last token.
@@ -70,6 +72,8 @@ def stage_config() -> "ml_collections.ConfigDict":
         "questions": {"path": "", "select": "all", "limit": 0},
         "agent": {"name": "react", "mode": "chat", "max_docs": 0, "max_doc_chars": 1000},
         "reward": "em",
+        "answer_judge": {"base_url": "", "model": "gpt-4o-2024-11-20", "api_key_env": "OPENAI_API_KEY",
+                         "timeout_s": 30.0, "retries": 3, "backoff_s": 0.5, "workers": 8},
         "prm": "",  # a critic checkpoint (dir or stage:<s>): PPO's per-step rewards r_φ(s_t, a_t) (RAG-Gym §2.3)
         "rl": default_rl_config(),
         "train": train,
@@ -118,9 +122,13 @@ def check_config(config, name: str) -> None:
         rl_train_config(rc, sc.train)
     except (KeyError, ValueError, TypeError) as e:
         _fail(name, "train", str(e).strip("'\""))
+    try:
+        answer_judge(sc)
+    except ValueError as e:
+        _fail(name, "answer_judge", str(e))
     reward = sc.reward.to_dict() if hasattr(sc.reward, "to_dict") else sc.reward
     try:
-        reward_fn(reward)
+        reward_fn(reward, answer_judge=answer_judge(sc))
     except (KeyError, ValueError) as e:
         _fail(name, "reward", str(e))
     if sc.get("prm") and sc.train.loss != "ppo":
@@ -132,6 +140,13 @@ def check_config(config, name: str) -> None:
             _fail(name, "judge", "rl.group_rollout 'smartsearch_refine' needs a judge section (the query refiner and "
                                  "usefulness judge: kind http | local | fn)")
         check_judge(name, common.plain(sc.judge), "the process-reward model's endpoint")
+
+
+def answer_judge(sc):
+    """The stage's answer judge (jaxrag.judge.OpenAIJudge), None without an answer_judge.base_url."""
+    from jaxrag.judge import judge_from_config
+
+    return judge_from_config(common.plain(sc.answer_judge)) if sc.get("answer_judge") else None
 
 
 def load_agent(ac, tokenizer):
@@ -149,6 +164,7 @@ def load_agent(ac, tokenizer):
 def rl_stage(config, workdir: str, name: str | None = None) -> None:
     from jaxrag.data.qa import load_qa
     from jaxrag.rl import RLConfig, train_rl
+    from jaxrag.supervision.rewards import reward_fn
 
     name = stage_name(config, STAGE_FN, name)
     check_config(config, name)
@@ -172,8 +188,8 @@ def rl_stage(config, workdir: str, name: str | None = None) -> None:
         from jaxrag.pipelines.eval import load_prm
 
         step_rewards = load_prm(sc.prm, f"config.{name}.prm", workdir, sc.agent)
-    result = train_rl(policy, retriever, agent, questions, reward, rc, sc.train, out, step_rewards=step_rewards,
-                      judge=judge, refiner=judge)
+    result = train_rl(policy, retriever, agent, questions, reward_fn(reward, answer_judge=answer_judge(sc)), rc,
+                      sc.train, out, step_rewards=step_rewards, judge=judge, refiner=judge)
     if jax.process_index() != 0:
         return
     common.save_checkpoint(common.model_dir(workdir, name), policy.cfg, result.params, policy.tokenizer_path,

@@ -49,7 +49,7 @@ from jaxrag.models.lora import merge
 from jaxrag.rl import rows as R
 from jaxrag.rl.config import RLConfig, rl_train_config
 from jaxrag.rl.group_rollout import GroupSampler, sample_groups
-from jaxrag.supervision.rewards import Reward, reward_fn
+from jaxrag.supervision.rewards import Reward, prepare, reward_fn
 from jaxrag.train.batching import BatchStream
 from jaxrag.train.checkpoint import Checkpointer
 from jaxrag.train.loop import RESUMABLE as RESUMABLE_TRAIN
@@ -90,7 +90,9 @@ def policy_params(state: dict, frozen: dict, tc) -> tuple[Any, str]:
 
 
 def score_episodes(episodes: Sequence[Episode], reward) -> list[Reward]:
-    """The reward of every episode; ep.reward and ep.metadata["reward_components"] are set from it."""
+    """The reward of every episode; ep.reward and ep.metadata["reward_components"] are set from it. A reward with a
+    `prepare` (a judged reward) first sees the whole batch."""
+    prepare(reward, episodes)
     out = []
     for ep in episodes:
         r = reward(ep)

@@ -21,17 +21,24 @@ The ablations of 003 §5.3 (Fig. 3; configs/arena/fig3.py) register their own re
   "arena_naive"    Naive-GRPO (§4.3: "format and accuracy rewards", for the agent "arena_naive"): format = the
                    original recipe's check (open-r1 format_reward: the reply is <think>…</think>, whitespace,
                    <answer>…</answer> ending a line) + EM accuracy of the <answer>
-LJ accuracy (an LLM judge's verdict as the accuracy term) is not registered: a reward here reads only its episode,
-and a judge call per completion needs an endpoint in the RL stage's config.
+  "arena_ljacc"    LJ accuracy: the accuracy term is an LLM judge's verdict on the <answer> text with ARENA's LJ
+                   prompt (jaxrag.judge.LJ_PROMPT; the released src/rewards.py accuracy_reward, commented out there:
+                   an empty answer scores 0 without a call, "yes" 1, "no" 0, a reply that says neither 0.5). Here a
+                   judge that fails after its retries also scores 0.5, and the component lj_failed counts it. A
+                   judged reward (rewards.register_judged): the RL stage's answer_judge section names the endpoint;
+                   `prepare` asks about a batch's answers `workers` at a time.
 """
 
 from __future__ import annotations
 
 import re
 
+from typing import Callable, Sequence
+
 from jaxrag import metrics
 from jaxrag.env.mdp import ANSWER, Episode
-from jaxrag.supervision.rewards import Reward, register
+from jaxrag.judge import verdict_record
+from jaxrag.supervision.rewards import Reward, register, register_judged
 
 BONUS = 10.0
 ACCURACY = {"em": metrics.exact_match, "f1": metrics.f1_score}
@@ -46,15 +53,15 @@ def strict_format_score(text: str) -> float:
 
 
 def arena_episode_reward(ep: Episode, *, bonus: float = BONUS, strict_format: bool = False,
-                         accuracy: str = "em") -> Reward:
+                         accuracy: str | Callable = "em") -> Reward:
     """The adaptive reward of one ARENA episode; components: format, accuracy, relevance, bonus. accuracy: "em"
-    (the paper's) or "f1" (Fig. 3's F1-accuracy ablation)."""
-    if accuracy not in ACCURACY:
-        raise ValueError(f"arena reward: accuracy must be one of {sorted(ACCURACY)}, got {accuracy!r}")
+    (the paper's), "f1" (Fig. 3's F1-accuracy ablation) or a function (answer, golds) -> score."""
+    if not callable(accuracy) and accuracy not in ACCURACY:
+        raise ValueError(f"arena reward: accuracy must be one of {sorted(ACCURACY)} or a function, got {accuracy!r}")
     text, answer = _reply(ep)
     cited = list(ep.steps[-1].action.extra.get("relevance", [])) if ep.steps else []
     parts = metrics.arena_reward(text, answer, ep.gold, cited, list(ep.metadata.get("gold_ref_ids", [])),
-                                 bonus=bonus, accuracy=ACCURACY[accuracy],
+                                 bonus=bonus, accuracy=accuracy if callable(accuracy) else ACCURACY[accuracy],
                                  format_score=strict_format_score if strict_format else None)
     return Reward(float(parts["total"]), {k: float(parts[k]) for k in ("format", "accuracy", "relevance", "bonus")})
 
@@ -94,3 +101,27 @@ def arena_naive_reward(ep: Episode) -> Reward:
     text, answer = _reply(ep)
     fmt, acc = naive_format_score(text), metrics.exact_match(answer, ep.gold)
     return Reward(fmt + acc, {"format": fmt, "accuracy": acc})
+
+
+LJ_UNDECIDED = 0.5   # the released get_score's value for a reply that is neither yes nor no
+
+
+@register_judged("arena_ljacc")
+def arena_ljacc_reward(judge):
+    """LJ accuracy (Fig. 3): ARENA's reward with the judge's verdict as the accuracy term (see the module doc).
+    Each episode keeps its verdict record in metadata["lj"], as the eval's LJ does."""
+    def prepare(episodes: Sequence[Episode]) -> None:
+        todo = [ep for ep in episodes if "lj" not in ep.metadata]
+        for ep, (verdict, r) in zip(todo, judge.judge_answers([(ep.gold, _reply(ep)[1]) for ep in todo])):
+            ep.metadata["lj"] = verdict_record(verdict, r)
+
+    def fn(ep: Episode) -> Reward:
+        if "lj" not in ep.metadata:
+            prepare([ep])
+        verdict = ep.metadata["lj"]["verdict"]
+        acc = LJ_UNDECIDED if verdict is None else float(verdict)
+        r = arena_episode_reward(ep, accuracy=lambda answer, golds: acc)
+        return Reward(r.total, {**r.components, "lj_failed": float(verdict is None)})
+
+    fn.prepare = prepare
+    return fn

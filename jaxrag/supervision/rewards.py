@@ -4,6 +4,11 @@ A reward function maps a finished Episode to a total and its named components (l
 loop). `weighted({"em": 1.0, "arena": 0.5})` sums several. Registered here: em, f1, cem (outcome rewards). The
 papers' shaped rewards (ARENA adaptive, SmartSearch composite) register themselves in the same table with
 `register`.
+
+A reward that asks an LLM judge about the answer (ARENA's LJ accuracy) registers a factory with `register_judged`:
+judge -> reward function; `get_reward(name, answer_judge=...)` builds it, and names the missing judge otherwise. A
+reward function may have a `prepare(episodes)` attribute: the RL loop calls it once per batch before scoring
+(a judged reward sends its judge calls there, several at a time).
 """
 
 from __future__ import annotations
@@ -22,16 +27,35 @@ class Reward:
 
 RewardFn = Callable[[Episode], Reward]
 REWARDS: dict[str, RewardFn] = {}
+JUDGED: dict[str, Callable[[object], RewardFn]] = {}   # name -> (answer judge -> reward function)
 
 
 def register(name: str):
     def deco(fn: RewardFn) -> RewardFn:
-        if name in REWARDS:
+        if name in REWARDS or name in JUDGED:
             raise ValueError(f"reward {name!r} is registered twice")
         REWARDS[name] = fn
         return fn
 
     return deco
+
+
+def register_judged(name: str):
+    """Register a factory judge -> RewardFn (the judge: jaxrag.judge.OpenAIJudge or anything with judge_answers)."""
+    def deco(factory):
+        if name in REWARDS or name in JUDGED:
+            raise ValueError(f"reward {name!r} is registered twice")
+        JUDGED[name] = factory
+        return factory
+
+    return deco
+
+
+def prepare(reward, episodes) -> None:
+    """Run `reward.prepare(episodes)` where the reward has one."""
+    fn = getattr(reward, "prepare", None)
+    if fn is not None:
+        fn(episodes)
 
 
 def _outcome(metric: str) -> RewardFn:
@@ -59,19 +83,25 @@ def _load_papers_rewards() -> None:
                 raise
 
 
-def get_reward(name: str) -> RewardFn:
-    if name not in REWARDS:
+def get_reward(name: str, answer_judge=None) -> RewardFn:
+    """The reward called `name`; a judged one (register_judged) is built around `answer_judge`."""
+    if name not in REWARDS and name not in JUDGED:
         _load_papers_rewards()
+    if name in JUDGED:
+        if answer_judge is None:
+            raise ValueError(f"reward {name!r} asks an LLM judge about every answer: set the stage's "
+                             "answer_judge.base_url (an OpenAI-compatible endpoint)")
+        return JUDGED[name](answer_judge)
     if name not in REWARDS:
-        raise ValueError(f"unknown reward {name!r} (known: {sorted(REWARDS)})")
+        raise ValueError(f"unknown reward {name!r} (known: {sorted(REWARDS) + sorted(JUDGED)})")
     return REWARDS[name]
 
 
-def weighted(weights: Mapping[str, float]) -> RewardFn:
+def weighted(weights: Mapping[str, float], answer_judge=None) -> RewardFn:
     """Σ_name w · reward_name(episode); components keep every part's own components."""
     if not weights:
         raise ValueError("weighted(): no rewards given")
-    fns = {name: get_reward(name) for name in weights}
+    fns = {name: get_reward(name, answer_judge) for name in weights}
 
     def fn(ep: Episode) -> Reward:
         total, comps = 0.0, {}
@@ -81,18 +111,24 @@ def weighted(weights: Mapping[str, float]) -> RewardFn:
             comps.update({f"{name}/{k}" if k != name else k: v for k, v in r.components.items()})
         return Reward(total, comps)
 
+    def prepare_parts(episodes):
+        for f in fns.values():
+            prepare(f, episodes)
+
+    fn.prepare = prepare_parts
     return fn
 
 
-def reward_fn(spec: str | Mapping[str, float]) -> RewardFn:
-    """A config value -> reward function: "em" | "em+0.5*arena" style string | {"em": 1.0, ...}."""
+def reward_fn(spec: str | Mapping[str, float], answer_judge=None) -> RewardFn:
+    """A config value -> reward function: "em" | "em+0.5*arena" style string | {"em": 1.0, ...}. answer_judge: the
+    judge of the judged rewards among them."""
     if isinstance(spec, Mapping):
-        return weighted(dict(spec))
+        return weighted(dict(spec), answer_judge)
     parts = [p.strip() for p in str(spec).split("+") if p.strip()]
     if len(parts) == 1 and "*" not in parts[0]:
-        return get_reward(parts[0])
+        return get_reward(parts[0], answer_judge)
     weights = {}
     for p in parts:
         w, _, name = p.rpartition("*")
         weights[name.strip()] = float(w) if w else 1.0
-    return weighted(weights)
+    return weighted(weights, answer_judge)
