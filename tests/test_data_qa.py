@@ -69,3 +69,23 @@ def test_tfds_build_read_and_grain_batches(tmp_path):
     for r in got:
         assert r["question"] == want[r["id"]].question and r["golden_answers"] == list(want[r["id"]].golden_answers)
     assert build_qa_tfds(BENCH / "bamboogle_test.jsonl", tmp_path, select="first:10").info.splits["train"].num_examples == 10
+
+
+def test_rag_gym_medqa_csv(tmp_path):
+    """RAG-Gym's released MedQA training sample (index, question, options as a dict literal, answer letter) -> QA
+    JSONL that load_qa reads back with its choices and gold letter; a bad row names its line."""
+    from jaxrag.data.rag_gym_medqa import main
+
+    src = tmp_path / "medqa_train_1000.csv"
+    src.write_text('index,question,options,answer\n'
+                   '00018,"Which, of these?","{\'A\': \'x\', \'B\': \'y, z\', \'C\': \'w\', \'D\': \'v\'}",B\n'
+                   '00230,Q2,"{\'A\': \'a\', \'B\': \'b\', \'C\': \'c\', \'D\': \'d\'}",D\n')
+    main([str(src), str(tmp_path / "out.jsonl")])
+    ex = load_qa(tmp_path / "out.jsonl")
+    assert [(e.id, e.question, e.choices, e.golden_answers, e.answer_letter) for e in ex] == [
+        ("medqa_train_00018", "Which, of these?", ("x", "y, z", "w", "v"), ("y, z",), "B"),
+        ("medqa_train_00230", "Q2", ("a", "b", "c", "d"), ("d",), "D")]
+    src.write_text(src.read_text() + "00540,Q3,\"{'A': 'a'}\",E\n")
+    with pytest.raises(QADataError, match=r"medqa_train_1000.csv:4: answer 'E' is not one of the options \['A'\]"):
+        main([str(src), str(tmp_path / "bad.jsonl")])
+    assert not (tmp_path / "bad.jsonl").exists()

@@ -240,8 +240,28 @@ def test_rag_gym_tuned_rows_take_any_of_the_six_designs(name):
     assert len(plan(load(name, "smoke,direct"))) == len(load(name, "smoke").stages)
     for bad in ("reactt", "react,cot", "shared,smoke"):
         with pytest.raises(ValueError, match=rf"{name}.py: unknown argument {bad!r} \(a variant of '', 'shared', "
-                                             r"'smoke' and/or an agent of direct, cot, rag, react, search_o1"):
+                                             r"'smoke', an agent of direct, cot, rag, react, search_o1"):
             load(name, bad)
+
+
+@pytest.mark.parametrize("name", ["rag_gym/sft", "rag_gym/dpo", "rag_gym/ppo"])
+def test_rag_gym_tuned_rows_medqa_column(name):
+    """`medqa` makes a tuned row its MedQA column: collect (and PPO) on RAG-Gym's 1,000 MedQA training questions over
+    the medical corpus with MedCPT, trajectories kept by the chosen option, the eval on Table 2's MedQA stage."""
+    c, t2 = load(name, "medqa,cot"), load("rag_gym/table2")
+    assert (c.collect.questions.path, c.collect.questions.select) == ("data/medqa_train_1000.jsonl", "all")
+    assert c.collect.retriever.to_dict() == t2.eval_medqa.retriever.to_dict()
+    assert c.collect.ranking.outcome_metric == "acc" and c.collect.agent.name == "cot"
+    assert c.eval.datasets == t2.eval_medqa.datasets and c.eval.retriever.to_dict() == t2.eval_medqa.retriever.to_dict()
+    assert _eval_methods(c) == {f"cot+{name.split('/')[1]}"}
+    if "ppo" in c:   # PPO's episodes search the same corpus, with both MedCPT encoders
+        assert c.ppo.reward == "acc" and c.ppo.questions.path == c.collect.questions.path
+        assert (c.ppo.retriever.query_encoder, c.ppo.retriever.rrf_k) == ("models/MedCPT-Query-Encoder", 100)
+    assert load(name, "cot").collect.questions.select == "first:1000"   # without it: HotpotQA, as before
+    s = load(name, "smoke,medqa")
+    assert s.collect.questions.path.endswith("medqa_usmle_4opt_test_1273.jsonl") and len(plan(s)) == len(s.stages)
+    with pytest.raises(ValueError, match=r"'medqa' has no 'shared' variant"):
+        load(name, "shared,medqa")
 
 
 def test_training_row_configs_pass_the_static_checks_and_name_the_published_rows():

@@ -41,19 +41,27 @@ def check_variant(path: str, variant: str) -> None:
 
 
 RAG_GYM_AGENTS = ("direct", "cot", "rag", "react", "search_o1", "re2search")   # the six designs RAG-Gym tunes
+TUNED_DOMAINS = ("medqa",)   # a tuned row's other column: RAG-Gym collects on 1,000 MedQA training questions for it
 
 
-def variant_and_agent(path: str, arg: str, default: str = "re2search") -> tuple[str, str]:
-    """A RAG-Gym tuned-row config's argument: a variant, an agent design, or both ("shared,react"): (variant,
-    agent), the agent one of RAG-Gym's six (default Re²Search, its best), so each of Table 2's tuned rows is
-    `--config=configs/rag_gym/dpo.py:react` and so on."""
+def variant_and_agent(path: str, arg: str, default: str = "re2search") -> tuple[str, str, str]:
+    """A RAG-Gym tuned-row config's argument: a variant, an agent design and/or the domain "medqa", comma-separated
+    in any order ("shared,react", "medqa,cot"): (variant, agent, domain). The agent is one of RAG-Gym's six
+    (default Re²Search, its best), so each of Table 2's tuned rows is `--config=configs/rag_gym/dpo.py:react` and so
+    on; "medqa" is the row's MedQA column (RAG-Gym tunes on MedQA train for it), "" the open-domain sets."""
     parts = [p for p in arg.split(",") if p] if arg else []
     agents = [p for p in parts if p in RAG_GYM_AGENTS]
-    rest = [p for p in parts if p not in RAG_GYM_AGENTS]
-    if len(agents) > 1 or len(rest) > 1 or (rest and rest[0] not in VARIANTS):
-        raise ValueError(f"{path}: unknown argument {arg!r} (a variant of {', '.join(map(repr, VARIANTS))} and/or an "
-                         f"agent of {', '.join(RAG_GYM_AGENTS)}, e.g. 'shared,react')")
-    return (rest[0] if rest else ""), (agents[0] if agents else default)
+    domains = [p for p in parts if p in TUNED_DOMAINS]
+    rest = [p for p in parts if p not in RAG_GYM_AGENTS and p not in TUNED_DOMAINS]
+    if len(agents) > 1 or len(domains) > 1 or len(rest) > 1 or (rest and rest[0] not in VARIANTS):
+        raise ValueError(f"{path}: unknown argument {arg!r} (a variant of {', '.join(map(repr, VARIANTS))}, an agent "
+                         f"of {', '.join(RAG_GYM_AGENTS)} and/or the domain {', '.join(TUNED_DOMAINS)}, e.g. "
+                         "'shared,react' or 'medqa,cot')")
+    variant, domain = (rest[0] if rest else ""), (domains[0] if domains else "")
+    if domain == "medqa" and variant == "shared":
+        raise ValueError(f"{path}: 'medqa' has no 'shared' variant: the shared benchmarks hold neither MedQA's "
+                         "training questions nor a medical corpus (see configs/rag_gym/pieces.py:medqa_collect)")
+    return variant, (agents[0] if agents else default), domain
 
 
 def dataset(name: str, path: str, select: str = "all") -> dict:

@@ -18,8 +18,11 @@ Stages:
   eval     configs/rag_gym/table2.py's protocol on the open-domain sets with the tuned actor ("<agent>+dpo"); the
            Search-o1 / Re²Search summaries from the untuned base model, as in RAG-Gym.
 The design is the config's argument, alone or after the variant: `dpo.py:react`, `dpo.py:shared,search_o1` (RAG-Gym
-tunes each of its six; default Re²Search, its best). `base_model` is the one place the base checkpoint is named
-(collect's policy, dpo's init and tokenizer, the summarizer).
+tunes each of its six; default Re²Search, its best). `medqa` makes it the row's MedQA column (`dpo.py:medqa,react`):
+collect on RAG-Gym's 1,000 MedQA training questions over the medical corpus (configs/rag_gym/pieces.py:medqa_collect;
+write data/medqa_train_1000.jsonl with `python -m jaxrag.data.rag_gym_medqa`), eval on Table 2's MedQA stage.
+`base_model` is the one place the base checkpoint is named (collect's policy, dpo's init and tokenizer, the
+summarizer).
 """
 
 import importlib.util
@@ -29,6 +32,7 @@ import ml_collections
 
 from configs.common import paper
 from configs.common.train import train_stage
+from configs.rag_gym import pieces
 
 
 def _table2(variant: str):
@@ -39,7 +43,7 @@ def _table2(variant: str):
 
 
 def get_config(variant: str = ""):
-    variant, agent = paper.variant_and_agent("configs/rag_gym/dpo.py", variant)
+    variant, agent, domain = paper.variant_and_agent("configs/rag_gym/dpo.py", variant)
     t2 = _table2("shared" if variant == "shared" else "")
     base = ml_collections.FieldReference("", field_type=str)
     c = ml_collections.ConfigDict({"paper": "rag_gym", "table": "table2", "model": "Llama-3.1-8B-Instruct"})
@@ -56,6 +60,8 @@ def get_config(variant: str = ""):
         "ranking": {"n_candidates": 10, "temperature": 1.0, "max_steps": 10, "k": 32, "batch_size": 64,
                     "max_new_tokens": 512, "outcome_metric": "f1", "outcome_threshold": 0.75, "seed": 0},
     })
+    if domain == "medqa":
+        pieces.medqa_collect(c.collect, t2)
     c.dpo = train_stage("jaxrag.pipelines.train:train_stage", "collect/dpo.jsonl", loss="dpo", steps=100,
                         batch_size=32, grad_accum=32, seq_buckets=(1024, 2048, 4096, 4608),
                         compute_dtype="bfloat16", remat=True)
@@ -66,7 +72,7 @@ def get_config(variant: str = ""):
     t.dpo.beta = 0.1
     t.lora.update(dict(enabled=True, rank=256, alpha=512.0, dropout=0.05, targets=("q", "k", "v")))
     t.optimizer.update(dict(lr=2e-6, warmup_steps=0))
-    c.eval = t2.eval
+    c.eval = t2.eval_medqa if domain == "medqa" else t2.eval
     c.eval.agents = [{"name": agent}]
     c.eval.policy.path = "stage:dpo"
     c.eval.summarizer.path = base
@@ -77,6 +83,8 @@ def get_config(variant: str = ""):
         c.eval.datasets = [dict(d, select="last:250") if d["name"] == "HotpotQA" else d for d in c.eval.datasets]
     elif variant == "smoke":
         smoke(c, agent)
+        if domain == "medqa":
+            pieces.smoke_medqa(c)
     return c
 
 

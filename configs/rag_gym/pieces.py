@@ -7,6 +7,7 @@ config's one FieldReference for the base checkpoint.
   sft           LoRA r 256 / α 512 / dropout 0.05 on q, k, v, lr 5e-5, batch 4 x 16 accumulation = 64, 3 epochs
                 (sft.py CLI), sequences up to 4,096 tokens, on collect's sft.jsonl (the best-ranked action per state)
   critic_pairs  collect's records re-rendered and tokenized for the critic (jaxrag.pipelines.collect:critic_pairs_stage)
+  medqa_collect the collection of a MedQA row (RAG-Gym's 1,000 MedQA training questions, the medical corpus)
   critic        the Bradley–Terry PRM: Llama-3.1-8B-Instruct + a scalar head, LoRA r 256 / α 2r = 512 / dropout 0.05
                 on q, k, v, lr 1e-5, batch 1 x 2 accumulation, 1 epoch, center_rewards_coefficient 0.01, inputs up
                 to 4,096 tokens (reward.py CLI; its 10 % held-out eval split is not kept: every pair trains)
@@ -54,6 +55,19 @@ def collect(base, t2, agent: str, judge: dict | None = None) -> ml_collections.C
         "ranking": {"n_candidates": 10, "temperature": 1.0, "max_steps": 10, "k": 32, "batch_size": 64,
                     "max_new_tokens": 512, "outcome_metric": "f1", "outcome_threshold": 0.75, "seed": 0},
     })
+
+
+MEDQA_TRAIN = "data/medqa_train_1000.jsonl"
+
+
+def medqa_collect(s: ml_collections.ConfigDict, t2) -> None:
+    """A collect section made the MedQA column's (001 §4 and App. B; the released scripts' --data medqa): RAG-Gym's
+    1,000 sampled MedQA training questions (its dataset/medqa_train_1000.csv; `python -m jaxrag.data.rag_gym_medqa`
+    writes MEDQA_TRAIN), textbooks + StatPearls with BM25 + MedCPT (Table 2's eval_medqa retriever), and a
+    trajectory kept iff its option is right (the released EMReward on the letter: outcome "acc")."""
+    s.questions.update(dict(path=MEDQA_TRAIN, select="all"))
+    s.retriever = t2.eval_medqa.retriever.to_dict()
+    s.ranking.outcome_metric = "acc"
 
 
 def _lora(t, rank: int = 256, alpha: float = 512.0) -> None:
@@ -127,6 +141,16 @@ def smoke_train(s: ml_collections.ConfigDict, batch_size: int = 2) -> None:
     t.optimizer.lr = 1e-3
     t.checkpoint.update(dict(every_steps=1, async_save=False))
     t.progress = False
+
+
+def smoke_medqa(c: ml_collections.ConfigDict) -> None:
+    """A smoke tuned row's MedQA column: collect (and PPO) on the first 4 shared MedQA test questions over the shared
+    corpus (there is no medical one here), the eval on the last 2."""
+    medqa = str(paper.BENCHMARKS / paper.SHARED["MedQA"])
+    c.collect.questions.update(dict(path=medqa, select="first:4"))
+    if "ppo" in c:
+        c.ppo.questions.update(dict(path=medqa, select="first:4"))
+    smoke_eval(c.eval, ("MedQA",), "last:2")
 
 
 def smoke_eval(e: ml_collections.ConfigDict, datasets=("HotpotQA",), select: str = "last:2") -> None:

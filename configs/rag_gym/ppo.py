@@ -13,7 +13,8 @@ collection's, the first 1,000 HotpotQA dev) -> eval. The released code has no PP
 hyperparameters: the PPO settings below are OpenRLHF's defaults where it has them (clip 0.2, value clip 0.2, γ 1,
 λ 0.95, actor lr 5e-7) and jaxrag's elsewhere; one pass over the 1,000 questions at 8 per step. Say so beside any
 number this config produces. The design is the config's argument, alone or after the variant: `ppo.py:react`,
-`ppo.py:shared,rag` (default Re²Search).
+`ppo.py:shared,rag` (default Re²Search); `medqa` makes it the row's MedQA column (`ppo.py:medqa`; as
+configs/rag_gym/dpo.py says; the PPO questions are collect's).
 """
 
 from configs.common import paper
@@ -22,15 +23,17 @@ from jaxrag.pipelines.rl import stage_config
 
 
 def get_config(variant: str = ""):
-    variant, agent = paper.variant_and_agent("configs/rag_gym/ppo.py", variant)
+    variant, agent, domain = paper.variant_and_agent("configs/rag_gym/ppo.py", variant)
     c, t2, base, _ = pieces.critic_head("table2", ["collect", "critic_pairs", "critic", "ppo", "eval"], agent, variant)
+    if domain == "medqa":
+        pieces.medqa_collect(c.collect, t2)
     c.ppo = s = stage_config()
     s.policy.path = base
     s.policy.max_prompt_tokens = 4096
-    s.retriever.update({k: v for k, v in t2.eval.retriever.to_dict().items() if k in s.retriever})
+    s.retriever.update({k: v for k, v in c.collect.retriever.to_dict().items() if k in s.retriever})
     s.questions.update(dict(path=c.collect.questions.path, select=c.collect.questions.select))
     s.agent.update(dict(name=agent, mode="chat", max_doc_chars=0))
-    s.reward = "f1"        # logged beside the PRM rewards; PPO's rewards are the PRM's (prm)
+    s.reward = "acc" if domain == "medqa" else "f1"   # logged beside the PRM's rewards, which PPO maximizes
     s.prm = "stage:critic"
     s.rl.update(dict(steps=125, questions_per_step=8, group_size=1, temperature=1.0, max_new_tokens=512,
                      max_steps=10, k=32))
@@ -39,7 +42,7 @@ def get_config(variant: str = ""):
     t.update(dict(compute_dtype="bfloat16", remat=True, seq_buckets=(1024, 2048, 4096, 4608)))
     t.optimizer.update(dict(lr=5e-7, warmup_steps=0))
     t.ppo.update(dict(clip_eps=0.2, value_clip_eps=0.2, gamma=1.0, lam=0.95))
-    c.eval = t2.eval
+    c.eval = t2.eval_medqa if domain == "medqa" else t2.eval
     c.eval.agents = [{"name": agent}]
     c.eval.policy.path = "stage:ppo"
     c.eval.summarizer.path = base
@@ -48,6 +51,8 @@ def get_config(variant: str = ""):
         c.eval.datasets = [dict(d, select="last:250") if d["name"] == "HotpotQA" else d for d in c.eval.datasets]
     elif variant == "smoke":
         smoke(c)
+        if domain == "medqa":
+            pieces.smoke_medqa(c)
     return c
 
 

@@ -9,7 +9,8 @@ the tuned actor ("<agent>+sft").
 Stages: collect (as configs/rag_gym/dpo.py) -> sft (LoRA r 256 / α 512 / dropout 0.05 on q, k, v, lr 5e-5, batch 64 =
 4 x 16 accumulation, 3 epochs: configs/rag_gym/pieces.py) -> eval (Table 2's open-domain protocol; the Search-o1 /
 Re²Search summaries from the untuned base model). The design is the config's argument,
-alone or after the variant: `sft.py:react`, `sft.py:shared,cot` (RAG-Gym tunes each of its six; default Re²Search).
+alone or after the variant: `sft.py:react`, `sft.py:shared,cot` (RAG-Gym tunes each of its six; default Re²Search);
+`medqa` makes it the row's MedQA column (`sft.py:medqa,cot`; as configs/rag_gym/dpo.py says).
 """
 
 import ml_collections
@@ -20,15 +21,17 @@ from configs.rag_gym import table2 as t2_cfg
 
 
 def get_config(variant: str = ""):
-    variant, agent = paper.variant_and_agent("configs/rag_gym/sft.py", variant)
+    variant, agent, domain = paper.variant_and_agent("configs/rag_gym/sft.py", variant)
     t2 = t2_cfg.get_config("shared" if variant == "shared" else "")
     base = ml_collections.FieldReference("", field_type=str)
     c = ml_collections.ConfigDict({"paper": "rag_gym", "table": "table2", "model": "Llama-3.1-8B-Instruct"})
     c.base_model = base
     c.stages = ["collect", "sft", "eval"]
     c.collect = pieces.collect(base, t2, agent)
+    if domain == "medqa":
+        pieces.medqa_collect(c.collect, t2)
     c.sft = pieces.sft(base)
-    c.eval = t2.eval
+    c.eval = t2.eval_medqa if domain == "medqa" else t2.eval
     c.eval.agents = [{"name": agent}]
     c.eval.policy.path = "stage:sft"
     c.eval.summarizer.path = base
@@ -39,6 +42,8 @@ def get_config(variant: str = ""):
         c.eval.datasets = [dict(d, select="last:250") if d["name"] == "HotpotQA" else d for d in c.eval.datasets]
     elif variant == "smoke":
         smoke(c)
+        if domain == "medqa":
+            pieces.smoke_medqa(c)
     return c
 
 

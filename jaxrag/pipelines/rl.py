@@ -7,7 +7,8 @@ config.<name> (configs/arena/grpo.py, configs/smartsearch/grpo.py):
              tokenizer dir / *.model. dtype ("" = checkpoint's), max_prompt_tokens (0 = max_seq_len -
              max_new_tokens; agents render over-long prompts shorter, jaxrag.policy).
   retriever  corpus (JSONL, BM25 built in memory over its first max_passages, 0 = all, backend bm25s | lucene) or
-             index_dir (a built index, jaxrag.retrieval.load_retriever).
+             index_dir (a built index, jaxrag.retrieval.load_retriever; encoder, query_encoder, rrf_k, depth as
+             jaxrag.pipelines.common.load_retriever reads them, "" / 0 = the index's own).
   questions  path (QA JSONL, jaxrag.data.qa.load_qa), select ("all", "first:N", ...), limit (0 = no limit).
   agent      name (jaxrag.env.agents), mode (chat | plain), max_docs (0 = all), max_doc_chars (0 = no cut).
   reward     a reward spec (jaxrag.supervision.rewards.reward_fn): "em", "arena", "em+0.5*f1".
@@ -68,7 +69,8 @@ def stage_config() -> "ml_collections.ConfigDict":
     return ml_collections.ConfigDict({
         "fn": f"jaxrag.pipelines.rl:{STAGE_FN}",
         "policy": {"path": "", "tokenizer": "", "dtype": "", "max_prompt_tokens": 0, "add_bos": True},
-        "retriever": {"corpus": "", "max_passages": 0, "backend": "bm25s", "index_dir": "", "kind": "bm25"},
+        "retriever": {"corpus": "", "max_passages": 0, "backend": "bm25s", "index_dir": "", "kind": "bm25",
+                      "encoder": "", "query_encoder": "", "rrf_k": 0, "depth": 0},
         "questions": {"path": "", "select": "all", "limit": 0},
         "agent": {"name": "react", "mode": "chat", "max_docs": 0, "max_doc_chars": 1000},
         "reward": "em",

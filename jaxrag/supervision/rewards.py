@@ -1,7 +1,7 @@
 """Episode reward functions by name, for the RL loop and for scoring: `get_reward("em")(episode) -> Reward`.
 
 A reward function maps a finished Episode to a total and its named components (logged per component by the RL
-loop). `weighted({"em": 1.0, "arena": 0.5})` sums several. Registered here: em, f1, cem (outcome rewards). The
+loop). `weighted({"em": 1.0, "arena": 0.5})` sums several. Registered here: em, f1, cem, acc (outcome rewards). The
 papers' shaped rewards (ARENA adaptive, SmartSearch composite) register themselves in the same table with
 `register`.
 
@@ -67,7 +67,7 @@ def _outcome(metric: str) -> RewardFn:
     return fn
 
 
-for _m in ("em", "f1", "cem"):
+for _m in ("em", "f1", "cem", "acc"):
     register(_m)(_outcome(_m))
 
 
