@@ -264,6 +264,28 @@ def test_rag_gym_tuned_rows_medqa_column(name):
         load(name, "shared,medqa")
 
 
+@pytest.mark.parametrize("name", ["rag_gym/table4", "rag_gym/fig4"])
+def test_rag_gym_critic_configs_medqa_column(name):
+    """Table 4's and Fig. 4's MedQA column: every collection (GPT-4o's, Llama's) and the rollout values on the MedQA
+    training sample over the medical corpus, scored by the chosen option; the critics' best-of-N on MedQA test."""
+    c, t2 = load(name, "medqa"), load("rag_gym/table2")
+    collects = [n for n in c.stages if n.startswith("collect")]
+    assert collects == (["collect", "collect_llama"] if name.endswith("table4") else ["collect"])
+    for n in collects:
+        assert c[n].questions.path == "data/medqa_train_1000.jsonl" and c[n].ranking.outcome_metric == "acc"
+        assert c[n].retriever.to_dict() == t2.eval_medqa.retriever.to_dict()
+    if "rollout" in c:
+        assert c.rollout.rollouts.metric == "acc" and c.rollout.retriever.encoder == "models/MedCPT-Article-Encoder"
+        assert load(name).rollout.rollouts.metric == "f1"
+    assert [d["name"] for d in c.eval.datasets] == ["MedQA"] and _eval_methods(c) == _eval_methods(load(name))
+    assert [d["name"] for d in load(name).eval.datasets] == ["HotpotQA", "2Wiki", "Bamboogle"]
+    s = load(name, "smoke,medqa")
+    assert {s[n].questions.select for n in s.stages if "questions" in s[n]} == {"first:4"}
+    assert len(plan(s)) == len(s.stages)
+    with pytest.raises(ValueError, match=r"unknown argument 'react' \(a variant of '', 'shared', 'smoke' and/or the "):
+        load(name, "react")
+
+
 def test_training_row_configs_pass_the_static_checks_and_name_the_published_rows():
     rr = load("reasonrag/table3", "smoke")
     assert [n for n, _ in plan(rr)] == ["setup", "mcts", "dpo", "sft", "orl_5k", "orl_10k", "eval_base", "eval_dpo",

@@ -49,19 +49,31 @@ def variant_and_agent(path: str, arg: str, default: str = "re2search") -> tuple[
     in any order ("shared,react", "medqa,cot"): (variant, agent, domain). The agent is one of RAG-Gym's six
     (default Re²Search, its best), so each of Table 2's tuned rows is `--config=configs/rag_gym/dpo.py:react` and so
     on; "medqa" is the row's MedQA column (RAG-Gym tunes on MedQA train for it), "" the open-domain sets."""
+    variant, agents, domain = _split_argument(path, arg, with_agent=True)
+    return variant, (agents[0] if agents else default), domain
+
+
+def variant_and_domain(path: str, arg: str) -> tuple[str, str]:
+    """A RAG-Gym critic config's argument (table4.py, fig4.py): a variant and/or "medqa" -> (variant, domain)."""
+    variant, _, domain = _split_argument(path, arg, with_agent=False)
+    return variant, domain
+
+
+def _split_argument(path: str, arg: str, with_agent: bool) -> tuple[str, list, str]:
     parts = [p for p in arg.split(",") if p] if arg else []
-    agents = [p for p in parts if p in RAG_GYM_AGENTS]
+    agents = [p for p in parts if with_agent and p in RAG_GYM_AGENTS]
     domains = [p for p in parts if p in TUNED_DOMAINS]
-    rest = [p for p in parts if p not in RAG_GYM_AGENTS and p not in TUNED_DOMAINS]
+    rest = [p for p in parts if p not in agents and p not in TUNED_DOMAINS]
     if len(agents) > 1 or len(domains) > 1 or len(rest) > 1 or (rest and rest[0] not in VARIANTS):
-        raise ValueError(f"{path}: unknown argument {arg!r} (a variant of {', '.join(map(repr, VARIANTS))}, an agent "
-                         f"of {', '.join(RAG_GYM_AGENTS)} and/or the domain {', '.join(TUNED_DOMAINS)}, e.g. "
-                         "'shared,react' or 'medqa,cot')")
+        what = f", an agent of {', '.join(RAG_GYM_AGENTS)}" if with_agent else ""
+        raise ValueError(f"{path}: unknown argument {arg!r} (a variant of {', '.join(map(repr, VARIANTS))}{what} "
+                         f"and/or the domain {', '.join(TUNED_DOMAINS)}, e.g. "
+                         f"{'shared,react' if with_agent else 'smoke,medqa'!r})")
     variant, domain = (rest[0] if rest else ""), (domains[0] if domains else "")
     if domain == "medqa" and variant == "shared":
         raise ValueError(f"{path}: 'medqa' has no 'shared' variant: the shared benchmarks hold neither MedQA's "
                          "training questions nor a medical corpus (see configs/rag_gym/pieces.py:medqa_collect)")
-    return variant, (agents[0] if agents else default), domain
+    return variant, agents, domain
 
 
 def dataset(name: str, path: str, select: str = "all") -> dict:

@@ -10,28 +10,34 @@ Stages: collect (GPT-4o ranking, the first 1,000 HotpotQA dev questions) -> crit
 configs/rag_gym/pieces.py) -> eval: the zero-shot Re²Search actor (the base model) with the critic at each N in `NS`,
 one row per N named "re2search+critic-n<N>" (N = 1: one sample at T = 1.0, nothing to choose). The paper's text does
 not print the N values on the figure's axis: NS is a guess spanning the paper's N = 10 (set it to the figure's axis
-when known). MedQA (in the figure) needs its own collection and critic on MedQA train: not in this config.
+when known). MedQA (in the figure) is the argument `medqa` (`fig4.py:medqa`): the collection and critic on RAG-Gym's
+1,000 MedQA training questions over the medical corpus (configs/rag_gym/pieces.py:medqa_collect), the curve on MedQA
+test.
 """
 
 from configs.common import paper
 from configs.rag_gym import pieces
 
 NS = (1, 2, 4, 8, 10)
-DATASETS = ("HotpotQA", "2Wiki", "Bamboogle")
+DATASETS = ("HotpotQA", "2Wiki", "Bamboogle", "MedQA")   # MedQA: in the medqa variant's own eval
 
 
 def get_config(variant: str = ""):
-    paper.check_variant("configs/rag_gym/fig4.py", variant)
+    variant, domain = paper.variant_and_domain("configs/rag_gym/fig4.py", variant)
     agent = "re2search"
     c, t2, base, _ = pieces.critic_head("fig4", ["collect", "critic_pairs", "critic", "eval"], agent, variant)
-    c.eval = t2.eval
-    c.eval.datasets = [d for d in t2.eval.datasets if d["name"] in DATASETS]
+    if domain == "medqa":
+        pieces.medqa_collect(c.collect, t2)
+    c.eval = t2.eval_medqa if domain == "medqa" else t2.eval
+    c.eval.datasets = [d for d in c.eval.datasets if d["name"] in DATASETS]
     c.eval.agents = [pieces.critic_entry(agent, n=n, variant=f"n{n}") for n in NS]
     c.eval.policy.path = base
     if variant == "shared":   # collect on the first 250 shared HotpotQA questions (pieces.critic_head), eval the last
         c.eval.datasets = [dict(d, select="last:250") if d["name"] == "HotpotQA" else d for d in c.eval.datasets]
     elif variant == "smoke":
         smoke(c)
+        if domain == "medqa":
+            pieces.smoke_medqa(c)
     return c
 
 

@@ -144,12 +144,12 @@ def smoke_train(s: ml_collections.ConfigDict, batch_size: int = 2) -> None:
 
 
 def smoke_medqa(c: ml_collections.ConfigDict) -> None:
-    """A smoke tuned row's MedQA column: collect (and PPO) on the first 4 shared MedQA test questions over the shared
-    corpus (there is no medical one here), the eval on the last 2."""
+    """A smoke config's MedQA column: every stage that samples questions (collections, PPO) takes the first 4 shared
+    MedQA test questions over the shared corpus (there is no medical one here), the eval the last 2."""
     medqa = str(paper.BENCHMARKS / paper.SHARED["MedQA"])
-    c.collect.questions.update(dict(path=medqa, select="first:4"))
-    if "ppo" in c:
-        c.ppo.questions.update(dict(path=medqa, select="first:4"))
+    for name in c.stages:
+        if "questions" in c[name]:
+            c[name].questions.update(dict(path=medqa, select="first:4"))
     smoke_eval(c.eval, ("MedQA",), "last:2")
 
 

@@ -15,9 +15,10 @@ Rows (method names as jaxrag.pipelines.published.METHODS):
                  kept states -> critic_pairs_rollout -> critic_rollout                        "re2search+critic-rollout"
   PRM (Random)   a uniformly random choice among the N candidates (eval.random_critic)      "re2search+critic-random"
 Outcome filter as the paper's "Truth": only trajectories with a correct answer (F1 > 0.75) are kept (collect).
-Not here: the ORM row (the paper does not say what its outcome reward model is trained on), the MedQA column (its own
-collection on MedQA train and the medical corpus) and the Agree column: agreement with human annotators, whose
-annotations are not available. rollout/agreement.md reports instead the rollout values' pairwise agreement with the
+The MedQA column is the argument `medqa` (`table4.py:medqa`): every collection on RAG-Gym's 1,000 MedQA training
+questions over the medical corpus (configs/rag_gym/pieces.py:medqa_collect), rollout values by the chosen option
+(metric acc), the eval on Table 2's MedQA stage. Not here: the ORM row (the paper does not say what its outcome reward
+model is trained on) and the Agree column: agreement with human annotators, whose annotations are not available. rollout/agreement.md reports instead the rollout values' pairwise agreement with the
 GPT-4o ranks on the same states. M (continuations per candidate) is not given in the paper: 4 (RolloutValueConfig).
 """
 
@@ -26,7 +27,7 @@ import ml_collections
 from configs.common import paper
 from configs.rag_gym import pieces
 
-DATASETS = ("HotpotQA", "2Wiki", "Bamboogle")
+DATASETS = ("HotpotQA", "2Wiki", "Bamboogle", "MedQA")   # MedQA: in the medqa column's own eval
 SOURCES = ("", "llama", "rollout")   # "" = GPT-4o: stages collect / critic_pairs / critic
 
 
@@ -35,16 +36,19 @@ def _sfx(src: str) -> str:
 
 
 def get_config(variant: str = ""):
-    paper.check_variant("configs/rag_gym/table4.py", variant)
+    variant, domain = paper.variant_and_domain("configs/rag_gym/table4.py", variant)
     agent = "re2search"
     c, t2, base, critic_base = pieces.critic_head("table4", (), agent, variant)   # stages: set below
     c.collect_llama = pieces.collect(base, t2, agent, judge={"kind": "local", "path": base, "name": "llama",
                                                             "max_prompt_tokens": 8192})
+    if domain == "medqa":
+        pieces.medqa_collect(c.collect, t2)
+        pieces.medqa_collect(c.collect_llama, t2)
     c.rollout = ml_collections.ConfigDict({
         "fn": "jaxrag.pipelines.collect:rollout_values_stage", "records": "collect/records.jsonl",
-        "policy": {"path": base, "max_prompt_tokens": 4096}, "retriever": t2.eval.retriever.to_dict(),
+        "policy": {"path": base, "max_prompt_tokens": 4096}, "retriever": c.collect.retriever.to_dict(),
         "agent": {"name": agent, "opts": {"max_doc_chars": None}},
-        "rollouts": {"m": 4, "temperature": 1.0, "metric": "f1", "max_steps": 10, "k": 32, "batch_size": 256,
+        "rollouts": {"m": 4, "temperature": 1.0, "metric": c.collect.ranking.outcome_metric, "max_steps": 10, "k": 32, "batch_size": 256,
                    "max_new_tokens": 512, "summary_max_new_tokens": 512, "seed": 0},
     })
     records = {"": "collect/records.jsonl", "llama": "collect_llama/records.jsonl", "rollout": "rollout/records.jsonl"}
@@ -55,8 +59,8 @@ def get_config(variant: str = ""):
             c[f"critic_{src}"] = pieces.critic(critic_base, f"critic_pairs_{src}/pairs.jsonl")
         stages += [f"critic_pairs{_sfx(src)}", f"critic{_sfx(src)}"]
     c.stages = stages + ["eval"]
-    c.eval = t2.eval
-    c.eval.datasets = [d for d in t2.eval.datasets if d["name"] in DATASETS]
+    c.eval = t2.eval_medqa if domain == "medqa" else t2.eval
+    c.eval.datasets = [d for d in c.eval.datasets if d["name"] in DATASETS]
     c.eval.agents = [pieces.critic_entry(agent, f"stage:critic{_sfx(s)}", **({"variant": s} if s else {}))
                      for s in SOURCES]
     c.eval.agents.append(pieces.critic_entry(agent, {"fn": "jaxrag.pipelines.eval:random_critic", "seed": 0},
@@ -67,6 +71,8 @@ def get_config(variant: str = ""):
         c.eval.datasets = [dict(d, select="last:250") if d["name"] == "HotpotQA" else d for d in c.eval.datasets]
     elif variant == "smoke":
         smoke(c)
+        if domain == "medqa":
+            pieces.smoke_medqa(c)
     return c
 
 
