@@ -18,8 +18,8 @@ Outcome filter as the paper's "Truth": only trajectories with a correct answer (
 The MedQA column is the argument `medqa` (`table4.py:medqa`): every collection on RAG-Gym's 1,000 MedQA training
 questions over the medical corpus (configs/rag_gym/pieces.py:medqa_collect), rollout values by the chosen option
 (metric acc), the eval on Table 2's MedQA stage. Not here: the ORM row (the paper does not say what its outcome reward
-model is trained on) and the Agree column: agreement with human annotators, whose annotations are not available. rollout/agreement.md reports instead the rollout values' pairwise agreement with the
-GPT-4o ranks on the same states. M (continuations per candidate) is not given in the paper: 4 (RolloutValueConfig).
+model is trained on) and the Agree column: agreement with human annotators, whose annotations are not available.
+rollout/agreement.md reports instead the rollout values' pairwise agreement with the GPT-4o ranks on the same states. M (continuations per candidate) is not given in the paper: 4 (RolloutValueConfig).
 """
 
 import ml_collections
@@ -48,8 +48,8 @@ def get_config(variant: str = ""):
         "fn": "jaxrag.pipelines.collect:rollout_values_stage", "records": "collect/records.jsonl",
         "policy": {"path": base, "max_prompt_tokens": 4096}, "retriever": c.collect.retriever.to_dict(),
         "agent": {"name": agent, "opts": {"max_doc_chars": None}},
-        "rollouts": {"m": 4, "temperature": 1.0, "metric": c.collect.ranking.outcome_metric, "max_steps": 10, "k": 32, "batch_size": 256,
-                   "max_new_tokens": 512, "summary_max_new_tokens": 512, "seed": 0},
+        "rollouts": {"m": 4, "temperature": 1.0, "metric": c.collect.ranking.outcome_metric, "max_steps": 10, "k": 32,
+                     "batch_size": 256, "max_new_tokens": 512, "summary_max_new_tokens": 512, "seed": 0},
     })
     records = {"": "collect/records.jsonl", "llama": "collect_llama/records.jsonl", "rollout": "rollout/records.jsonl"}
     stages = ["collect", "collect_llama", "rollout"]
