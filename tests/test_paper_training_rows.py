@@ -53,7 +53,7 @@ def _check_trained(c, wd: Path, stage: str) -> None:
 def _check_rows(c, wd: Path, paper: str) -> dict[str, np.ndarray]:
     """Each eval wrote its published row, from the model its policy names; returns that model's weights by stage."""
     evals = [s for s in c.stages if c[s].fn.endswith(":eval_stage")]
-    methods = {json.loads(line)["method"] for s in evals for line in (wd / s / "metrics.jsonl").read_text().splitlines()}
+    methods = {row["method"] for s in evals for row in _rows(wd / s / "metrics.jsonl")}
     assert methods == _eval_methods(c) == _published(paper, "table3")
     weights = {}
     for s in evals:
