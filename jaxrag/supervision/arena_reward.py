@@ -32,7 +32,6 @@ The ablations of 003 §5.3 (Fig. 3; configs/arena/fig3.py) register their own re
 from __future__ import annotations
 
 import re
-
 from typing import Callable, Sequence
 
 from jaxrag import metrics
