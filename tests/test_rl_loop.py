@@ -29,7 +29,8 @@ def test_grpo_raises_the_reward_and_logs_the_telemetry():
     m = res.history[0]
     for key in ("loss", "kl/k1", "kl/k2", "kl/k3", "grad_norm", "grad_max_abs/layer_00", "clip_fraction", "lr",
                 "reward/std", "reward/ascii", "episode/response_tokens", "episode/searches", "episode/invalid_rate",
-                "episodes_per_s", "trained_tokens_per_s", "time/sampling_s", "time/retrieval_s", "time/training_s"):
+                "episodes_per_s", "trained_tokens_per_s", "time/sampling_s", "time/retrieval_s", "time/training_s",
+                "time/reward_s"):
         assert key in m and np.isfinite(m[key]), key
     assert m["episode/response_tokens"] <= 2 and m["episode/steps"] == 1.0 and m["episode/searches"] <= 1.0
     assert m["episodes_per_s"] > 0 and m["time/training_s"] > 0

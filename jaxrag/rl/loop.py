@@ -26,7 +26,8 @@ Logged per RL step (metrics.jsonl): the trainer's metrics of the FIRST inner ste
 reference, clip_fraction, ratio_max_dev, grad_norm, grad_max_abs/layer_*, lr) and, with several updates per step,
 the last update's loss / clip_fraction / ratio_max_dev under last_inner/; reward/mean, reward/std, reward/<component>;
 episode/* (response tokens, searches, steps, invalid-action rate, truncations); time/* (sampling = generation +
-summaries, retrieval, scoring, training, host) and throughput (episodes_per_s, trained_tokens_per_s).
+summaries, retrieval, reward = the reward function's, an answer judge's calls included, scoring, training, host) and
+throughput (episodes_per_s, trained_tokens_per_s).
 """
 
 from __future__ import annotations
@@ -323,8 +324,10 @@ def train_rl(
                                  seed=rollout_seed(rc.seed, step), continuous=rc.continuous)
             stats: dict = {}
             episodes = sample_groups(sampler, questions_t, rc, rcfg, stats)
+            t_reward = time.perf_counter()
+            rewards = score_episodes(episodes, score_reward)   # a judged reward's LLM calls happen here
+            reward_s = time.perf_counter() - t_reward
             t_host = time.perf_counter()
-            rewards = score_episodes(episodes, score_reward)
             batches, info = build_batches(
                 episodes, rewards, rc, tc, pad_id, row_multiple,
                 step_rewards=step_rewards(episodes) if step_rewards is not None else None,
@@ -357,7 +360,7 @@ def train_rl(
                                     "refine_rounds", "refine_requests", "refine_failures", "refined_episodes")}})
             metrics.update({
                 "time/sampling_s": sampling_s, "time/retrieval_s": stats["retrieve_s"], "time/training_s": train_s,
-                "time/host_s": host_s + stats.get("host_s", 0.0), "time/step_s": time.perf_counter() - t_step,
+                "time/reward_s": reward_s, "time/host_s": host_s + stats.get("host_s", 0.0), "time/step_s": time.perf_counter() - t_step,
                 "time/sync_s": sync_s, "episodes_per_s": len(episodes) / max(stats["total_s"], 1e-9),
                 "trained_tokens_per_s": info["row_tokens"] * rc.inner_steps / max(train_s, 1e-9),
                 "optimizer_step": step * rc.updates_per_step, "sync/lora_merge": float(sync == "lora_merge"),
