@@ -62,7 +62,9 @@ def test_paper_variants_carry_the_protocol():
     assert [d["select"] for d in c.eval.datasets] == ["last:1000", "last:1000", "all"]
     assert (c.eval.rollout.k, c.eval.rollout.max_steps, c.eval.rollout.temperature) == (32, 10, 0.0)
     assert c.eval.retriever.kind == "hybrid" and c.eval_medqa.retriever.index_dir == "indexes/medcorp"
-    assert c.eval_medqa.retriever.rrf_k == 100 and c.eval_medqa.retriever.query_encoder.endswith("MedCPT-Query-Encoder")
+    assert c.eval_medqa.retriever.query_encoder.endswith("MedCPT-Query-Encoder")
+    for r in (c.eval.retriever, c.eval_medqa.retriever):   # the released env's RRF: k 60 over lists 100 deep
+        assert (r.rrf_k, r.depth) == (60, 100)
     assert c.eval.max_doc_chars is None and c.model == "Llama-3.1-8B-Instruct"
     c = load("reasonrag/table2")
     assert (c.eval.rollout.k, c.eval.rollout.max_steps, c.eval.retriever.kind) == (3, 4, "dense")
@@ -256,7 +258,7 @@ def test_rag_gym_tuned_rows_medqa_column(name):
     assert _eval_methods(c) == {f"cot+{name.split('/')[1]}"}
     if "ppo" in c:   # PPO's episodes search the same corpus, with both MedCPT encoders
         assert c.ppo.reward == "acc" and c.ppo.questions.path == c.collect.questions.path
-        assert (c.ppo.retriever.query_encoder, c.ppo.retriever.rrf_k) == ("models/MedCPT-Query-Encoder", 100)
+        assert (c.ppo.retriever.query_encoder, c.ppo.retriever.depth) == ("models/MedCPT-Query-Encoder", 100)
     assert load(name, "cot").collect.questions.select == "first:1000"   # without it: HotpotQA, as before
     s = load(name, "smoke,medqa")
     assert s.collect.questions.path.endswith("medqa_usmle_4opt_test_1273.jsonl") and len(plan(s)) == len(s.stages)

@@ -7,7 +7,7 @@
 
 Protocol: HotpotQA dev (the last 1,000; the first 1,000 train), 2WikiMultihopQA dev (the last 1,000), Bamboogle (all
 125): EM / F1; MedQA (the 1,273 US test questions): accuracy. Actions at temperature 0, at most 10 per question,
-32 documents per search from BM25 (Lucene parameters) and a dense retriever fused by RRF (k 60, each list cut at 32),
+32 documents per search from BM25 (Lucene parameters) and a dense retriever fused by RRF (k 60, each list 100 deep),
 whole passages: BGE-Base for the open-domain sets (001 App. C: build `indexes/wiki` with `prepare --encoder
 $WORKDIR/models/bge-base-en-v1.5 --pooling cls`, BGE's CLS vectors), MedCPT for MedQA. Wikipedia for the three
 open-domain sets; MedQA searches textbooks + StatPearls (MedRAG's corpora) in its own stage. The Search-o1 and
@@ -32,10 +32,12 @@ def get_config(variant: str = ""):
     paper.check_variant("configs/rag_gym/table2.py", variant)
     judge = {"base_url": "", "model": "gpt-4o", "api_key_env": "OPENAI_API_KEY"}  # LJ, when base_url is set
     common = dict(model_path="", k=32, max_steps=10, max_new_tokens=512, max_doc_chars=None, judge=judge)
-    wiki = {"index_dir": "indexes/wiki", "kind": "hybrid", "backend": "bm25s"}
-    med = {"index_dir": "indexes/medcorp", "kind": "hybrid", "backend": "bm25s",
-           "encoder": "models/MedCPT-Article-Encoder", "query_encoder": "models/MedCPT-Query-Encoder",
-           "rrf_k": 100}  # MedRAG fuses BM25 and MedCPT with RRF k 100
+    # RRF as the released environment runs it: env.py passes rrf_k 60 (every script's --rrf_k default; IR.py's own
+    # default of 100 is never used), and IR.retrieve asks each retriever for max(2k, 100) = 100 documents
+    fusion = {"kind": "hybrid", "backend": "bm25s", "rrf_k": 60, "depth": 100}
+    wiki = {"index_dir": "indexes/wiki", **fusion}
+    med = {"index_dir": "indexes/medcorp", **fusion,
+           "encoder": "models/MedCPT-Article-Encoder", "query_encoder": "models/MedCPT-Query-Encoder"}
     c = paper.table_config("rag_gym", "table2", "Llama-3.1-8B-Instruct", {
         "eval": paper.eval_stage(AGENTS, [paper.dataset("HotpotQA", "data/hotpotqa_dev.jsonl", "last:1000"),
                                           paper.dataset("2Wiki", "data/2wikimultihopqa_dev.jsonl", "last:1000"),

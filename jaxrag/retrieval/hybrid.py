@@ -26,8 +26,8 @@ def rrf(ranked_lists: Sequence[Sequence[Hit]], k: int, rrf_k: int = RRF_K, depth
 
 @dataclasses.dataclass
 class HybridRetriever:
-    """Each retriever is asked for max(depth, k) hits and its list is cut there (RAG-Gym: k 32, each list cut at 32);
-    the lists are fused with RRF (1 / (rrf_k + rank)) and cut to k."""
+    """Each retriever is asked for max(depth, k) hits and its list is cut there (RAG-Gym's released IR: k 32, each
+    list max(2k, 100) = 100 deep, rrf_k 60); the lists are fused with RRF (1 / (rrf_k + rank)) and cut to k."""
 
     retrievers: Sequence[Retriever]
     depth: int = 20  # best R@10 on the multihop dev sets among 10/20/50/100 (bench.retrieval)
