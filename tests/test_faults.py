@@ -1,6 +1,7 @@
 """Fault injection on the tiny synthetic pipeline (issue 16): SIGKILL at many moments across the stages, including
 during a --force rerun, then a plain rerun; the results and every model file are byte-identical to an
-uninterrupted run."""
+uninterrupted run: the session's one run of the tiny pipeline (conftest.synthetic_run, whose first stages are the
+pipeline's with the same settings)."""
 
 import hashlib
 import os
@@ -45,18 +46,17 @@ def _run_and_kill(workdir, stage: str, delay: float, *extra) -> str:
     return "killed"
 
 
-def _digests(workdir: Path) -> dict[str, str]:
-    files = [workdir / "report" / "results.csv"] + sorted(workdir.glob("*/model/*"))
+def _digests(workdir: Path, stages) -> dict[str, str]:
+    files = [workdir / "report" / "results.csv"] + sorted(p for s in stages for p in (workdir / s / "model").glob("*"))
     return {str(p.relative_to(workdir)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files if p.is_file()}
 
 
-def test_sigkill_anywhere_then_rerun_gives_the_uninterrupted_results(tmp_path):
+def test_sigkill_anywhere_then_rerun_gives_the_uninterrupted_results(tmp_path, synthetic_run):
     import configs.synthetic.pipeline as pipeline
 
-    assert set(KILL_IN) <= set(pipeline.get_config("tiny").stages)  # a kill point in no stage would never land
-    ref = subprocess.run(_cmd(tmp_path / "ref"), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
-    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
-    want = _digests(tmp_path / "ref")
+    stages = pipeline.get_config("tiny").stages
+    assert set(KILL_IN) <= set(stages)  # a kill point in no stage would never land
+    want = _digests(Path(synthetic_run[1]), stages)   # the uninterrupted run
     assert "report/results.csv" in want and any("/model/" in k for k in want)
 
     rng = random.Random(0)
@@ -65,10 +65,10 @@ def test_sigkill_anywhere_then_rerun_gives_the_uninterrupted_results(tmp_path):
     assert outcomes.count("killed") >= 8, outcomes  # the kills landed inside the run, not after it
     done = subprocess.run(_cmd(work), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert _digests(work) == want
+    assert _digests(work, stages) == want
 
     # a --force rerun of sft killed midway: the old outputs come back, nothing downstream is left half-invalidated
     assert _run_and_kill(work, "sft", 1.0, "--force", "--stages=sft") == "killed"
     again = subprocess.run(_cmd(work), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert _digests(work) == want
+    assert _digests(work, stages) == want
