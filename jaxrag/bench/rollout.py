@@ -37,7 +37,7 @@ import sys
 import time
 from typing import Sequence
 
-from jaxrag.bench.common import table, write_result
+from jaxrag.bench.common import durations, table, write_result
 from jaxrag.data.qa import load_qa
 from jaxrag.env.agents import get_agent
 from jaxrag.env.rollout import RolloutConfig, rollout
@@ -196,13 +196,9 @@ def pure_prefill(pol, batch: int, appended: int, held: int, repeats: int = 3) ->
         hidden, cache = forward_cached_hidden(cfg, params, tokens, positions, valid, cache)
         return logits_from_hidden(cfg, params, hidden[:, -1]), cache
 
-    jax.block_until_ready(run(pol._sample_params, cache))
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(run(pol._sample_params, cache))
-        best = min(best, time.perf_counter() - t0)
-    return batch * A / best
+    step = lambda: jax.block_until_ready(run(pol._sample_params, cache))
+    step()
+    return batch * A / min(durations(step, repeats))
 
 
 def main(argv=None):

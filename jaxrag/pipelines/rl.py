@@ -125,12 +125,12 @@ def check_config(config, name: str) -> None:
     except (KeyError, ValueError, TypeError) as e:
         _fail(name, "train", str(e).strip("'\""))
     try:
-        answer_judge(sc)
+        judge = answer_judge(sc)
     except ValueError as e:
         _fail(name, "answer_judge", str(e))
     reward = sc.reward.to_dict() if hasattr(sc.reward, "to_dict") else sc.reward
     try:
-        reward_fn(reward, answer_judge=answer_judge(sc))
+        reward_fn(reward, answer_judge=judge)
     except (KeyError, ValueError) as e:
         _fail(name, "reward", str(e))
     if sc.get("prm") and sc.train.loss != "ppo":

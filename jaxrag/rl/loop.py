@@ -360,8 +360,9 @@ def train_rl(
                                     "refine_rounds", "refine_requests", "refine_failures", "refined_episodes")}})
             metrics.update({
                 "time/sampling_s": sampling_s, "time/retrieval_s": stats["retrieve_s"], "time/training_s": train_s,
-                "time/reward_s": reward_s, "time/host_s": host_s + stats.get("host_s", 0.0), "time/step_s": time.perf_counter() - t_step,
-                "time/sync_s": sync_s, "episodes_per_s": len(episodes) / max(stats["total_s"], 1e-9),
+                "time/reward_s": reward_s, "time/host_s": host_s + stats.get("host_s", 0.0),
+                "time/step_s": time.perf_counter() - t_step, "time/sync_s": sync_s,
+                "episodes_per_s": len(episodes) / max(stats["total_s"], 1e-9),
                 "trained_tokens_per_s": info["row_tokens"] * rc.inner_steps / max(train_s, 1e-9),
                 "optimizer_step": step * rc.updates_per_step, "sync/lora_merge": float(sync == "lora_merge"),
             })

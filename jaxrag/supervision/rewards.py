@@ -30,25 +30,24 @@ REWARDS: dict[str, RewardFn] = {}
 JUDGED: dict[str, Callable[[object], RewardFn]] = {}   # name -> (answer judge -> reward function)
 
 
-def register(name: str):
-    def deco(fn: RewardFn) -> RewardFn:
+def _register(table: dict, name: str):
+    def deco(fn):
         if name in REWARDS or name in JUDGED:
             raise ValueError(f"reward {name!r} is registered twice")
-        REWARDS[name] = fn
+        table[name] = fn
         return fn
 
     return deco
 
 
+def register(name: str):
+    """Register a reward function Episode -> Reward under `name`."""
+    return _register(REWARDS, name)
+
+
 def register_judged(name: str):
     """Register a factory judge -> RewardFn (the judge: jaxrag.judge.OpenAIJudge or anything with judge_answers)."""
-    def deco(factory):
-        if name in REWARDS or name in JUDGED:
-            raise ValueError(f"reward {name!r} is registered twice")
-        JUDGED[name] = factory
-        return factory
-
-    return deco
+    return _register(JUDGED, name)
 
 
 def prepare(reward, episodes) -> None:
