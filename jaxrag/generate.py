@@ -9,7 +9,10 @@ temperature, top-k, top-p. A row stops at EOS / stop ids (checked on device ever
 row r draws from its own key fold_in(key, r), so a row's sample does not depend on the batch around it.
 
 Shared prefixes: `sample(..., n=N)` prefills each distinct prompt once and `fork`s its cache into N decode rows
-on device (a gather of cache rows; no host round trip): N candidates of a state cost one prefill, not N.
+on device (a gather of cache rows; no host round trip): N candidates of a state cost one prefill, not N. Where the
+rows form equal groups (N samples of distinct prompts), they do not even copy it: the decode cache keeps each
+prompt's keys/values once and every step reads them once per group (cascade attention, `cascade_cache`), so the
+decode's cache reads and memory shrink about N-fold for long prompts.
 
 Returned per row: generated ids (including the stop token / the tokens that complete a stop string), the
 log-prob of each generated token under the sampling distribution before truncation, log_softmax(logits / T) at the
@@ -94,6 +97,32 @@ def fork(tree, rows):
 
 _prefill = jax.jit(prefill, static_argnums=(0,), donate_argnums=(5,))  # -> (last-column logits [B,V], cache)
 _fork = jax.jit(fork)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+def cascade_cache(cfg: ModelConfig, prefix: dict, logits, position, m: int, n_new: int):
+    """Fork without copying the prefix (cascade attention): the U prefilled prompts of `prefix` (a cache after
+    `prefill`, rows [0, U) of logits [U',V] and position [U'] used) each continue in m decode rows, rows
+    [u*m, (u+1)*m) prompt u. The decode cache holds every row's own n_new empty slots plus the prompts' keys/values
+    once, as its "prefix" (forward_cached attends to both): a decode step reads a prompt once per group instead of
+    once per row, and the cache is U*P + U*m*n_new slots instead of U*m*(P + n_new). Returns (logits [U*m,V],
+    position [U*m], cache)."""
+    U = logits.shape[0]
+    rows = lambda a: jnp.repeat(a, m, axis=0)
+    own = init_cache(cfg, U * m, n_new, prefix["k"][0].dtype)
+    shared = {"k": tuple(a[:U] for a in prefix["k"]), "v": tuple(a[:U] for a in prefix["v"]),
+              "valid": prefix["valid"][:U]}
+    return rows(logits), rows(position), dict(own, prefix=shared)
+
+
+def cascade_groups(prefix_of: Sequence[int], n: int) -> int:
+    """Rows per prefix (m) when `sample`'s decode rows fall into equal contiguous groups, one per prefilled prompt
+    (prompt i's rows i*n .. i*n+n-1 fork prefill row prefix_of[i]; identical prompts in a row share one): else 0."""
+    U = max(prefix_of) + 1 if len(prefix_of) else 0
+    c = len(prefix_of) // U if U else 0
+    if not c or c * U != len(prefix_of) or any(u != i // c for i, u in enumerate(prefix_of)):
+        return 0
+    return c * n
 
 
 def on_params_mesh(params, tree):
@@ -204,6 +233,7 @@ def sample(
     *,
     n: int = 1,
     share_prefix: bool = True,
+    cascade: bool = True,
     min_rows: int = 1,
     min_prompt: int = 16,
 ) -> Completions:
@@ -211,6 +241,9 @@ def sample(
 
     share_prefix: prefill each distinct prompt once and fork its cache into its decode rows (identical prompts in
     the batch share too); False = prefill every row (the replicate-and-prefill path; same tokens and log-probs).
+    cascade: where the shared rows form equal contiguous groups (n samples of distinct prompts; a prompt repeated
+    the same number of times in a row), the decode rows do not copy their prompt's cache but read it once per group
+    (`cascade_cache`); False = fork by copying. Same tokens and log-probs to float rounding.
     min_rows / min_prompt: the fewest rows (decode and prefill) and prompt columns a batch is padded to (powers of
     two above them, the prompt capped at max_seq_len - max_new_tokens). Decode row r samples with fold_in(key, r)
     either way. See the module docstring for what comes back."""
@@ -232,6 +265,7 @@ def sample(
         if max(len(p) for p in prompts) > P_max:
             raise ValueError(f"sample: prompt of {max(len(p) for p in prompts)} tokens + {N} new exceeds max_seq_len={cfg.max_seq_len}")
         P = P_max
+    m = 0  # decode rows per prefill row when the cascade path reads each prompt once per group
     if share_prefix:  # prefill rows: the distinct prompts; decode row r forks prefill row rows[r]
         first: dict[tuple[int, ...], int] = {}
         prefix = [first.setdefault(tuple(p), len(first)) for p in prompts]
@@ -239,16 +273,21 @@ def sample(
         rows = np.array([prefix[r // n] for r in range(B)] + [0] * (B_pad - B), np.int32)
         if len(prefill_prompts) == B:  # nothing shared: prefill rows are the decode rows
             rows = None
+        elif cascade:
+            m = cascade_groups(prefix, n)
     else:
         prefill_prompts = [p for p in prompts for _ in range(n)]
         rows = None
     t_prefill = time.perf_counter()
-    U_pad = bucket(len(prefill_prompts), min_rows)
+    U, U_pad = len(prefill_prompts), bucket(len(prefill_prompts), min_rows)
     tokens, positions, valid = left_pad(prefill_prompts, U_pad, P)
-    cache = init_cache(cfg, U_pad, P + N)
+    cache = init_cache(cfg, U_pad, P if m else P + N)
     logits, cache = _prefill(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
     position = jnp.asarray(valid.sum(1), jnp.int32)
-    if rows is not None:
+    if m:   # decode rows U_dec * m >= min_rows, the prompts' cache shared by their groups
+        U_dec = bucket(U, -(-min_rows // m))
+        logits, position, cache = cascade_cache(cfg, cache, logits[:U_dec], position[:U_dec], m, N)
+    elif rows is not None:
         logits, cache, position = _fork((logits, cache, position), rows)
     jax.block_until_ready(logits)  # the prefill / decode time split (a sync the decode loop would wait on anyway)
     t_decode = time.perf_counter()

@@ -20,9 +20,10 @@ Device side, per call, per PROMPT row (not per candidate): fallback prompts get 
 (generate's) straight into a pool slot of theirs; then the batch cache is gathered from the pool with every
 row's kept tokens right-aligned before a shared slot M (rows are ragged; holes are masked by the cache's `valid`,
 RoPE reads each token's own position), the reusing rows' appended tokens are run through `forward_cached` at
-slots [M, M+T) with positions continuing each row's own, and at n > 1 the cache is forked to the n decode rows
-of each prompt (generate's share_prefix: every appended token is computed once). The generate.decode loop
-samples, and each decode row's tokens are stored back into its branch's pool slot, left-aligned and in order
+slots [M, M+T) with positions continuing each row's own, and at n > 1 the n decode rows of each prompt read
+its cache once per group (generate's cascade; or copies of it, cascade=False: every appended token is computed
+once either way). The generate.decode loop samples, and each decode row's tokens (after its prompt's, under the
+cascade) are stored back into its branch's pool slot, left-aligned and in order
 (`store_rows`: the kept run and the appended + decoded run copied as two windows; the tokens past a stop-string
 cut lie after the held ones and are never read; the gather copied the reused slot before this store overwrites
 it). A call whose prompts are all new takes generate's own prefill on an empty cache (forked as generate.sample
@@ -42,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrag.generate import Completions, SamplingParams, _fork, _prefill, bucket, decode, left_pad
+from jaxrag.generate import Completions, SamplingParams, _fork, _prefill, bucket, cascade_cache, decode, left_pad
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import forward_cached_hidden, init_cache, logits_from_hidden
 
@@ -198,14 +199,21 @@ def store_rows(kv: dict, cache: dict, slots, kept, appended, M: int, T: int):
     padding before them), its decoded ones from M + T on: two runs, copied as two contiguous windows (no gather),
     so the pool row holds kept + appended + decoded tokens from slot 0; what follows (tokens past a stop-string cut
     or the decode's end) is never read, as the session's held ids say how many tokens the row holds. On XLA:CPU,
-    160 rows of ~330 slots: 45 ms against 92 for the argsort compaction + gather + scatter this replaced."""
-    S, P = cache["valid"].shape[1], kv["k"][0].shape[2]
+    160 rows of ~330 slots: 45 ms against 92 for the argsort compaction + gather + scatter this replaced. A
+    cascade cache (generate.cascade_cache: rows [u*m, (u+1)*m) continue prefix row u) reads as each row's prefix
+    (the kept + appended slots, exactly M + T of them) followed by its own decoded slots."""
+    shared = cache.get("prefix")
+    S, P = cache["valid"].shape[1] + (shared["valid"].shape[1] if shared else 0), kv["k"][0].shape[2]
     n = min(S, P)
+    m = cache["valid"].shape[0] // shared["valid"].shape[0] if shared else 1
+    prefix_bufs = shared["k"] + shared["v"] if shared else (None,) * (2 * len(kv["k"]))
 
     def copy_row(i, bufs):
         out = []
-        for pool, buf in zip(bufs, cache["k"] + cache["v"]):
+        for pool, buf, pre in zip(bufs, cache["k"] + cache["v"], prefix_bufs):
             row = jax.lax.dynamic_index_in_dim(buf, i, 0, keepdims=False)              # [K,S,Dh]
+            if pre is not None:
+                row = jnp.concatenate([jax.lax.dynamic_index_in_dim(pre, i // m, 0, keepdims=False), row], axis=1)
             tmp = jnp.zeros((row.shape[0], M + S, row.shape[2]), row.dtype)          # the row at offset M
             if S > M:   # appended + decoded: slot M + T - appended[i] lands at M + kept[i]
                 tmp = jax.lax.dynamic_update_slice(tmp, row[:, M:], (0, M + kept[i] - T + appended[i], 0))
@@ -249,10 +257,11 @@ def prefill_into_pool(cfg: ModelConfig, params, pool: SessionPool, slots: Sequen
 def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[Hashable],
                     prompts: Sequence[Sequence[int]], sp: SamplingParams, key: jax.Array,
                     stop_strings: Sequence[str] | None = None, tokenizer=None, chunk: int | None = None, *,
-                    n: int = 1) -> Completions:
+                    n: int = 1, cascade: bool = True) -> Completions:
     """n completions per prompt, rows i*n .. i*n+n-1 prompt i's (as `generate.sample`); prompt i continues a branch
     of session keys[i] and the n rows become its n branches (see the module doc). Decode row r samples with
-    fold_in(key, r), as `generate.sample`, so results match the full-prefill path row for row."""
+    fold_in(key, r), as `generate.sample`, so results match the full-prefill path row for row. cascade (n > 1): the
+    n rows read their prompt's cache once per group (generate.cascade_cache) instead of a copy each."""
     B, N = len(prompts), sp.max_new_tokens
     if n < 1:
         raise ValueError(f"sample_sessions: n={n}; need n >= 1")
@@ -279,6 +288,7 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
     pool.stats["reused_tokens"] += sum(kept)
     pool.stats["appended_tokens"] += sum(len(a) for a in appended)
     B_pad, R = bucket(B, 1), B * n
+    shared = cascade and n > 1   # the decode cache: each prompt's own (the cascade: no slots for the new tokens)
     src = np.zeros(B_pad, np.int32)     # the pool slot each prompt row is gathered from (padding rows: none kept)
     src[:B] = [s[0] for s in slots]
     kept_pad = np.zeros(B_pad, np.int32)
@@ -288,7 +298,7 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
         if T + N > cfg.max_seq_len:
             T = max(cfg.max_seq_len - N, max(len(a) for a in appended))
         tokens, positions, valid = left_pad(appended, B_pad, T)
-        cache = init_cache(cfg, B_pad, T + N)
+        cache = init_cache(cfg, B_pad, T if shared else T + N)
         logits, cache = _prefill(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
         prefilled, M, T = B_pad * T, T, 0   # the layout store_rows reads: prompts before M = T, no appended block
         app_len = np.zeros(B_pad, np.int32)
@@ -307,13 +317,16 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
         tokens, positions, valid = left_pad(appended, B_pad, T)
         positions = positions + kept_pad[:, None]
         # a copy: the store below (which donates the pool) overwrites the reused branch's slot only after this
-        cache = gather_rows(pool.kv, jnp.asarray(src), jnp.asarray(kept_pad), M, fine_bucket(M + T) + N)
+        size = M + T if shared else fine_bucket(M + T) + N
+        cache = gather_rows(pool.kv, jnp.asarray(src), jnp.asarray(kept_pad), M, size)
         logits, cache = extend(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
         if fresh:
             logits = logits.at[jnp.asarray(fresh)].set(logits_new[:len(fresh)])
         prefilled += B_pad * T
     position = jnp.asarray(kept_pad + app_len, jnp.int32)
-    if n > 1:   # each prompt's cache (computed once) forked to its n decode rows, as generate.sample's share_prefix
+    if shared:   # each prompt's cache (computed once) read by its n decode rows, as generate.sample's cascade
+        logits, position, cache = cascade_cache(cfg, cache, logits, position, n, N)
+    elif n > 1:   # each prompt's cache (computed once) copied to its n decode rows, as generate.sample's share_prefix
         rows = np.zeros(bucket(R, 1), np.int32)
         rows[:R] = np.arange(R) // n
         logits, cache, position = _fork((logits, cache, position), rows)

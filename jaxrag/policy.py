@@ -74,7 +74,8 @@ class JaxPolicy:
     at most `prompt_budget(max_new_tokens) = min(max_prompt_tokens or max_seq_len, max_seq_len - max_new_tokens)`
     tokens (see the module doc for who shortens over-long prompts).
     share_prefix: n samples of a prompt prefill it once and fork its cache (generate.sample); False = the
-    replicate-and-prefill path (same results, n times the prefill). unstack: hold the params with per-layer
+    replicate-and-prefill path (same results, n times the prefill). cascade: the forked rows read their prompt's
+    cache once per group instead of copying it (generate.sample's cascade; False = fork by copying). unstack: hold the params with per-layer
     weight buffers (models.unstack_layers: decode reads each weight once instead of copying a slice of the
     stacked one; one copy of the layer weights). `prefill_tokens` counts the token slots prefilled so far,
     `decode_slots` / `decode_tokens` the decode row-steps run / the tokens kept (their ratio: how full the decode
@@ -101,7 +102,7 @@ class JaxPolicy:
 
     def __init__(self, cfg: ModelConfig, params, tokenizer, *, top_k: int = 0, top_p: float = 1.0,
                  add_bos: bool = True, max_prompt_tokens: int | None = None, share_prefix: bool = True,
-                 unstack: bool = True, session_slots: int = 0,
+                 cascade: bool = True, unstack: bool = True, session_slots: int = 0,
                  session_tokens: int | None = None, pool_tokens: int | None = None, pool_sessions: bool = False,
                  min_shared: int = MIN_SHARED, prefix_cache: bool = False, min_rows: int = 1, min_prompt: int = 16):
         self.cfg, self.tokenizer, self.unstack = cfg, tokenizer, unstack
@@ -118,7 +119,7 @@ class JaxPolicy:
         self.max_prompt_tokens = max_prompt_tokens
         self.prompts_cut = 0
         self._encoded: dict[str, list[int]] = {}
-        self.share_prefix, self.prefill_tokens = share_prefix, 0
+        self.share_prefix, self.cascade, self.prefill_tokens = share_prefix, cascade, 0
         self.decode_slots = self.decode_tokens = 0   # decode row-steps run / tokens kept: the batch's fill
         self.device_stops, self._stop_ids = True, {}  # one-token stop strings also end rows on device
 
@@ -234,10 +235,11 @@ class JaxPolicy:
                 raise ValueError(f"generate(sessions=...): needs a policy built with session_slots > 0 and one key "
                                  f"per prompt ({len(sessions)} keys, {len(prompts)} prompts)")
             out = sample_sessions(self.cfg, self._sample_params, self.sessions, list(sessions), encoded, sp, key,
-                                  stop_strings=stop_strings, tokenizer=self.tokenizer, n=n)
+                                  stop_strings=stop_strings, tokenizer=self.tokenizer, n=n, cascade=self.cascade)
         else:
             out = sample(self.cfg, self._sample_params, encoded, sp, key, stop_strings=stop_strings,
-                         tokenizer=self.tokenizer, n=n, share_prefix=self.share_prefix, min_rows=self.min_rows,
+                         tokenizer=self.tokenizer, n=n, share_prefix=self.share_prefix, cascade=self.cascade,
+                         min_rows=self.min_rows,
                          min_prompt=self.min_prompt)
         self.prefill_tokens += out.prefill_tokens
         self.decode_slots += out.decode_slots

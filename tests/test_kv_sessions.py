@@ -140,12 +140,14 @@ def test_pool_limits_are_clear_errors_and_new_params_forget_sessions():
 
 
 # ---- n > 1: a session keeps a branch per candidate ------------------------------------------------------------
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_n_candidates_continue_the_picked_branch_as_the_share_prefix_path(temperature):
+@pytest.mark.parametrize("temperature,cascade", [(0.0, True), (1.0, True), (1.0, False)])
+def test_n_candidates_continue_the_picked_branch_as_the_share_prefix_path(temperature, cascade):
     """Each turn's prompt extends candidate j = turn % n: the same tokens as generate.sample(n=n), log-probs to
-    1e-5, and each prompt's appended tokens are prefilled once, not n times."""
+    1e-5, and each prompt's appended tokens are prefilled once, not n times; the n rows read their prompt's cache
+    once (cascade) or copy it, and each branch's slot stores its prompt and completion either way."""
     n = 3
     full, reuse = policy(), policy(slots=4 * n)
+    full.cascade = reuse.cascade = cascade
     st = reuse.sessions.stats
     prompts = ["question: a\n", "question: something longer here\n", "q: mid\n"]
     keys, held = ["e0", "e1", "e2"], [[], [], []]   # held: the ids of each prompt's branches (its candidates)

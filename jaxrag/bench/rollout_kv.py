@@ -1,14 +1,15 @@
 """Cross-turn KV reuse vs today's full prefill: full multi-turn rollouts on the synthetic world, the real policy.
 
     python -m jaxrag.bench.rollout --kv [--workdir DIR] [--batches 1,8,32] [--episodes 128] [--sft-steps 300]
-        [--paths today,stops,reuse,continuous,cont+reuse] [--n 1] [--temperature 0] [--cache-blocks 0,128]
+        [--paths today,stops,cascade,reuse,continuous,cont+reuse] [--n 1] [--temperature 0] [--cache-blocks 0,128]
 
 The world: the synthetic pipeline's `tiny` preset (world, index, teacher, tokenizer) with the demo's model size
 (d_model 128, 4 layers) trained by its SFT stage for --sft-steps (a reused --workdir skips what is done), so
 episodes search and answer in plain ReAct lines. --n N samples N candidate actions per state (the first valid one
 is taken: best-of-N's shape without a critic; use --temperature > 0, or the N are identical). Every path (PATHS:
-today's sampler, + device stop ids, + KV reuse (a session pool of batch x N slots); the continuous slot pool of
-batch x N slots without and with KV sessions in the pool) runs the same questions at each batch size after a
+today's sampler, + device stop ids, + cascade attention over the state's cache (N > 1), device stops + KV reuse (a
+session pool of batch x N slots); the continuous slot pool of batch x N slots without and with KV sessions in the
+pool) runs the same questions at each batch size after a
 warm-up run (every shape compiled). Per row: episodes/s, candidates/s (actions sampled), policy turns (a state's
 N candidates are one turn), the prefill token slots computed per turn (padded, what the device ran) and the real
 prompt tokens computed per turn (the appended ones on the reuse paths), the reuse paths' continuations and
@@ -40,11 +41,14 @@ from pathlib import Path
 from jaxrag.bench.common import matmul_gflops, table, write_result
 
 
-PATHS = {"today": (False, False, False),      # the sampler as it was: stop strings checked on the host every 16 steps
-         "stops": (True, False, False),       # + one-token stop strings ended on device (JaxPolicy.device_stops)
-         "reuse": (True, True, False),        # + cross-turn KV reuse (a session pool of `batch` slots)
-         "continuous": (True, False, True),   # the continuous-batching slot pool (RolloutConfig(continuous=True))
-         "cont+reuse": (True, True, True)}    # + KV sessions in the slot pool (JaxPolicy(pool_sessions=True))
+PATHS = {   # (device stops, KV reuse, continuous pool, cascade)
+    "today": (False, False, False, False),     # the sampler as it was: stop strings checked on the host every 16 steps
+    "stops": (True, False, False, False),      # + one-token stop strings ended on device (JaxPolicy.device_stops)
+    "cascade": (True, False, False, True),     # + N candidates read their state's cache once (JaxPolicy.cascade)
+    "reuse": (True, True, False, False),       # stops + cross-turn KV reuse (a session pool of `batch` slots)
+    "cascade+reuse": (True, True, False, True),  # both: a turn prefills what it appends, its N rows read it once
+    "continuous": (True, False, True, False),  # the continuous-batching slot pool (RolloutConfig(continuous=True))
+    "cont+reuse": (True, True, True, False)}   # + KV sessions in the slot pool (JaxPolicy(pool_sessions=True))
 
 
 def pipeline_config(preset: str = "tiny"):
@@ -146,13 +150,13 @@ def main(argv=None):
     for b in [int(x) for x in args.batches.split(",")]:
         acts, base = {}, None
         pure = pure_decode(pol, b * args.n, args.max_new_tokens)   # the decode batch: N rows per live episode
-        for (path, (stops, reuse, cont)), block in [(p, k) for p in paths.items() for k in blocks]:
+        for (path, (stops, reuse, cont, cascade)), block in [(p, k) for p in paths.items() for k in blocks]:
             pol.cfg = model_cfg.replace(cache_block=block)
             name = path if len(blocks) == 1 else f"{path} block {block}"
             rcfg = RolloutConfig(k=config.index.k, max_steps=8, batch_size=b, max_new_tokens=args.max_new_tokens,
                                  reward="em", seed=config.seed, continuous=cont, n_candidates=args.n,
                                  temperature=args.temperature)
-            pol.device_stops = stops
+            pol.device_stops, pol.cascade = stops, cascade
             pol.sessions = SessionPool(pol.cfg, b * args.n, pol.cfg.max_seq_len) if reuse and not cont else None
             pol.pool_sessions = reuse and cont
             row, eps = measure(pol, retriever, agent, questions, rcfg)

@@ -155,6 +155,41 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision:
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
 
 
+def attend_shared(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, pk: jax.Array, pv: jax.Array,
+                  prefix_valid: jax.Array, precision: str | None = None) -> jax.Array:
+    """`attend` for rows that continue a shared prefix (cascade attention): decode rows [u*m, (u+1)*m) all follow
+    prefix row u, whose keys/values pk/pv [U,K,P,Dh] (valid [U,P]) sit once in memory instead of once per row.
+
+    q [B,T,H,Dh] with B = U*m, k/v [B,K,S,Dh] and mask [B,T,S]: each row's own slots (what it generated). The
+    prefix part is one batched GEMM per prefix row with the m rows' queries stacked (M = m*G*T): the prefix is read
+    once per group, not once per row. The two parts' softmaxes are merged by their running max and sum (as
+    flash-decoding merges blocks), so the result is `attend` over the row's prefix followed by its own slots, to
+    float rounding. A row with nothing valid in either part gets zeros."""
+    B, T, H, Dh = q.shape
+    K, U = k.shape[1], pk.shape[0]
+    G, m = H // K, B // U
+    out_dtype = q.dtype
+    scale = 1.0 / math.sqrt(Dh)
+
+    def part(qh, kk, vv, ok):   # -> running max, sum [X,K,M], unnormalized output [X,K,M,Dh]
+        s = jnp.matmul(qh, kk.swapaxes(-1, -2), precision=precision, preferred_element_type=jnp.float32) * scale
+        s = jnp.where(ok, s, NEG_INF)
+        top = s.max(-1)
+        p = jnp.where(ok, jnp.exp(s - top[..., None]), 0.0)
+        return top, p.sum(-1), jnp.matmul(p.astype(vv.dtype), vv, precision=precision, preferred_element_type=jnp.float32)
+
+    qh = q.astype(k.dtype).reshape(B, T, K, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, Dh)
+    own = part(qh, k, v, jnp.broadcast_to(mask[:, None, None], (B, 1, G, T, k.shape[2])).reshape(B, 1, G * T, -1))
+    qp = qh.astype(pk.dtype).reshape(U, m, K, G * T, Dh).swapaxes(1, 2).reshape(U, K, m * G * T, Dh)
+    shared = part(qp, pk, pv, prefix_valid[:, None, None, :])
+    per_row = lambda x: x.reshape(U, K, m, G * T, *x.shape[3:]).swapaxes(1, 2).reshape(B, K, G * T, *x.shape[3:])
+    (m1, s1, a1), (m2, s2, a2) = own, tuple(per_row(x) for x in shared)
+    top = jnp.maximum(m1, m2)
+    r1, r2 = jnp.exp(m1 - top), jnp.exp(m2 - top)
+    out = (a1 * r1[..., None] + a2 * r2[..., None]) / jnp.maximum(s1 * r1 + s2 * r2, 1e-30)[..., None]
+    return out.astype(out_dtype).reshape(B, K, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
+
+
 def window_blocks(lo, end, block: int):
     """(first slot, number of blocks) of the window [lo, end) read `block` slots at a time from lo rounded down to
     a multiple of `block`."""
@@ -485,6 +520,9 @@ def forward_cached(cfg: ModelConfig, params: Params, tokens, positions, token_va
     cache buffer is updated in place (dynamic_update_slice under donation) and read where it lies: all of it, or
     with cfg.cache_block only its filled window (`attend_window`) when that window's blocks cover at most half the
     cache (a traced choice: XLA:CPU copies each block it slices, so a window costs about twice a slot of one pass).
+    A cache with a "prefix" entry (generate.cascade_cache: k/v tuples [U,K,P,Dh], valid [U,P]) holds rows that
+    continue shared prefixes, rows [u*m, (u+1)*m) prefix u: each row attends to its prefix, then to its own slots
+    (`attend_shared`); the prefix passes through unchanged.
     Returns (logits [B,T,V] float32, new cache).
     """
     hidden, cache = forward_cached_hidden(cfg, params, tokens, positions, token_valid, cache)
@@ -499,15 +537,19 @@ def forward_cached_hidden(cfg: ModelConfig, params: Params, tokens, positions, t
     valid = jax.lax.dynamic_update_slice(cache["valid"], token_valid.astype(bool), (0, start))
     query_slots = start + jnp.arange(T)
     mask = (jnp.arange(S)[None, :] <= query_slots[:, None])[None] & valid[:, None, :]  # [B,T,S]
-    attn = lambda q, k, v: attend(q, k, v, mask, cfg.matmul_precision)
-    block = cache_block(cfg, S)
+    attn = lambda i, q, k, v: attend(q, k, v, mask, cfg.matmul_precision)
+    shared = cache.get("prefix")
+    block = 0 if shared else cache_block(cfg, S)
+    if shared:   # rows continue shared prefixes (generate.cascade): each prefix read once per group
+        attn = lambda i, q, k, v: attend_shared(q, k, v, mask, shared["k"][i], shared["v"][i], shared["valid"],
+                                                cfg.matmul_precision)
     if block:   # the filled window (from the first slot any row holds) where its blocks cover at most half the cache
         lo = jnp.argmax(jnp.any(valid, axis=0))
         windowed = 2 * window_blocks(lo, start + T, block)[1] * block <= S
         one_pass = attn
-        attn = lambda q, k, v: jax.lax.cond(
+        attn = lambda i, q, k, v: jax.lax.cond(
             windowed, lambda: attend_window(q, k, v, valid, query_slots, lo, block, cfg.matmul_precision),
-            lambda: one_pass(q, k, v))
+            lambda: one_pass(i, q, k, v))
     inv_freq = jnp.asarray(rope_inv_freq(cfg))
     x = _embed(cfg, params, tokens)
     ks, vs = list(cache["k"]), list(cache["v"])
@@ -517,9 +559,10 @@ def forward_cached_hidden(cfg: ModelConfig, params: Params, tokens, positions, t
         q, k, v = _project_qkv(cfg, lp, h, positions, inv_freq)
         ks[i] = jax.lax.dynamic_update_slice(ks[i], k.transpose(0, 2, 1, 3).astype(ks[i].dtype), (0, 0, start, 0))
         vs[i] = jax.lax.dynamic_update_slice(vs[i], v.transpose(0, 2, 1, 3).astype(vs[i].dtype), (0, 0, start, 0))
-        x = _attn_out_and_mlp(cfg, lp, x, attn(q, ks[i], vs[i]))
+        x = _attn_out_and_mlp(cfg, lp, x, attn(i, q, ks[i], vs[i]))
     hidden = rms_norm(x, params["final_norm"], cfg.rms_eps)
-    return hidden, {"k": tuple(ks), "v": tuple(vs), "valid": valid, "index": start + T}
+    out = {"k": tuple(ks), "v": tuple(vs), "valid": valid, "index": start + T}
+    return hidden, (dict(out, prefix=shared) if shared else out)
 
 
 def prefill(cfg: ModelConfig, params: Params, tokens, positions, token_valid, cache):
