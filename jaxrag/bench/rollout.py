@@ -3,7 +3,8 @@
     python -m jaxrag.bench.rollout [--jax] [--episodes 64] [--batches 1,2,4,8,16,32,64]
         [--new-tokens 16] [--stop-chars 0] [--temperature 0] [--no-fake]
     continuous vs lock-step where action lengths vary: --jax --new-tokens 128 --stop-chars 4 --temperature 1
-    N candidates per state, continuous (one prefill per turn, forked) vs lock-step: --jax --candidates 5 [...]
+    N candidates per state, continuous (one prefill per turn, forked) vs lock-step (its N rows read the state's
+    cache once: cascade; and, as a peer, copying it): --jax --candidates 5 [...]
     python -m jaxrag.bench.rollout --kv [...]: cross-turn KV reuse vs full prefill (jaxrag/bench/rollout_kv.py)
 
 Policies measured in the same run:
@@ -241,6 +242,11 @@ def main(argv=None):
                 f"{f',N{args.candidates}' if args.candidates > 1 else ''})")
         scripted = ScriptedJax(jaxpol, args.new_tokens, list(STOP_CHARS[:args.stop_chars]))
         policies[f"{name} lock-step"] = (scripted, jaxpol.tokenizer, False)
+        if args.candidates > 1:   # the N rows of a state copying its cache instead of reading it once (cascade)
+            copying = tiny_jax(args.d_model, args.layers)
+            copying.cascade = False
+            copied = ScriptedJax(copying, args.new_tokens, list(STOP_CHARS[:args.stop_chars]))
+            policies[f"{name} lock-step, copied fork"] = (copied, copying.tokenizer, False)
         policies[f"{name} continuous"] = (scripted, jaxpol.tokenizer, True)
     rows, pure = [], {}
     for b in batches:   # the peers back to back at each batch size (a shared machine's load drifts)
