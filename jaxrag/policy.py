@@ -75,9 +75,9 @@ class JaxPolicy:
     tokens (see the module doc for who shortens over-long prompts).
     share_prefix: n samples of a prompt prefill it once and fork its cache (generate.sample); False = the
     replicate-and-prefill path (same results, n times the prefill). cascade: the forked rows read their prompt's
-    cache once per group instead of copying it (generate.sample's cascade; False = fork by copying). unstack: hold the params with per-layer
-    weight buffers (models.unstack_layers: decode reads each weight once instead of copying a slice of the
-    stacked one; one copy of the layer weights). `prefill_tokens` counts the token slots prefilled so far,
+    cache once per group instead of copying it (generate.sample's cascade; False = fork by copying). unstack: hold
+    the params with per-layer weight buffers (models.unstack_layers: decode reads each weight once instead of
+    copying a slice of the stacked one; one copy of the layer weights). `prefill_tokens` counts the token slots prefilled so far,
     `decode_slots` / `decode_tokens` the decode row-steps run / the tokens kept (their ratio: how full the decode
     batch was), `timing` the seconds in prefill (with the host's batch preparation) and in decode.
     session_slots / session_tokens: the session pool (module doc; 0 slots = off; the rollout's batch_size x

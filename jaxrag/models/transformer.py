@@ -176,7 +176,8 @@ def attend_shared(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, pk:
         s = jnp.where(ok, s, NEG_INF)
         top = s.max(-1)
         p = jnp.where(ok, jnp.exp(s - top[..., None]), 0.0)
-        return top, p.sum(-1), jnp.matmul(p.astype(vv.dtype), vv, precision=precision, preferred_element_type=jnp.float32)
+        out = jnp.matmul(p.astype(vv.dtype), vv, precision=precision, preferred_element_type=jnp.float32)
+        return top, p.sum(-1), out
 
     qh = q.astype(k.dtype).reshape(B, T, K, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, Dh)
     own = part(qh, k, v, jnp.broadcast_to(mask[:, None, None], (B, 1, G, T, k.shape[2])).reshape(B, 1, G * T, -1))
@@ -540,7 +541,7 @@ def forward_cached_hidden(cfg: ModelConfig, params: Params, tokens, positions, t
     attn = lambda i, q, k, v: attend(q, k, v, mask, cfg.matmul_precision)
     shared = cache.get("prefix")
     block = 0 if shared else cache_block(cfg, S)
-    if shared:   # rows continue shared prefixes (generate.cascade): each prefix read once per group
+    if shared:   # rows continue shared prefixes (generate.cascade_cache): each prefix read once per group
         attn = lambda i, q, k, v: attend_shared(q, k, v, mask, shared["k"][i], shared["v"][i], shared["valid"],
                                                 cfg.matmul_precision)
     if block:   # the filled window (from the first slot any row holds) where its blocks cover at most half the cache
