@@ -89,8 +89,9 @@ def _pick(logits, keys, sp: SamplingParams):
 def fork(tree, rows):
     """Row r of the result is row rows[r] of `tree`, on device: a KV cache (or per-row sampler state) prefilled
     once per prefix becomes one row per continuation. Leaves are batch-major; scalars (the cache's shared `index`)
-    pass through. The primitive under n samples per prompt; also what MCTS expansion, rollout values (M
-    continuations per candidate) and GRPO groups fork from."""
+    pass through. The copying fork: n samples per prompt (MCTS expansion, rollout values' M continuations of a
+    candidate, GRPO groups) take it where their rows do not form equal contiguous groups, else `cascade_cache`,
+    which reads the prompt once per group instead of copying it."""
     rows = jnp.asarray(rows, jnp.int32)
     return jax.tree.map(lambda a: a if a.ndim == 0 else jnp.take(a, rows, axis=0), tree)
 
