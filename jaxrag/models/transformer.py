@@ -136,23 +136,38 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
+def stack_query_heads(q: jax.Array, K: int, dtype) -> jax.Array:
+    """q [B,T,H,Dh] -> [B,K,G*T,Dh] in `dtype`: the G = H/K query heads that share a kv head stacked along the query
+    axis (G outer, T inner), so attention's products are batched GEMMs over (B, K) with M = G*T."""
+    B, T, H, Dh = q.shape
+    G = H // K
+    return q.astype(dtype).reshape(B, T, K, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, Dh)
+
+
+def unstack_query_heads(out: jax.Array, T: int) -> jax.Array:
+    """`stack_query_heads`' inverse: [B,K,G*T,Dh] (or [B,K,G,T,Dh]) -> [B,T,H,Dh]."""
+    B, K, Dh = out.shape[0], out.shape[1], out.shape[-1]
+    G = out.size // (B * K * T * Dh)
+    return out.reshape(B, K, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(B, T, K * G, Dh)
+
+
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision: str | None = None) -> jax.Array:
     """Grouped-query attention over head-major keys/values (the KV cache's layout).
 
     q [B,T,H,Dh], k/v [B,K,S,Dh], mask [B,T,S] (True = may attend) -> [B,T,H,Dh] in q's dtype. The G = H/K query
-    heads that share a kv head are stacked along the query axis, so both products are batched GEMMs over (B, K)
-    with M = G*T (about 1.3x faster forward+backward on XLA:CPU than a 5-D einsum). A cache stored in a narrower
-    dtype than the compute (bf16 cache, fp32 compute) is read as it is: q is cast to it, products accumulate fp32."""
+    heads that share a kv head are stacked along the query axis (`stack_query_heads`), so both products are batched
+    GEMMs over (B, K) with M = G*T (about 1.3x faster forward+backward on XLA:CPU than a 5-D einsum). A cache
+    stored in a narrower dtype than the compute (bf16 cache, fp32 compute) is read as it is: q is cast to it,
+    products accumulate fp32."""
     B, T, H, Dh = q.shape
     K, S = k.shape[1], k.shape[2]
     G = H // K
     out_dtype = q.dtype
-    q = q.astype(k.dtype).reshape(B, T, K, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, Dh)
+    q = stack_query_heads(q, K, k.dtype)
     scores = jnp.matmul(q, k.swapaxes(-1, -2), precision=precision, preferred_element_type=jnp.float32) / math.sqrt(Dh)
     scores = jnp.where(mask[:, None, None], scores.reshape(B, K, G, T, S), NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(B, K, G * T, S)
-    out = jnp.matmul(probs, v, precision=precision).astype(out_dtype).reshape(B, K, G, T, Dh)
-    return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
+    return unstack_query_heads(jnp.matmul(probs, v, precision=precision).astype(out_dtype), T)
 
 
 def attend_shared(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, pk: jax.Array, pv: jax.Array,
@@ -179,7 +194,7 @@ def attend_shared(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, pk:
         out = jnp.matmul(p.astype(vv.dtype), vv, precision=precision, preferred_element_type=jnp.float32)
         return top, p.sum(-1), out
 
-    qh = q.astype(k.dtype).reshape(B, T, K, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, Dh)
+    qh = stack_query_heads(q, K, k.dtype)
     own = part(qh, k, v, jnp.broadcast_to(mask[:, None, None], (B, 1, G, T, k.shape[2])).reshape(B, 1, G * T, -1))
     qp = qh.astype(pk.dtype).reshape(U, m, K, G * T, Dh).swapaxes(1, 2).reshape(U, K, m * G * T, Dh)
     shared = part(qp, pk, pv, prefix_valid[:, None, None, :])
@@ -188,7 +203,7 @@ def attend_shared(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, pk:
     top = jnp.maximum(m1, m2)
     r1, r2 = jnp.exp(m1 - top), jnp.exp(m2 - top)
     out = (a1 * r1[..., None] + a2 * r2[..., None]) / jnp.maximum(s1 * r1 + s2 * r2, 1e-30)[..., None]
-    return out.astype(out_dtype).reshape(B, K, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
+    return unstack_query_heads(out.astype(out_dtype), T)
 
 
 def window_blocks(lo, end, block: int):
@@ -211,7 +226,7 @@ def attend_window(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, qu
     K, S = k.shape[1], k.shape[2]
     G, C = H // K, min(block, S)
     out_dtype = q.dtype
-    q = q.astype(k.dtype).reshape(B, T, K, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, Dh)
+    q = stack_query_heads(q, K, k.dtype)
     first, n_blocks = window_blocks(lo, query_slots[-1] + 1, C)
 
     def body(j, carry):
@@ -235,8 +250,7 @@ def attend_window(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, qu
     init = (jnp.full((B, K, G, T), NEG_INF, jnp.float32), jnp.zeros((B, K, G, T), jnp.float32),
             jnp.zeros((B, K, G, T, Dh), jnp.float32))
     _, run_sum, acc = jax.lax.fori_loop(0, n_blocks, body, init)
-    out = (acc / jnp.maximum(run_sum, 1e-30)[..., None]).astype(out_dtype)
-    return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
+    return unstack_query_heads((acc / jnp.maximum(run_sum, 1e-30)[..., None]).astype(out_dtype), T)
 
 
 def cache_block(cfg: ModelConfig, slots: int) -> int:
