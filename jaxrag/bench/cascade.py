@@ -15,53 +15,33 @@ presets (random weights, the preset's compute dtype and cache dtype). Writes res
 from __future__ import annotations
 
 import argparse
-import functools
 
 import jax
 import jax.numpy as jnp
 
-from jaxrag.bench.common import matmul_gflops, table, time_it, write_result
-from jaxrag.bench.model import PRESETS, bytes_accessed, device_name
-from jaxrag.models import decode_step, init_cache, init_params, unstack_layers
+from jaxrag.bench.common import matmul_gflops, table, write_result
+from jaxrag.bench.model import PRESETS, device_name, time_decode_step
+from jaxrag.models import init_cache, init_params, unstack_layers
 
 
-def caches(cfg, U: int, n: int, P: int, new: int) -> tuple[dict, dict]:
-    """(the copied fork's cache, the cascade's), each holding U full prompts of P tokens and new // 2 decoded
-    tokens in each of its U * n rows: the state of a decode halfway through."""
-    done = new // 2
-    forked = init_cache(cfg, U * n, P + new)
-    forked["valid"] = forked["valid"].at[:, :P + done].set(True)
-    forked["index"] = jnp.asarray(P + done, jnp.int32)
-    prompt = init_cache(cfg, U, P)
-    own = init_cache(cfg, U * n, new)
-    own["valid"] = own["valid"].at[:, :done].set(True)
-    own["index"] = jnp.asarray(done, jnp.int32)
-    own["prefix"] = {"k": prompt["k"], "v": prompt["v"], "valid": jnp.ones((U, P), bool)}
-    return forked, own
-
-
-def fill(cache: dict, key) -> dict:
-    """`cache` (or a cascade's prefix) with random keys/values: `main` copies the same values into the fork."""
-    ks = jax.random.split(key, 2 * len(cache["k"]))
+def caches(cfg, U: int, n: int, P: int, new: int, key) -> tuple[dict, dict]:
+    """(the copied fork's cache, the cascade's), the state of a decode halfway through: U prompts of P tokens,
+    n rows each holding new // 2 decoded tokens, random keys/values, the same values in both layouts (the fork's
+    rows hold their prompt's copy, then their own slots)."""
+    done, L = new // 2, cfg.n_layers
+    own, prompt = init_cache(cfg, U * n, new), init_cache(cfg, U, P)
     draw = lambda bufs, keys: tuple(jax.random.normal(k, b.shape, b.dtype) for b, k in zip(bufs, keys))
-    return dict(cache, k=draw(cache["k"], ks[::2]), v=draw(cache["v"], ks[1::2]))
-
-
-def step_time(cfg, params, cache: dict, position, steps: int) -> tuple[float, float, jax.Array]:
-    """(median seconds of one decode step, XLA's bytes accessed, the first step's logits)."""
-    step = jax.jit(functools.partial(decode_step, cfg), donate_argnums=(3,))
-    token = jnp.ones((position.shape[0],), jnp.int32)
-    index = int(cache["index"])
-    compiled = step.lower(params, token, position, cache).compile()
-    logits, cache = compiled(params, token, position, cache)
-    box = {"cache": dict(cache, index=jnp.asarray(index, jnp.int32))}
-
-    def one():
-        out, box["cache"] = compiled(params, token, position, box["cache"])
-        box["cache"]["index"] = jnp.asarray(index, jnp.int32)   # every step writes the same slot
-        out.block_until_ready()
-
-    return time_it(one, steps), bytes_accessed(compiled), logits
+    ks = jax.random.split(key, 4 * L)
+    own.update(k=draw(own["k"], ks[:L]), v=draw(own["v"], ks[L:2 * L]), index=jnp.asarray(done, jnp.int32),
+               valid=own["valid"].at[:, :done].set(True))
+    shared = dict(own, prefix={"k": draw(prompt["k"], ks[2 * L:3 * L]), "v": draw(prompt["v"], ks[3 * L:]),
+                               "valid": jnp.ones((U, P), bool)})
+    group = jnp.repeat(jnp.arange(U), n)
+    copy = lambda pre, mine: tuple(jnp.concatenate([a[group], b], axis=2) for a, b in zip(pre, mine))
+    forked = {"k": copy(shared["prefix"]["k"], own["k"]), "v": copy(shared["prefix"]["v"], own["v"]),
+              "valid": jnp.concatenate([jnp.ones((U * n, P), bool), own["valid"]], axis=1),
+              "index": jnp.asarray(P + done, jnp.int32)}
+    return forked, shared
 
 
 def nbytes(cache: dict) -> int:
@@ -85,18 +65,11 @@ def main(argv=None):
     rows, U = [], args.prompts
     for P in [int(x) for x in args.prompt_len.split(",")]:
         for n in [int(x) for x in args.n.split(",")]:
-            forked, shared = caches(cfg, U, n, P, args.new)
-            shared = fill(shared, jax.random.PRNGKey(1))
-            shared["prefix"] = fill(shared["prefix"], jax.random.PRNGKey(2))
-            # the copied fork holds the same values: each row's prompt copy, then its own slots
-            group = jnp.repeat(jnp.arange(U), n)
-            copy = lambda pre_, own: jnp.concatenate([pre_[group], own], axis=2)
-            forked = dict(forked, k=tuple(copy(p, o) for p, o in zip(shared["prefix"]["k"], shared["k"])),
-                          v=tuple(copy(p, o) for p, o in zip(shared["prefix"]["v"], shared["v"])))
+            forked, shared = caches(cfg, U, n, P, args.new, jax.random.PRNGKey(1))
             position = jnp.full((U * n,), P + args.new // 2, jnp.int32)
             sizes = (nbytes(forked), nbytes(shared))
-            t_f, b_f, l_f = step_time(cfg, params, forked, position, args.steps)
-            t_c, b_c, l_c = step_time(cfg, params, shared, position, args.steps)
+            t_f, b_f, l_f = time_decode_step(cfg, params, forked, position, args.steps)
+            t_c, b_c, l_c = time_decode_step(cfg, params, shared, position, args.steps)
             row = {"prompt": P, "n": n, "rows": U * n, "fork ms": 1e3 * t_f, "cascade ms": 1e3 * t_c,
                    "speedup": t_f / t_c, "fork GB accessed": b_f / 1e9, "cascade GB accessed": b_c / 1e9,
                    "bytes ratio": b_f / b_c, "fork cache MB": sizes[0] / 1e6, "cascade cache MB": sizes[1] / 1e6,

@@ -156,24 +156,30 @@ def gather_overcount(params, batch: int) -> float:
     return counted - batch * embed.shape[1] * embed.dtype.itemsize - token.nbytes
 
 
+def time_decode_step(cfg, params, cache: dict, position, steps: int = 16):
+    """(median seconds of one decode step on `cache` (donated, as the sampler's; every step writes the same slot),
+    XLA's bytes accessed for it, the first step's logits)."""
+    step = jax.jit(functools.partial(decode_step, cfg), donate_argnums=(3,))
+    token, index = jnp.ones(position.shape, jnp.int32), int(cache["index"])
+    compiled = step.lower(params, token, position, cache).compile()
+    logits, cache = compiled(params, token, position, cache)
+    box = {"cache": dict(cache, index=jnp.asarray(index, jnp.int32))}
+
+    def one():
+        out, box["cache"] = compiled(params, token, position, box["cache"])
+        box["cache"]["index"] = jnp.asarray(index, jnp.int32)
+        out.block_until_ready()
+
+    return time_it(one, steps), bytes_accessed(compiled), logits
+
+
 def jax_decode_step(cfg, params, batch, slots, filled=None, steps=16):
     """Seconds of one decode step over a `slots`-slot cache whose rows hold `filled` tokens at slots [0, filled)
     (default: all but the slot the step writes), median over steps, and XLA's bytes accessed for it."""
-    step = jax.jit(functools.partial(decode_step, cfg), donate_argnums=(3,))
     filled = slots - 1 if filled is None else filled
     cache = init_cache(cfg, batch, slots)
     cache["valid"], cache["index"] = cache["valid"].at[:, :filled].set(True), jnp.asarray(filled, jnp.int32)
-    token, position = jnp.ones((batch,), jnp.int32), jnp.full((batch,), filled, jnp.int32)
-    compiled = step.lower(params, token, position, cache).compile()
-    accessed = bytes_accessed(compiled)
-    box = {"cache": cache}
-
-    def one():
-        logits, box["cache"] = compiled(params, token, position, box["cache"])
-        box["cache"]["index"] = jnp.asarray(filled, jnp.int32)   # every step writes the same slot
-        logits.block_until_ready()
-
-    return time_it(one, steps), accessed
+    return time_decode_step(cfg, params, cache, jnp.full((batch,), filled, jnp.int32), steps)[:2]
 
 
 # -------------------------------------------------------------------------------------------- PyTorch side
