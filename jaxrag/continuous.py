@@ -27,6 +27,16 @@ arrival order or whether its prefill was shared.
 At temperature 0 a request's tokens are the lock-step sampler's (generate.sample) for the same prompt; log-probs
 agree to float rounding (the prefill and attention run over other shapes).
 
+Shared prefixes (`SlotPool(..., group=m)`, m > 1; JaxPolicy.continuous(group=N) builds one for a turn's N
+candidates when its cascade is on): the slots form slots / m groups of m, and the cache carries a "prefix" entry
+(prefix rows [slots / m, T - max_new_tokens]: generate.cascade_cache's layout), one row a group. Requests with
+the same ids fill the m slots of a free group (all m free; more requests than m take more groups, fewer leave slots
+empty until the group is free), their prompt prefilled once and written once into the group's prefix row
+(`place_shared`); the rows' own slots hold only their new tokens, so the cache is [slots, max_new_tokens + chunk]
+plus the prefix rows, and a decode step reads each prompt once per group (`transformer.attend_shared`) instead of
+once per row. Tokens and keys are as with copies (the same fold per request). Sessions are not kept in such a pool
+(a parked row would need its group's prefix after the group took other work): it is built with group=1 for them.
+
 A request longer than the pool can ever hold (prompt + max_new_tokens > T) is refused at `submit` with an error
 naming the setting (`setting`) that sizes T; a full pool is never an error: requests wait for a free slot.
 
@@ -172,6 +182,50 @@ def place(cache: dict, state: dict, keys, base_key, logits, small: dict, valid, 
     return cache, state, set_rows(keys, fold)
 
 
+def insert_shared(cfg: ModelConfig, params, cache: dict, state: dict, keys, base_key, tokens, positions, valid,
+                  groups, grows, slots, folds, n_new: int, rows):
+    """`insert` for a pool whose rows continue shared prefixes (SlotPool(group=m)): the new prompts are prefilled
+    as `insert` does, then written once each into prefix rows `groups` (prefill row grows[j] into prefix row
+    groups[j]), and their requests' decode rows `slots` start with no slot of their own (`place_shared`)."""
+    n, P = tokens.shape
+    small = init_cache(cfg, n, P + n_new, cache["k"][0].dtype)
+    logits, small = _prefill(cfg, params, tokens, positions, valid, small)
+    return place_shared(cache, state, keys, base_key, logits, small, valid, groups, grows, slots, folds, rows)
+
+
+@functools.partial(jax.jit, donate_argnums=(0, 1, 2))
+def place_shared(cache: dict, state: dict, keys, base_key, logits, small: dict, valid, groups, grows, slots, folds,
+                 rows):
+    """Prefilled prompts (`small` slots [0, P), `valid` [n,P], `logits` [n,V]) written into the pool's prefix rows
+    (cache["prefix"]: k/v [U,K,W,Dh], valid [U,W]): prefix row groups[j] takes prefill row grows[j] in its slots
+    [0, P), nothing after it valid (groups >= U: padding, dropped). Decode rows `slots` [m] (each in the group of
+    the prefix row its prompt went to; slots >= B dropped) get prefill row rows[i]'s logits and position, no valid
+    slot of their own (their tokens are all new), a fresh sampler state and key fold_in(fold_in(base_key, a), b).
+    As in `place`, the copies run one real prefix row at a time in place in the donated cache."""
+    P, pre = valid.shape[1], cache["prefix"]
+    U, W = pre["valid"].shape
+
+    def copy_row(j, bufs):   # prefill row grows[j]'s slots [0, P) into prefix row groups[j] at slot 0
+        take = lambda new: jax.lax.dynamic_slice(new, (grows[j], 0, 0, 0), (1, new.shape[1], P, new.shape[3]))
+        return tuple(jax.lax.dynamic_update_slice(buf, take(new), (groups[j], 0, 0, 0))
+                     for buf, new in zip(bufs, small["k"] + small["v"]))
+
+    kv = jax.lax.fori_loop(0, jnp.sum(groups < U), copy_row, pre["k"] + pre["v"])
+    L = len(pre["k"])
+    prefix_valid = pre["valid"].at[groups].set(jnp.pad(valid[grows].astype(bool), ((0, 0), (0, W - P))), mode="drop")
+    cache = dict(cache, valid=cache["valid"].at[slots].set(False, mode="drop"),
+                 prefix={"k": kv[:L], "v": kv[L:], "valid": prefix_valid})
+    logits, valid = logits[rows], valid[rows]
+    set_rows = lambda a, x: a.at[slots].set(x, mode="drop")
+    state = dict(state, logits=set_rows(state["logits"], logits),
+                 tokens=set_rows(state["tokens"], 0), logprobs=set_rows(state["logprobs"], 0.0),
+                 lengths=set_rows(state["lengths"], 0),
+                 position=set_rows(state["position"], valid.sum(1).astype(jnp.int32)),
+                 done=set_rows(state["done"], False), stopped=set_rows(state["stopped"], False))
+    fold = jax.vmap(lambda f: jax.random.fold_in(jax.random.fold_in(base_key, f[0]), f[1]))(folds)
+    return cache, state, set_rows(keys, fold)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 8, 9))
 def extend_rows(cfg: ModelConfig, params, cache: dict, rows, held, tokens, positions, valid, M: int, keep: int):
     """Parked pool rows `rows` [m] continued by appended tokens (tokens/positions/valid [m,A], left-padded,
@@ -210,8 +264,8 @@ def shift(cache: dict, d) -> dict:
     j = jnp.arange(S)
     keep = (j >= d) & (j < S + d)
     roll = lambda a: jnp.roll(a, d, axis=2)
-    return {"k": tuple(map(roll, cache["k"])), "v": tuple(map(roll, cache["v"])),
-            "valid": jnp.roll(cache["valid"], d, axis=1) & keep[None], "index": cache["index"] + d}
+    return dict(cache, k=tuple(map(roll, cache["k"])), v=tuple(map(roll, cache["v"])),   # a prefix: as it was
+                valid=jnp.roll(cache["valid"], d, axis=1) & keep[None], index=cache["index"] + d)
 
 
 # ---- host side ---------------------------------------------------------------------------------------------
@@ -236,9 +290,14 @@ class SlotPool:
     def __init__(self, cfg: ModelConfig, params, slots: int, max_len: int, sp: SamplingParams, key: jax.Array,
                  stop_strings: Sequence[str] | None = None, tokenizer=None, chunk: int = 16,
                  refill: float = 0.25, setting: str = "max_len", sessions: bool = False,
-                 min_shared: int = MIN_SHARED, prefix_cache: bool = False):
-        if slots < 1 or max_len < 1 or chunk < 1:
-            raise ValueError(f"SlotPool: slots={slots}, max_len={max_len}, chunk={chunk}; each must be >= 1")
+                 min_shared: int = MIN_SHARED, prefix_cache: bool = False, group: int = 1):
+        if slots < 1 or max_len < 1 or chunk < 1 or group < 1:
+            raise ValueError(f"SlotPool: slots={slots}, max_len={max_len}, chunk={chunk}, group={group}; each must "
+                             "be >= 1")
+        if group > 1 and (slots % group or sessions):
+            raise ValueError(f"SlotPool(group={group}): slots ({slots}) must be a multiple of the group, and sessions "
+                             "are not kept in a pool of shared prefixes (a parked row would hold its group's prefix "
+                             "after the group moved on); use group=1 for sessions")
         if stop_strings and tokenizer is None:
             raise ValueError("SlotPool: stop_strings need a tokenizer to detokenize")
         if prefix_cache and not sessions:
@@ -252,7 +311,12 @@ class SlotPool:
         self.stop_strings, self.tokenizer = list(stop_strings or []), tokenizer
         self.true_eos, self.stop_ids = stop_ids_of(cfg, sp, tokenizer)
         B, N, S = slots, sp.max_new_tokens, max_len + chunk
+        self.group = group
+        if group > 1:   # a row's own slots hold only its new tokens; its prompt lies once in its group's prefix row
+            S, shared = N + chunk, init_cache(cfg, slots // group, max_len - N)
         self.cache = init_cache(cfg, B, S)
+        if group > 1:
+            self.cache["prefix"] = {"k": shared["k"], "v": shared["v"], "valid": shared["valid"]}
         self.state = {"logits": jnp.zeros((B, cfg.vocab_size), jnp.float32), "tokens": jnp.zeros((B, N), jnp.int32),
                       "logprobs": jnp.zeros((B, N), jnp.float32), "lengths": jnp.zeros((B,), jnp.int32),
                       "position": jnp.zeros((B,), jnp.int32), "done": jnp.ones((B,), bool),
@@ -280,7 +344,8 @@ class SlotPool:
 
     @property
     def nbytes(self) -> int:
-        return sum(int(b.nbytes) for b in self.cache["k"] + self.cache["v"])
+        pre = self.cache.get("prefix", {"k": (), "v": ()})
+        return sum(int(b.nbytes) for b in self.cache["k"] + self.cache["v"] + pre["k"] + pre["v"])
 
     @property
     def busy(self) -> int:
@@ -464,6 +529,8 @@ class SlotPool:
         Continued sessions: `_continue`."""
         if not self.queue:
             return
+        if self.group > 1:
+            return self._insert_shared()
         fresh, cont = self._admit()
         if not fresh and not cont:
             return
@@ -499,6 +566,44 @@ class SlotPool:
             n = 1 << (len(cont).bit_length() - 1)
             group, cont = cont[:n], cont[n:]
             self._continue(group, room)
+        self.timing["insert_s"] += time.perf_counter() - t0
+
+    def _insert_shared(self) -> None:
+        """`_insert` for a pool of shared prefixes (group m > 1): waiting requests with the same ids fill the m slots
+        of one free group (all its slots free; more than m of them take further groups), their prompt written once
+        into the group's prefix row; the distinct prompts are prefilled in power-of-two groups, longest first, as
+        `_insert` does. A request that finds no free group waits. No shift: a row's own slots start empty."""
+        m, t0 = self.group, time.perf_counter()
+        free = [g for g in range(self.slots // m) if all(o is None for o in self.owner[g * m:(g + 1) * m])]
+        groups: dict[tuple[int, ...], list[int]] = {}               # prompt -> its groups in this insert
+        by_prompt: dict[tuple[int, ...], list[tuple[int, _Request]]] = {}
+        wait = collections.deque()
+        for r in self.queue:
+            ids, taken = tuple(r.ids), len(by_prompt.get(tuple(r.ids), ()))
+            if taken == m * len(groups.get(ids, ())):               # this prompt's groups are full: open one
+                if not free:
+                    wait.append(r)
+                    continue
+                groups.setdefault(ids, []).append(free.pop(0))
+            by_prompt.setdefault(ids, []).append((groups[ids][taken // m] * m + taken % m, r))
+        self.queue = wait
+        distinct = sorted(by_prompt, key=len, reverse=True)
+        room, U = self.max_len - self.sp.max_new_tokens, self.slots // m
+        while distinct:
+            n = 1 << (len(distinct).bit_length() - 1)
+            part, distinct = distinct[:n], distinct[n:]
+            P = min(bucket(len(part[0]), 16), room)
+            tokens, positions, valid = left_pad(part, n, P)
+            placed = [(u, b, r) for u, ids in enumerate(part) for b, r in by_prompt[ids]]   # (prefill row, slot, req)
+            rows, slots, folds = self._pad_rows(placed)
+            pairs = [(g, u) for u, ids in enumerate(part) for g in groups[ids]]   # (prefix row, prefill row)
+            pad = bucket(len(pairs), 1) - len(pairs)
+            gs = jnp.asarray([g for g, _ in pairs] + [U] * pad, jnp.int32)
+            grows = jnp.asarray([u for _, u in pairs] + [0] * pad, jnp.int32)
+            self.cache, self.state, self.keys = insert_shared(
+                self.cfg, self.params, self.cache, self.state, self.keys, self.base_key, jnp.asarray(tokens),
+                jnp.asarray(positions), jnp.asarray(valid), gs, grows, slots, folds, self.sp.max_new_tokens, rows)
+            self._inserted(placed, n, n * P)
         self.timing["insert_s"] += time.perf_counter() - t0
 
     def _prefix_groups(self, prompts: list[tuple[int, ...]]) -> tuple[list[tuple[int, list]], list[tuple[int, ...]]]:
@@ -622,8 +727,10 @@ class SlotPool:
         return jnp.asarray(rows, jnp.int32), jnp.asarray(slots, jnp.int32), jnp.asarray(folds, jnp.int32)
 
     def _taken(self, b: int, r: _Request) -> None:
-        """Slot b now decodes request r (its len(r.ids) tokens right-aligned before the index)."""
-        self.owner[b], self.start[b], self.checked[b], self.seen[b] = r, self.index - len(r.ids), 0, 0
+        """Slot b now decodes request r (its len(r.ids) tokens right-aligned before the index; in a pool of shared
+        prefixes, its group's prefix row, and its own slots start at the index)."""
+        start = self.index - (len(r.ids) if self.group == 1 else 0)
+        self.owner[b], self.start[b], self.checked[b], self.seen[b] = r, start, 0, 0
 
     def launch(self) -> bool:
         """Insert waiting requests into free slots and dispatch one decode chunk (not waited for: the host may work

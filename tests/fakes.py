@@ -128,7 +128,7 @@ class SlotScripted(ScriptedPolicy):
     """A scripted policy with the continuous protocol: a pool of `slots`; each collect finishes the request that has
     been in a slot longest whose (scripted) length is up, so turns end out of order while others keep decoding."""
 
-    def continuous(self, slots, *, temperature=0.0, max_new_tokens=128, stop=None, seed=0):
+    def continuous(self, slots, *, temperature=0.0, max_new_tokens=128, stop=None, seed=0, group=1):
         pol = self
 
         class Session:

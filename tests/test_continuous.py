@@ -132,6 +132,61 @@ def test_a_shared_prefill_does_not_change_a_sample(pol):
     np.testing.assert_allclose(got["x"].logprobs, ref.logprobs, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_pool_of_shared_prefixes_samples_as_the_copying_pool(pol, temperature):
+    """SlotPool(group=3): a prompt's requests fill the 3 slots of a group and read the prompt once, from the group's
+    prefix row; the rows' own slots hold only their new tokens. Requests of a prompt more than a group holds take a
+    second group, fewer leave slots empty; 13 requests through 2 groups reuse them. Same tokens as the pool whose
+    slots each hold a copy (keys fold per request), and at T = 0 the lock-step sampler's; half the memory."""
+    cfg, params, tok = pol.cfg, pol._sample_params, pol.tokenizer
+    prompts, counts = _prompts(5, seed=7), [3, 4, 2, 3, 1]
+    sp = SamplingParams(max_new_tokens=20, temperature=temperature)
+    ref = sample(cfg, params, prompts, sp, jax.random.PRNGKey(0), tokenizer=tok)
+    t = next(t for t in range(35, 130) if 1 <= sum(t in ref.row(i)[0] for i in range(5)) <= 3)
+    stop = [tok.decode([t])]   # a stop string some rows meet: rows of one group finish apart
+    ref = sample(cfg, params, prompts, sp, jax.random.PRNGKey(0), stop_strings=stop, tokenizer=tok)
+    got, nbytes = {}, {}
+    for group in (1, 3):
+        pool = SlotPool(cfg, params, 6, 100, sp, jax.random.PRNGKey(0), stop_strings=stop, tokenizer=tok, chunk=8,
+                        group=group)
+        for i, (p, c) in enumerate(zip(prompts, counts)):
+            for j in range(c):
+                pool.submit((i, j), p, (10 * i + j, 0))
+        got[group] = _drain(pool)
+        assert pool.stats["finished"] == sum(counts)
+        if group == 3:
+            assert [a.shape for a in (pool.cache["valid"], pool.cache["prefix"]["valid"])] == [(6, 28), (2, 80)]
+            assert pool.stats["shifts_left"] >= 1 and "shifts_right" not in pool.stats
+            # one prefill a prompt per insert: prompt 1's fourth request waits for a free group, prefilled again
+            assert pool.stats["prefill_shared"] == sum(counts) - len(prompts) - 1
+        nbytes[group] = pool.nbytes
+    assert nbytes[3] * 6 * 108 == nbytes[1] * (6 * 28 + 2 * 80)   # key/value slots: 328 instead of 648
+    for i, c in enumerate(counts):
+        for j in range(c):
+            a, b = got[1][(i, j)], got[3][(i, j)]
+            assert (b.tokens, b.finish_reason, b.prompt_ids) == (a.tokens, a.finish_reason, prompts[i])
+            np.testing.assert_allclose(b.logprobs, a.logprobs, rtol=0, atol=1e-4)
+            if temperature == 0:
+                assert b.tokens == ref.row(i)[0] and b.finish_reason == ref.finish_reason[i]
+    assert {got[3][(i, 0)].finish_reason for i in range(5)} >= {"stop", "length"}
+
+
+def test_a_pool_of_shared_prefixes_refuses_what_it_cannot_hold(pol):
+    sp = SamplingParams(max_new_tokens=8)
+    with pytest.raises(ValueError, match="slots \\(5\\) must be a multiple of the group"):
+        SlotPool(pol.cfg, pol._sample_params, 5, 64, sp, jax.random.PRNGKey(0), group=2)
+    with pytest.raises(ValueError, match="use group=1 for sessions"):
+        SlotPool(pol.cfg, pol._sample_params, 4, 64, sp, jax.random.PRNGKey(0), group=2, sessions=True)
+    # the policy falls back to copies where the pool cannot group
+    make = lambda slots: pol.continuous(slots, max_new_tokens=8, group=2).pool.group
+    assert make(4) == 2 and make(5) == 1
+    pol.cascade = False
+    try:
+        assert make(4) == 1
+    finally:
+        pol.cascade = True
+
+
 def test_too_long_request_and_bad_pool_are_clear_errors(pol):
     sp = SamplingParams(max_new_tokens=16)
     pool = SlotPool(pol.cfg, pol._sample_params, 2, 40, sp, jax.random.PRNGKey(0), setting="JaxPolicy(pool_tokens=...)")
@@ -217,8 +272,9 @@ def test_continuous_candidates_equal_lockstep_at_temperature_zero(pol):
     turns = sum(len(e.steps) for e in lock)
     assert all(len(s.candidates) == 2 for e in cont for s in e.steps) and picked == [3] * (2 * turns)
     assert st["generations"] == 3 * turns
-    # 2 episodes x 3 candidates of slots; each turn's prompt prefilled once, forked to its other 2 candidates
+    # 2 episodes x 3 candidates of slots in groups of 3; each turn's prompt prefilled once, read by its 3 candidates
     assert pools[0].pool.slots == 6 and pools[0].pool.stats["prefill_shared"] == 2 * turns
+    assert pools[0].pool.group == 3 and "prefix" in pools[0].pool.cache
 
 
 def test_continuous_candidates_at_temperature_one_pick_the_selected_row(pol):

@@ -3,8 +3,8 @@
     python -m jaxrag.bench.rollout [--jax] [--episodes 64] [--batches 1,2,4,8,16,32,64]
         [--new-tokens 16] [--stop-chars 0] [--temperature 0] [--no-fake]
     continuous vs lock-step where action lengths vary: --jax --new-tokens 128 --stop-chars 4 --temperature 1
-    N candidates per state, continuous (one prefill per turn, forked) vs lock-step (its N rows read the state's
-    cache once: cascade; and, as a peer, copying it): --jax --candidates 5 [...]
+    N candidates per state, continuous vs lock-step (one prefill per turn; its N rows read the state's cache once:
+    cascade; and, as peers, each row copying it): --jax --candidates 5 [...]
     python -m jaxrag.bench.rollout --kv [...]: cross-turn KV reuse vs full prefill (jaxrag/bench/rollout_kv.py)
 
 Policies measured in the same run:
@@ -21,12 +21,13 @@ Policies measured in the same run:
   idle% = decode slot-steps that held no live row (a finished row waiting for its batch, padding rows, free
   slots) / all decode slot-steps run.
   vs_pure_decode% = the rollout's new tokens per second of its whole run (prefill, retrieval and host included)
-  / a pure decode's at the same batch: `generate.sample` of `batch` one-token prompts decoding --new-tokens
+  / a pure decode's at the same decode batch: `generate.sample` of batch x N one-token prompts decoding --new-tokens
   tokens each with no stop (`pure_decode`, timed after a warm-up): how close the engine comes to the decoder.
 Retrieval: BM25 (bm25s) over the multihop contexts corpus (11k passages). Agent: plain ReAct, k = RolloutConfig's default.
 Shares: gen = inside policy.generate (tok = the part of it in the tokenizer: encode, decode, stop strings),
 ret = retriever.search, host = the rest of the engine (render, parse, bookkeeping).
-Each batch size is warmed up (jit compiles for its shapes) before it is timed.
+Each path at each batch size first runs all the episodes once (jit compiles for its shapes), then is timed;
+`compiles` = XLA compilations inside the timed run (0 when the warm-up met every shape).
 The fake's per-token cost is fixed; the JaxPolicy's row shows what the CPU/accelerator really does. Writes results/bench/rollout.json.
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ import sys
 import time
 from typing import Sequence
 
-from jaxrag.bench.common import durations, table, write_result
+from jaxrag.bench.common import compiles, durations, table, write_result
 from jaxrag.data.qa import load_qa
 from jaxrag.env.agents import get_agent
 from jaxrag.env.rollout import RolloutConfig, rollout
@@ -77,10 +78,10 @@ class ScriptedJax:
         self.prefilled += sum(len(row[0].prompt_ids) for row in out)
         return [[dataclasses.replace(c, text=_script(p)) for c in row] for p, row in zip(prompts, out)]
 
-    def continuous(self, slots, *, temperature=0.0, max_new_tokens=32, stop=None, seed=0):
+    def continuous(self, slots, *, temperature=0.0, max_new_tokens=32, stop=None, seed=0, group=1):
         return _ScriptedSession(self, self.pol.continuous(slots, temperature=temperature,
                                                           max_new_tokens=self.new_tokens, stop=self._stop(stop),
-                                                          seed=seed))
+                                                          seed=seed, group=group))
 
 
 class _ScriptedSession:
@@ -119,13 +120,12 @@ def tiny_jax(d_model=128, n_layers=2, max_seq_len=512, max_prompt_tokens=480):
 
 def measure(pol, retriever, agent, examples, batch: int, tok=None, continuous: bool = False,
             temperature: float = 0.0, repeats: int = 1, candidates: int = 1) -> dict:
-    """Warm up on the `batch` shortest and longest questions (compiles every shape bucket the timed run meets;
-    the continuous path on all of them: its insert shapes follow the arrival order), then time all `examples` at
-    this batch size (`repeats` times: the fastest run's row)."""
-    by_len = sorted(examples, key=lambda ex: len(ex.question))
-    warm = examples if continuous else by_len if 2 * batch >= len(by_len) else by_len[:batch] + by_len[-batch:]
+    """Warm up on all `examples` (a run compiles every shape bucket its prompts, turns and batch compositions meet;
+    warming on the shortest and longest questions alone left lock-step compiling during its timed run at batch 1),
+    then time them at this batch size (`repeats` times: the fastest run's row). The row's `compiles` counts the XLA
+    compilations inside the timed run: 0 unless a shape was missed."""
     cfg = RolloutConfig(batch_size=batch, continuous=continuous, temperature=temperature, n_candidates=candidates)
-    rollout(pol, retriever, agent, warm, cfg)
+    rollout(pol, retriever, agent, examples, cfg)
     rows = []
     for _ in range(repeats):   # the machine may be shared: the fastest of `repeats` identical timed runs is kept
         rows.append(_timed(pol, retriever, agent, examples, cfg, tok))
@@ -138,9 +138,11 @@ def _timed(pol, retriever, agent, examples, cfg: RolloutConfig, tok=None) -> dic
     gen_before, pre_before = getattr(pol, "generated", 0), getattr(pol, "prefilled", 0)
     jp = getattr(pol, "pol", None)   # the JaxPolicy under ScriptedJax: its decode slot counters
     slots_before, kept_before = (jp.decode_slots, jp.decode_tokens) if jp is not None else (0, 0)
+    n_compiled = compiles()[0]
     rollout(pol, retriever, agent, examples, cfg, stats=st)
     tot = st["total_s"]
-    row = {"batch": cfg.batch_size, "episodes_per_s": len(examples) / tot, "total_s": tot,
+    row = {"batch": cfg.batch_size, "compiles": compiles()[0] - n_compiled,
+           "episodes_per_s": len(examples) / tot, "total_s": tot,
            "generate_share": st["generate_s"] / tot, "retrieve_share": st["retrieve_s"] / tot,
            "host_share": st["host_s"] / tot, "policy_calls": st["policy_calls"], "queries": st["queries"],
            "retrieve_ms_per_query": 1e3 * st["retrieve_s"] / max(st["queries"], 1)}
@@ -248,10 +250,12 @@ def main(argv=None):
             copied = ScriptedJax(copying, args.new_tokens, list(STOP_CHARS[:args.stop_chars]))
             policies[f"{name} lock-step, copied fork"] = (copied, copying.tokenizer, False)
         policies[f"{name} continuous"] = (scripted, jaxpol.tokenizer, True)
+        if args.candidates > 1:   # the pool's N slots of a turn each holding a copy of its prompt
+            policies[f"{name} continuous, copied fork"] = (copied, copying.tokenizer, True)
     rows, pure = [], {}
     for b in batches:   # the peers back to back at each batch size (a shared machine's load drifts)
         if args.jax:
-            pure[b] = pure_decode(jaxpol, b, args.new_tokens)
+            pure[b] = pure_decode(jaxpol, b * args.candidates, args.new_tokens)   # the decode batch's rows
         for pname, (pol, tok, cont) in policies.items():
             r = {"policy": pname, **measure(pol, retriever, agent, examples, b, tok, cont, args.temperature,
                                             args.repeats, args.candidates)}
@@ -273,7 +277,7 @@ def main(argv=None):
             r["vs_pure_decode%"] = 100 * r["new_tokens_per_s"] * r["generate_share"] / pure[r["batch"]]
     cols = ["policy", "batch", "episodes_per_s", "speedup_vs_smallest_batch", "vs_lock_step", "generate%", "tokenizer%",
             "retrieve%", "host%", "idle%", "retrieve_ms_per_query", "prompt_tokens_per_s", "new_tokens_per_s",
-            "pure_decode_tokens_per_s", "vs_pure_decode%", "policy_calls"]
+            "pure_decode_tokens_per_s", "vs_pure_decode%", "policy_calls", "compiles"]
     print(table(rows, cols))
     out = write_result("rollout", {"episodes": len(examples), "agent": "react/plain", "k": K,
                                    "searches_per_episode": SEARCHES, "new_tokens": args.new_tokens,

@@ -1,35 +1,36 @@
 """Cross-turn KV reuse vs today's full prefill: full multi-turn rollouts on the synthetic world, the real policy.
 
     python -m jaxrag.bench.rollout --kv [--workdir DIR] [--batches 1,8,32] [--episodes 128] [--sft-steps 300]
-        [--paths today,stops,cascade,reuse,continuous,cont+reuse] [--n 1] [--temperature 0] [--cache-blocks 0,128]
+        [--paths today,stops,cascade,reuse,continuous,cont+cascade,cont+reuse] [--n 1] [--temperature 0]
+        [--cache-blocks 0,128]
 
 The world: the synthetic pipeline's `tiny` preset (world, index, teacher, tokenizer) with the demo's model size
 (d_model 128, 4 layers) trained by its SFT stage for --sft-steps (a reused --workdir skips what is done), so
-episodes search and answer in plain ReAct lines. --n N samples N candidate actions per state (the first valid one
-is taken: best-of-N's shape without a critic; use --temperature > 0, or the N are identical). Every path (PATHS:
+episodes search and answer in plain ReAct lines. --n N samples N candidate actions per state (the first valid one is
+taken: best-of-N's shape without a critic; use --temperature > 0, or the N are identical). Every path (PATHS:
 today's sampler, + device stop ids, + cascade attention over the state's cache (N > 1), device stops + KV reuse (a
-session pool of batch x N slots); the continuous slot pool of batch x N slots without and with KV sessions in the
-pool) runs the same questions at each batch size after a
-warm-up run (every shape compiled). Per row: episodes/s, candidates/s (actions sampled), policy turns (a state's
-N candidates are one turn), the prefill token slots computed per turn (padded, what the device ran) and the real
-prompt tokens computed per turn (the appended ones on the reuse paths), the reuse paths' continuations and
-fallbacks (counted per turn), whether the path took the first path's actions (same_actions; at T > 0 the
-lock-step paths draw per-call keys and the pool per-request folds, so only paths of one kind sample alike), the
-decode batch's fill (tokens kept / padded row-steps run: a row done early idles until its call's longest row is),
-and the time split: prefill (host batch prep + prefill pass), decode, retrieval, host (tokenizer, rendering,
-parsing, engine). first_run_s: the warm-up run's seconds (its compilations included; a path measured later at the
-same batch size reuses the shapes an earlier one compiled). vs_pure_decode%: the run's new tokens (every
-candidate's) per second of its whole time / a pure decode's at the same decode batch, batch x N rows
-(bench.rollout.pure_decode: one-token prompts, --max-new-tokens each, no stop); vs_pure_decode_ctx%: the same
-against the decode alone of prompts as long as the first path's mean prompt (`context_per_turn`), the attention
-work a rollout's decode cannot avoid. The bound of the workload itself: an ideal engine decodes the run's new tokens
-at that context-matched rate and prefills the prompt tokens the path computes (the appended ones on the reuse
-paths) at `pure_prefill`'s rate (the cached forward alone of that many tokens per row, batch rows, against the rest
-of the mean prompt held in the cache; no padding, gathers or copies), with no host, retrieval or dispatch time.
-ceiling% = its decode time / its whole time (what vs_pure_decode_ctx% would be for that engine), engine% = its time
-/ the run's, so vs_pure_decode_ctx% = ceiling% x engine% / 100. --cache-blocks runs every path at
-each ModelConfig.cache_block given (0: attention reads the whole KV cache each step; n: only its filled window, n
-slots at a time); without it, at the backend's default.
+session pool of batch x N slots); the continuous slot pool of batch x N slots, copying a turn's prompt into its N
+slots or reading it once per group (N > 1), and with KV sessions in the pool) runs the same questions at each batch
+size after a warm-up run (every shape compiled; `compiles` counts the compilations inside the timed run, 0 when the
+warm-up met every shape). Per row: episodes/s, candidates/s (actions sampled), policy turns (a state's N candidates
+are one turn), the prefill token slots computed per turn (padded, what the device ran) and the real prompt tokens
+computed per turn (the appended ones on the reuse paths), the reuse paths' continuations and fallbacks (counted per
+turn), whether the path took the first path's actions (same_actions; at T > 0 the lock-step paths draw per-call keys
+and the pool per-request folds, so only paths of one kind sample alike), the decode batch's fill (tokens kept /
+padded row-steps run: a row done early idles until its call's longest row is), and the time split: prefill (host
+batch prep + prefill pass), decode, retrieval, host (tokenizer, rendering, parsing, engine). first_run_s: the
+warm-up run's seconds (its compilations included; a path measured later at the same batch size reuses the shapes an
+earlier one compiled). vs_pure_decode%: the run's new tokens (every candidate's) per second of its whole time / a
+pure decode's at the same decode batch, batch x N rows (bench.rollout.pure_decode: one-token prompts,
+--max-new-tokens each, no stop); vs_pure_decode_ctx%: the same against the decode alone of prompts as long as the
+first path's mean prompt (`context_per_turn`), the attention work a rollout's decode cannot avoid. The bound of the
+workload itself: an ideal engine decodes the run's new tokens at that context-matched rate and prefills the prompt
+tokens the path computes (the appended ones on the reuse paths) at `pure_prefill`'s rate (the cached forward alone
+of that many tokens per row, batch rows, against the rest of the mean prompt held in the cache; no padding, gathers
+or copies), with no host, retrieval or dispatch time. ceiling% = its decode time / its whole time (what
+vs_pure_decode_ctx% would be for that engine), engine% = its time / the run's, so vs_pure_decode_ctx% = ceiling% x
+engine% / 100. --cache-blocks runs every path at each ModelConfig.cache_block given (0: attention reads the whole KV
+cache each step; n: only its filled window, n slots at a time); without it, at the backend's default.
 Writes results/bench/rollout_kv.json.
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ import argparse
 import time
 from pathlib import Path
 
-from jaxrag.bench.common import matmul_gflops, table, write_result
+from jaxrag.bench.common import compiles, matmul_gflops, table, write_result
 
 
 PATHS = {   # (device stops, KV reuse, continuous pool, cascade)
@@ -48,6 +49,7 @@ PATHS = {   # (device stops, KV reuse, continuous pool, cascade)
     "reuse": (True, True, False, False),       # stops + cross-turn KV reuse (a session pool of `batch` slots)
     "cascade+reuse": (True, True, False, True),  # both: a turn prefills what it appends, its N rows read it once
     "continuous": (True, False, True, False),  # the continuous-batching slot pool (RolloutConfig(continuous=True))
+    "cont+cascade": (True, False, True, True),  # its slots in groups of N reading their turn's prompt once
     "cont+reuse": (True, True, True, False)}   # + KV sessions in the slot pool (JaxPolicy(pool_sessions=True))
 
 
@@ -85,9 +87,11 @@ def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
     before = (dict(pol.timing), pol.prefill_tokens, dict(pool) if pool is not None else {}, pol.decode_slots,
               pol.decode_tokens)
     st: dict = {}
+    n_compiled = compiles()[0]
     t0 = time.perf_counter()
     eps = rollout(pol, retriever, agent, questions, rcfg, stats=st)
     tot = time.perf_counter() - t0
+    n_compiled = compiles()[0] - n_compiled
     turns = st["generations"] // rcfg.n_candidates     # states that sampled: a turn's N candidates are one turn
     pre = pol.timing["prefill_s"] - before[0]["prefill_s"]
     dec = pol.timing["decode_s"] - before[0]["decode_s"]
@@ -96,7 +100,7 @@ def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
     if pool is not None:
         real = stats.get("appended_tokens", 0)
     row = {"batch": rcfg.batch_size, "episodes_per_s": len(eps) / tot, "candidates_per_s": st["generations"] / tot,
-           "total_s": tot, "first_run_s": first,
+           "total_s": tot, "first_run_s": first, "compiles": n_compiled,
            "turns": turns,
            "turns_per_episode": turns / len(eps),
            "prefill_slots_per_turn": (pol.prefill_tokens - before[1]) / turns, "prompt_tokens_per_turn": real / turns,
@@ -185,7 +189,7 @@ def main(argv=None):
             "decode%", "retrieve%", "host%", "reused", "fallback_new",
             "fallback_not_prefix", "fallback_evicted", "same_actions", "context_per_turn", "new_tokens_per_s",
             "pure_decode_tokens_per_s", "vs_pure_decode%", "pure_decode_ctx_tokens_per_s", "vs_pure_decode_ctx%",
-            "pure_prefill_tokens_per_s", "ceiling%", "engine%"]
+            "pure_prefill_tokens_per_s", "ceiling%", "engine%", "compiles"]
     print(table(rows, cols))
     print(f"jitted 2048x2048 fp32 matmul: {gflops:.1f} GFLOP/s")
     out = write_result("rollout_kv", {"episodes": len(questions), "agent": "react/plain", "k": config.index.k,

@@ -23,8 +23,9 @@ turns keep decoding; a freed slot idles only until the chunk ends. With overlap=
 next chunk decodes (the device runs asynchronously): a freed slot then idles one more chunk, and the host's time
 hides behind the device's (worth it only where the host's work per chunk is long, e.g. a remote retriever: on a
 2-core CPU with local BM25 it was ~1.8x slower). n_candidates = N > 1: a turn is N requests of the same prompt
-in a pool of batch_size x N slots (the lock-step decode batch's rows; memory grows with N as there); the pool
-prefills their prompt once and forks it to the N slots; the turn is selected (`select`, batched over the turns
+in a pool of batch_size x N slots (the lock-step decode batch's rows); the pool prefills their prompt once, and
+its N slots, a group, read it once (SlotPool(group=N): cascade attention, the policy's `cascade`; a pool that keeps
+sessions copies it into each slot instead); the turn is selected (`select`, batched over the turns
 that completed in the chunk) once all N have finished. Request keys fold in (episode index x N + candidate, step),
 so at T > 0 the samples do not depend on the batch size (they differ from the lock-step path's per-call keys);
 at T = 0 every episode gets the lock-step path's actions and token ids. Falls back to lock-step: a policy without
@@ -107,7 +108,8 @@ def pool_generate(policy, prompts: Sequence[str], n: int, *, slots: int, tempera
     (i, j) draws with fold (i x n + j, 0). When the pool keeps sessions, prompt i's n rows park as one session's
     branches and are released at the end: a pool with a prefix cache keeps them as cached rows, which later requests
     extending prompt i + one of its completions fork from (MCTS: a node's children's rollouts)."""
-    sess = policy.continuous(slots, temperature=temperature, max_new_tokens=max_new_tokens, stop=stop, seed=seed)
+    sess = policy.continuous(slots, temperature=temperature, max_new_tokens=max_new_tokens, stop=stop, seed=seed,
+                             **({"group": n} if n > 1 else {}))
     keep = bool(getattr(sess, "keeps_sessions", False))
     keys = [object() for _ in prompts]
     for i, p in enumerate(prompts):
@@ -371,7 +373,7 @@ def _rollout_continuous(policy, retriever, agent: Agent, items: Iterable, cfg: R
     pending = collections.deque(enumerate(items))
     total = len(pending)
     sess = policy.continuous(cfg.batch_size * N, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                             stop=list(agent.stop) or None, seed=cfg.seed)
+                             stop=list(agent.stop) or None, seed=cfg.seed, **({"group": N} if N > 1 else {}))
     fits = prompt_fits(policy, cfg.max_new_tokens)
     keep = bool(getattr(sess, "keeps_sessions", False))   # the pool keeps each episode's rows (session i)
     live: dict[int, Episode] = {}

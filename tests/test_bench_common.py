@@ -1,0 +1,20 @@
+"""bench.common.compiles: the count a benchmark uses to prove its timed run compiled nothing."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrag.bench.common import compiles
+
+
+def test_compiles_counts_new_programs_not_cached_calls():
+    f = jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.0)
+    a, b, c = (jax.device_put(np.full(n, v, np.float32)) for n, v in ((7, 1.0), (7, 0.0), (9, 1.0)))
+    n0, s0 = compiles()
+    f(a).block_until_ready()          # a new program: compiled once
+    n1, s1 = compiles()
+    f(b).block_until_ready()          # same shapes: the cached executable
+    n2, _ = compiles()
+    f(c).block_until_ready()          # a new shape: compiled again
+    n3, _ = compiles()
+    assert (n1 - n0, n2 - n1, n3 - n2) == (1, 0, 1)
+    assert s1 > s0
