@@ -161,17 +161,30 @@ def place(cache: dict, state: dict, keys, base_key, logits, small: dict, valid, 
     logits, valid = logits[rows], valid[rows]
     m = jnp.sum(slots < B)
 
-    def copy_row(i, bufs):   # real row i: prefilled row rows[i]'s slots [0, P) into pool row slots[i] at start
-        take = lambda new: jax.lax.dynamic_slice(new, (rows[i], 0, 0, 0), (1, new.shape[1], P, new.shape[3]))
-        return tuple(jax.lax.dynamic_update_slice(buf, take(new), (slots[i], 0, start, 0))
-                     for buf, new in zip(bufs, small["k"] + small["v"]))
-
-    kv = jax.lax.fori_loop(0, m, copy_row, cache["k"] + cache["v"])
+    kv = _copy_rows(cache["k"] + cache["v"], small, rows, slots, m, P, start)
     L = len(cache["k"])
     row_valid = jax.lax.dynamic_update_slice(jnp.zeros((len(slots), cache["valid"].shape[1]), bool),
                                              valid.astype(bool), (0, start))
     cache = {"k": kv[:L], "v": kv[L:], "valid": cache["valid"].at[slots].set(row_valid, mode="drop"),
              "index": cache["index"]}
+    return (cache, *_fresh_rows(state, keys, base_key, logits, valid, slots, folds))
+
+
+def _copy_rows(bufs: tuple, small: dict, src, dst, n, P: int, at) -> tuple:
+    """`bufs` (k then v buffers [B,K,S,Dh]) with rows dst[i] taking small's rows src[i], slots [0, P), at slot `at`,
+    for the first n entries: one row at a time (dynamic_update_slice in a loop, in place in donated buffers)."""
+    def copy_row(i, bufs):
+        take = lambda new: jax.lax.dynamic_slice(new, (src[i], 0, 0, 0), (1, new.shape[1], P, new.shape[3]))
+        return tuple(jax.lax.dynamic_update_slice(buf, take(new), (dst[i], 0, at, 0))
+                     for buf, new in zip(bufs, small["k"] + small["v"]))
+
+    return jax.lax.fori_loop(0, n, copy_row, bufs)
+
+
+def _fresh_rows(state: dict, keys, base_key, logits, valid, slots, folds):
+    """(state, keys) with decode rows `slots` [m] (>= B: dropped) started afresh: first logits [m,V], positions =
+    their prompts' lengths (valid [m,P]), an empty token buffer, not done, keys fold_in(fold_in(base_key, a), b)
+    for folds [m,2]."""
     set_rows = lambda a, x: a.at[slots].set(x, mode="drop")
     state = dict(state, logits=set_rows(state["logits"], logits),
                  tokens=set_rows(state["tokens"], 0), logprobs=set_rows(state["logprobs"], 0.0),
@@ -179,7 +192,7 @@ def place(cache: dict, state: dict, keys, base_key, logits, small: dict, valid, 
                  position=set_rows(state["position"], valid.sum(1).astype(jnp.int32)),
                  done=set_rows(state["done"], False), stopped=set_rows(state["stopped"], False))
     fold = jax.vmap(lambda f: jax.random.fold_in(jax.random.fold_in(base_key, f[0]), f[1]))(folds)
-    return cache, state, set_rows(keys, fold)
+    return state, set_rows(keys, fold)
 
 
 def insert_shared(cfg: ModelConfig, params, cache: dict, state: dict, keys, base_key, tokens, positions, valid,
@@ -204,26 +217,12 @@ def place_shared(cache: dict, state: dict, keys, base_key, logits, small: dict, 
     As in `place`, the copies run one real prefix row at a time in place in the donated cache."""
     P, pre = valid.shape[1], cache["prefix"]
     U, W = pre["valid"].shape
-
-    def copy_row(j, bufs):   # prefill row grows[j]'s slots [0, P) into prefix row groups[j] at slot 0
-        take = lambda new: jax.lax.dynamic_slice(new, (grows[j], 0, 0, 0), (1, new.shape[1], P, new.shape[3]))
-        return tuple(jax.lax.dynamic_update_slice(buf, take(new), (groups[j], 0, 0, 0))
-                     for buf, new in zip(bufs, small["k"] + small["v"]))
-
-    kv = jax.lax.fori_loop(0, jnp.sum(groups < U), copy_row, pre["k"] + pre["v"])
+    kv = _copy_rows(pre["k"] + pre["v"], small, grows, groups, jnp.sum(groups < U), P, 0)
     L = len(pre["k"])
     prefix_valid = pre["valid"].at[groups].set(jnp.pad(valid[grows].astype(bool), ((0, 0), (0, W - P))), mode="drop")
     cache = dict(cache, valid=cache["valid"].at[slots].set(False, mode="drop"),
                  prefix={"k": kv[:L], "v": kv[L:], "valid": prefix_valid})
-    logits, valid = logits[rows], valid[rows]
-    set_rows = lambda a, x: a.at[slots].set(x, mode="drop")
-    state = dict(state, logits=set_rows(state["logits"], logits),
-                 tokens=set_rows(state["tokens"], 0), logprobs=set_rows(state["logprobs"], 0.0),
-                 lengths=set_rows(state["lengths"], 0),
-                 position=set_rows(state["position"], valid.sum(1).astype(jnp.int32)),
-                 done=set_rows(state["done"], False), stopped=set_rows(state["stopped"], False))
-    fold = jax.vmap(lambda f: jax.random.fold_in(jax.random.fold_in(base_key, f[0]), f[1]))(folds)
-    return cache, state, set_rows(keys, fold)
+    return (cache, *_fresh_rows(state, keys, base_key, logits[rows], valid[rows], slots, folds))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 8, 9))
@@ -547,17 +546,12 @@ class SlotPool:
                     min(self._group_span(groups), room) if groups else 0)
         if self.index < P_max:
             self._shift(P_max - self.index)
-        while distinct:
-            n = 1 << (len(distinct).bit_length() - 1)
-            group, distinct = distinct[:n], distinct[n:]
-            P = min(bucket(len(group[0]), 16), room)
-            tokens, positions, valid = left_pad(group, n, P)
-            placed = [(u, b, r) for u, ids in enumerate(group) for b, r in by_prompt[ids]]   # (prefill row, slot, req)
-            rows, slots, folds = self._pad_rows(placed)
+        for group, P, (tokens, positions, valid), placed, (rows, slots, folds) in self._parts(distinct, by_prompt,
+                                                                                               room):
             self.cache, self.state, self.keys = insert(
-                self.cfg, self.params, self.cache, self.state, self.keys, self.base_key, jnp.asarray(tokens),
-                jnp.asarray(positions), jnp.asarray(valid), slots, folds, self.sp.max_new_tokens, rows)
-            self._inserted(placed, n, n * P)
+                self.cfg, self.params, self.cache, self.state, self.keys, self.base_key, tokens, positions, valid,
+                slots, folds, self.sp.max_new_tokens, rows)
+            self._inserted(placed, len(group), len(group) * P)
             self.stats["appended_tokens"] += sum(len(ids) for ids in group
                                                  if any(r.session is not None for _, r in by_prompt[ids]))
         if groups:
@@ -589,22 +583,28 @@ class SlotPool:
         self.queue = wait
         distinct = sorted(by_prompt, key=len, reverse=True)
         room, U = self.max_len - self.sp.max_new_tokens, self.slots // m
-        while distinct:
-            n = 1 << (len(distinct).bit_length() - 1)
-            part, distinct = distinct[:n], distinct[n:]
-            P = min(bucket(len(part[0]), 16), room)
-            tokens, positions, valid = left_pad(part, n, P)
-            placed = [(u, b, r) for u, ids in enumerate(part) for b, r in by_prompt[ids]]   # (prefill row, slot, req)
-            rows, slots, folds = self._pad_rows(placed)
+        for part, P, (tokens, positions, valid), placed, (rows, slots, folds) in self._parts(distinct, by_prompt,
+                                                                                              room):
             pairs = [(g, u) for u, ids in enumerate(part) for g in groups[ids]]   # (prefix row, prefill row)
             pad = bucket(len(pairs), 1) - len(pairs)
             gs = jnp.asarray([g for g, _ in pairs] + [U] * pad, jnp.int32)
             grows = jnp.asarray([u for _, u in pairs] + [0] * pad, jnp.int32)
             self.cache, self.state, self.keys = insert_shared(
-                self.cfg, self.params, self.cache, self.state, self.keys, self.base_key, jnp.asarray(tokens),
-                jnp.asarray(positions), jnp.asarray(valid), gs, grows, slots, folds, self.sp.max_new_tokens, rows)
-            self._inserted(placed, n, n * P)
+                self.cfg, self.params, self.cache, self.state, self.keys, self.base_key, tokens, positions, valid,
+                gs, grows, slots, folds, self.sp.max_new_tokens, rows)
+            self._inserted(placed, len(part), len(part) * P)
         self.timing["insert_s"] += time.perf_counter() - t0
+
+    def _parts(self, distinct: list[tuple[int, ...]], by_prompt: dict, room: int):
+        """The distinct new prompts (longest first) in power-of-two parts to prefill, each as (part, its padded
+        length P, (tokens, positions, valid) device arrays [n,P], placed: [(prefill row, slot, request)], the
+        (rows, slots, folds) `place` takes)."""
+        while distinct:
+            n = 1 << (len(distinct).bit_length() - 1)
+            part, distinct = distinct[:n], distinct[n:]
+            P = min(bucket(len(part[0]), 16), room)
+            placed = [(u, b, r) for u, ids in enumerate(part) for b, r in by_prompt[ids]]
+            yield part, P, tuple(map(jnp.asarray, left_pad(part, n, P))), placed, self._pad_rows(placed)
 
     def _prefix_groups(self, prompts: list[tuple[int, ...]]) -> tuple[list[tuple[int, list]], list[tuple[int, ...]]]:
         """(groups, the rest): runs of the sorted distinct prompts whose common prefix c keeps at least min_shared
