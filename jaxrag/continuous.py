@@ -269,7 +269,9 @@ def shift(cache: dict, d) -> dict:
 
 # ---- host side ---------------------------------------------------------------------------------------------
 class SlotPool:
-    """B decode slots over one cache of T tokens per slot (+ `chunk` slots of headroom); see the module doc.
+    """B decode slots over one cache of T tokens per slot (+ `chunk` slots of headroom); see the module doc. With
+    group=m > 1: B/m groups of m slots over prefix rows of T - max_new_tokens tokens, each slot's own cache
+    max_new_tokens + chunk tokens (module doc, "Shared prefixes").
 
     stats: chunks, slot_steps (slots x decode steps run), busy_steps (steps a slot held a live row: the tokens
     generated), prefill_tokens (token slots the inserts computed), prefill_shared (requests served by another
