@@ -1,9 +1,13 @@
-"""bench.common.compiles: the count a benchmark uses to prove its timed run compiled nothing."""
+"""bench.common: the compilation count a benchmark uses to prove its timed run compiled nothing, and the machine
+record every result carries."""
+import json
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrag.bench.common import compiles
+from jaxrag.bench.common import compiles, cpu, write_result
 
 
 def test_compiles_counts_new_programs_not_cached_calls():
@@ -18,3 +22,13 @@ def test_compiles_counts_new_programs_not_cached_calls():
     n3, _ = compiles()
     assert (n1 - n0, n2 - n1, n3 - n2) == (1, 0, 1)
     assert s1 > s0
+
+
+def test_every_result_names_the_cpu_and_its_vector_extensions(tmp_path):
+    info = cpu()
+    assert info["model"] and all(f.startswith(("avx", "amx", "fma")) for f in info["vector"])
+    info_file = Path("/proc/cpuinfo")
+    flags = info_file.read_text().split() if info_file.exists() else []
+    assert ("avx2" in info["vector"]) == ("avx2" in flags)
+    path = write_result("probe", {"rows": []}, tmp_path)
+    assert json.loads(path.read_text())["machine"]["cpu"] == info

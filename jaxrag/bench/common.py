@@ -64,10 +64,27 @@ def table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+def cpu() -> dict:
+    """The host CPU's model name and its vector extensions (from /proc/cpuinfo where there is one): XLA:CPU compiles
+    for them, so two machines of one speed but other extensions may round float sums differently."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    return {"model": model, "vector": sorted(f for f in flags if f.startswith(("avx", "amx", "fma")))}
+
+
 def write_result(name: str, payload: dict, out_dir: str | Path = "results/bench") -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    payload = dict(payload, machine={"cpus": os.cpu_count(), "platform": platform.platform(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    payload = dict(payload, machine={"cpus": os.cpu_count(), "platform": platform.platform(), "cpu": cpu(),
+                                     "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
     path = out / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2))
     return path
