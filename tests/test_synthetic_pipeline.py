@@ -10,6 +10,7 @@ import pytest
 
 from jaxrag import main as jmain
 from jaxrag.jsonl import read_jsonl
+from jaxrag.machine import cpu
 from jaxrag.env.mdp import read_episodes
 from jaxrag.metrics import exact_match
 
@@ -162,6 +163,8 @@ def test_report_files(run):
         assert f"| {name} | {test['em']:.3f} / {test['f1']:.3f} |" in summary
     full = next(s for s in sections if s.startswith("Every system"))
     assert full.count("\n|") == expected + 2  # header, separator, rows
+    machine = next(s for s in sections if s.startswith("Machine"))   # the CPU the numbers were made on
+    assert f"Made on {cpu()['model']} (vector extensions: " in machine
     for png in ("training_curves.png", "accuracy_by_hops.png"):
         with open(os.path.join(out, png), "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"

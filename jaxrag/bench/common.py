@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from jaxrag.machine import cpu
+
 
 def durations(fn: Callable[[], object], n: int) -> list[float]:
     """Wall seconds of n successive calls of fn (fn must block until its work is done)."""
@@ -62,22 +64,6 @@ def table(rows: list[dict], columns: list[str]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
-
-
-def cpu() -> dict:
-    """The host CPU's model name and its vector extensions (from /proc/cpuinfo where there is one): XLA:CPU compiles
-    for them, so two machines of one speed but other extensions may round float sums differently."""
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    return {"model": model, "vector": sorted(f for f in flags if f.startswith(("avx", "amx", "fma")))}
 
 
 def write_result(name: str, payload: dict, out_dir: str | Path = "results/bench") -> Path:

@@ -184,6 +184,7 @@ def report_stage(config, workdir, name) -> None:
     import shutil
 
     from jaxrag.jsonl import iter_jsonl
+    from jaxrag.machine import cpu
     from jaxrag.pipelines.common import log, read_json, stage_dir
 
     wd = str(workdir)
@@ -207,9 +208,11 @@ def report_stage(config, workdir, name) -> None:
         extra.append(f"## PRM-guided best-of-N ({b['split']}, T = {b['temperature']})\n\n" + "\n".join(lines) + "\n")
         shutil.copy(os.path.join(wd, "bestofn", "bestofn.png"), os.path.join(out, "bestofn.png"))
         files.append(os.path.join(out, "bestofn.png"))
-    if extra:
-        with open(files[0], "a") as f:
-            f.write("\n" + "\n".join(extra))
+    host = cpu()
+    extra.append(f"## Machine\n\nMade on {host['model']} (vector extensions: {', '.join(host['vector']) or 'none'}). "
+                 "XLA:CPU compiles for them; a CPU with other extensions may give other numbers (README).\n")
+    with open(files[0], "a") as f:
+        f.write("\n" + "\n".join(extra))
     log(name, ", ".join(files))
 
 
