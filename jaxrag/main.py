@@ -19,6 +19,7 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
+from jaxrag.compilation import compilation
 from jaxrag.settings import changed_keys, flatten
 from jaxrag.stage_fn import StageError, resolve_fn
 from jaxrag.workdir import WorkdirError
@@ -29,25 +30,6 @@ _STAGES = flags.DEFINE_list("stages", None, "Run only these stages (default: con
 _FORCE = flags.DEFINE_bool("force", False, "Rerun the planned stages even if finished (and every later stage).")
 _RERUN_CHANGED = flags.DEFINE_bool("rerun_changed", False,
                                    "Rerun the finished stages whose settings changed, and every stage after them.")
-
-
-_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                   "/jax/core/compile/backend_compile_duration")
-_compile_seconds = [0.0]  # tracing + lowering + XLA compilation in this process so far
-
-
-def _count_compile_time() -> None:
-    import jax.monitoring
-
-    if getattr(_count_compile_time, "registered", False):
-        return
-
-    def listener(event: str, secs: float, **_):
-        if event in _COMPILE_EVENTS:
-            _compile_seconds[0] += secs
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    _count_compile_time.registered = True
 
 
 def plan(config, only: list[str] | None = None) -> list[tuple[str, object]]:
@@ -94,7 +76,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
     from jaxrag.train.distributed import maybe_initialize
 
     maybe_initialize()
-    _count_compile_time()
+    compilation()
     workdir = Path(workdir)
     stages = dict(plan(config, only))
     timings: dict[str, float] = {}  # the stages that ran -> their wall seconds
@@ -133,7 +115,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
             print(f"[main] {name}: running {config[name].fn}")
             prev = wd.set_aside(sdir) if lead else None
             sdir.mkdir(parents=True, exist_ok=True)
-            t0, c0 = time.perf_counter(), _compile_seconds[0]
+            t0, c0 = time.perf_counter(), compilation()[1]
             try:
                 stages[name](config, str(workdir), name)
             except BaseException as e:
@@ -142,7 +124,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
                     prev.rename(sdir)
                 e.stage = name  # main() names it in its one-line report
                 raise
-            seconds, compiling = round(time.perf_counter() - t0, 1), round(_compile_seconds[0] - c0, 1)
+            seconds, compiling = round(time.perf_counter() - t0, 1), round(compilation()[1] - c0, 1)
             print(f"[main] {name}: finished in {seconds:.0f} s ({compiling:.0f} s of it tracing and compiling)")
             if lead:
                 wd.write_done(sdir / "DONE", {"fingerprint": fp, "settings": settings, "seconds": seconds,

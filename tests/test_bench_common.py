@@ -1,4 +1,4 @@
-"""bench.common: the compilation count a benchmark uses to prove its timed run compiled nothing, and the machine
+"""jaxrag.compilation and bench.common: the compilation count a benchmark uses to prove its timed run compiled nothing, and the machine
 record every result carries."""
 import json
 from pathlib import Path
@@ -7,19 +7,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrag.bench.common import compiles, cpu, write_result
+from jaxrag.bench.common import cpu, write_result
+from jaxrag.compilation import compilation
 
 
-def test_compiles_counts_new_programs_not_cached_calls():
+def test_compilation_counts_new_programs_not_cached_calls():
     f = jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.0)
     a, b, c = (jax.device_put(np.full(n, v, np.float32)) for n, v in ((7, 1.0), (7, 0.0), (9, 1.0)))
-    n0, s0 = compiles()
+    n0, s0 = compilation()
     f(a).block_until_ready()          # a new program: compiled once
-    n1, s1 = compiles()
+    n1, s1 = compilation()
     f(b).block_until_ready()          # same shapes: the cached executable
-    n2, _ = compiles()
+    n2, _ = compilation()
     f(c).block_until_ready()          # a new shape: compiled again
-    n3, _ = compiles()
+    n3, _ = compilation()
     assert (n1 - n0, n2 - n1, n3 - n2) == (1, 0, 1)
     assert s1 > s0
 

@@ -35,26 +35,6 @@ def time_first_and_median(fn: Callable[[], object], repeats: int = 3) -> tuple[f
     return times[0], statistics.median(times[1:])
 
 
-_COMPILES = {"n": 0, "s": 0.0}
-
-
-def _on_duration(name: str, secs: float, **_):
-    if name.endswith("backend_compile_duration"):
-        _COMPILES["n"] += 1
-        _COMPILES["s"] += secs
-
-
-def compiles() -> tuple[int, float]:
-    """(XLA backend compilations so far in this process, their seconds): a timed run's difference of two readings
-    should be (0, 0.0); anything else means its time includes compiling that its warm-up missed."""
-    import jax
-
-    if not _COMPILES.get("listening"):
-        jax.monitoring.register_event_duration_secs_listener(_on_duration)
-        _COMPILES["listening"] = True
-    return _COMPILES["n"], _COMPILES["s"]
-
-
 def table(rows: list[dict], columns: list[str]) -> str:
     def fmt(v):
         if isinstance(v, float):

@@ -39,7 +39,8 @@ import sys
 import time
 from typing import Sequence
 
-from jaxrag.bench.common import compiles, durations, table, write_result
+from jaxrag.bench.common import durations, table, write_result
+from jaxrag.compilation import compilation
 from jaxrag.data.qa import load_qa
 from jaxrag.env.agents import get_agent
 from jaxrag.env.rollout import RolloutConfig, rollout
@@ -138,10 +139,10 @@ def _timed(pol, retriever, agent, examples, cfg: RolloutConfig, tok=None) -> dic
     gen_before, pre_before = getattr(pol, "generated", 0), getattr(pol, "prefilled", 0)
     jp = getattr(pol, "pol", None)   # the JaxPolicy under ScriptedJax: its decode slot counters
     slots_before, kept_before = (jp.decode_slots, jp.decode_tokens) if jp is not None else (0, 0)
-    n_compiled = compiles()[0]
+    n_compiled = compilation()[0]
     rollout(pol, retriever, agent, examples, cfg, stats=st)
     tot = st["total_s"]
-    row = {"batch": cfg.batch_size, "compiles": compiles()[0] - n_compiled,
+    row = {"batch": cfg.batch_size, "compiles": compilation()[0] - n_compiled,
            "episodes_per_s": len(examples) / tot, "total_s": tot,
            "generate_share": st["generate_s"] / tot, "retrieve_share": st["retrieve_s"] / tot,
            "host_share": st["host_s"] / tot, "policy_calls": st["policy_calls"], "queries": st["queries"],

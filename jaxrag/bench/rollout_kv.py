@@ -39,7 +39,8 @@ import argparse
 import time
 from pathlib import Path
 
-from jaxrag.bench.common import compiles, matmul_gflops, table, write_result
+from jaxrag.bench.common import matmul_gflops, table, write_result
+from jaxrag.compilation import compilation
 
 
 PATHS = {   # (device stops, KV reuse, continuous pool, cascade)
@@ -87,11 +88,11 @@ def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
     before = (dict(pol.timing), pol.prefill_tokens, dict(pool) if pool is not None else {}, pol.decode_slots,
               pol.decode_tokens)
     st: dict = {}
-    n_compiled = compiles()[0]
+    n_compiled = compilation()[0]
     t0 = time.perf_counter()
     eps = rollout(pol, retriever, agent, questions, rcfg, stats=st)
     tot = time.perf_counter() - t0
-    n_compiled = compiles()[0] - n_compiled
+    n_compiled = compilation()[0] - n_compiled
     turns = st["generations"] // rcfg.n_candidates     # states that sampled: a turn's N candidates are one turn
     pre = pol.timing["prefill_s"] - before[0]["prefill_s"]
     dec = pol.timing["decode_s"] - before[0]["decode_s"]
