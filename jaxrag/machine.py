@@ -4,10 +4,13 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
+from jaxrag.cpu_numerics import in_effect
+
 
 def cpu() -> dict:
-    """The host CPU's model name and its vector extensions (from /proc/cpuinfo where there is one): XLA:CPU compiles
-    for them, so two machines of one speed but other extensions may round float sums differently."""
+    """The host CPU's model name, its vector extensions (from /proc/cpuinfo where there is one) and the XLA:CPU
+    settings that decide whether its float results match other CPUs' (jaxrag/cpu_numerics.py: pinned unless the user
+    unpinned them, in which case XLA compiles for these extensions and another CPU kind may round differently)."""
     model, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -18,4 +21,5 @@ def cpu() -> dict:
                 flags = set(value.split())
     except OSError:
         pass
-    return {"model": model, "vector": sorted(f for f in flags if f.startswith(("avx", "amx", "fma")))}
+    return {"model": model, "vector": sorted(f for f in flags if f.startswith(("avx", "amx", "fma"))),
+            "xla_cpu": in_effect()}

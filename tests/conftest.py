@@ -7,6 +7,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # On a GPU, JAX would take 75% of its memory per process; the subprocess tests (resume-after-kill) start several.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+import jaxrag  # noqa: E402,F401  (pins XLA:CPU's portable math before any test computes: jaxrag/cpu_numerics.py)
+
 import pytest
 from hypothesis import settings
 

@@ -183,6 +183,7 @@ def report_stage(config, workdir, name) -> None:
     annotator-agreement table and the best-of-N curve."""
     import shutil
 
+    from jaxrag.cpu_numerics import PORTABLE
     from jaxrag.jsonl import iter_jsonl
     from jaxrag.machine import cpu
     from jaxrag.pipelines.common import log, read_json, stage_dir
@@ -209,8 +210,12 @@ def report_stage(config, workdir, name) -> None:
         shutil.copy(os.path.join(wd, "bestofn", "bestofn.png"), os.path.join(out, "bestofn.png"))
         files.append(os.path.join(out, "bestofn.png"))
     host = cpu()
-    extra.append(f"## Machine\n\nMade on {host['model']} (vector extensions: {', '.join(host['vector']) or 'none'}). "
-                 "XLA:CPU compiles for them; a CPU with other extensions may give other numbers (README).\n")
+    xla = ", ".join(f"{k}={v}" for k, v in host["xla_cpu"].items())
+    pinned = host["xla_cpu"] == PORTABLE
+    extra.append(f"## Machine\n\nMade on {host['model']} (vector extensions: {', '.join(host['vector']) or 'none'}), "
+                 f"XLA:CPU {xla}: " + ("the portable settings, so another x86-64 CPU gives the same numbers." if pinned
+                                       else "not the portable settings, so another CPU kind may give other numbers.")
+                 + " (jaxrag/cpu_numerics.py, README)\n")
     with open(files[0], "a") as f:
         f.write("\n" + "\n".join(extra))
     log(name, ", ".join(files))
