@@ -34,8 +34,11 @@ the same ids fill the m slots of a free group (all m free; more requests than m 
 empty until the group is free), their prompt prefilled once and written once into the group's prefix row
 (`place_shared`); the rows' own slots hold only their new tokens, so the cache is [slots, max_new_tokens + chunk]
 plus the prefix rows, and a decode step reads each prompt once per group (`transformer.attend_shared`) instead of
-once per row. Tokens and keys are as with copies (the same fold per request). Sessions are not kept in such a pool
-(a parked row would need its group's prefix after the group took other work): it is built with group=1 for them.
+once per row. Tokens and keys are as with copies (the same fold per request). A chunk's early end counts groups:
+it ends once `refill` x (slots / m) more whole groups are done than at its start, since a group's freed slots take
+no work until all m are free (a row-count end handed back chunks that freed no group). Sessions are not kept in
+such a pool (a parked row would need its group's prefix after the group took other work): it is built with group=1
+for them.
 
 A request longer than the pool can ever hold (prompt + max_new_tokens > T) is refused at `submit` with an error
 naming the setting (`setting`) that sizes T; a full pool is never an error: requests wait for a free slot.
@@ -307,7 +310,8 @@ class SlotPool:
             raise RequestTooLong(f"max_new_tokens={sp.max_new_tokens} leaves no room for a prompt in the slot pool's "
                                  f"{max_len} tokens per slot; raise {setting}")
         self.cfg, self.params, self.sp, self.chunk, self.setting = cfg, params, sp, chunk, setting
-        self.refill = 0 if refill <= 0 else max(1, int(np.ceil(refill * slots)))   # rows done that end a chunk
+        # rows done (groups done, in a pool of shared prefixes) that end a chunk
+        self.refill = 0 if refill <= 0 else max(1, int(np.ceil(refill * slots / group)))
         self.slots, self.max_len, self.base_key = slots, max_len, key
         self.stop_strings, self.tokenizer = list(stop_strings or []), tokenizer
         self.true_eos, self.stop_ids = stop_ids_of(cfg, sp, tokenizer)
@@ -749,8 +753,9 @@ class SlotPool:
                 self._evict(b, "span")   # parked so long that its row spans more than T: rolled out otherwise
             self._shift(-int(min(self.start[b] for b in held + self._parked_slots())))
         t0 = time.perf_counter()
-        if self.refill:
-            self.state["exit_done"] = jnp.asarray(min(self.slots, self.slots - len(held) + self.refill), jnp.int32)
+        if self.refill:   # counted in groups: a group's slots serve a new prompt only once all of them are free
+            units, busy = self.slots // self.group, len({b // self.group for b in held})
+            self.state["exit_done"] = jnp.asarray(min(units, units - busy + self.refill), jnp.int32)
         self.cache, self.state, self.stop_ids, self.keys = on_params_mesh(
             self.params, (self.cache, self.state, self.stop_ids, self.keys))
         self.cache, self.state = _decode_chunk(self.cfg, self.sp, self.chunk, self.params, self.cache, self.state,

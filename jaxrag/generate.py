@@ -161,15 +161,18 @@ def _decode_chunk(cfg: ModelConfig, sp: SamplingParams, chunk: int, params, cach
     fold_in(keys[b], lengths[b]), and is done at a stop id or once it holds max_new_tokens (the token buffer's
     width). In one `sample` batch every live row is at step t (the same values as a shared step counter); the slot
     pool (jaxrag.continuous) runs rows inserted at different times through this same loop, and with
-    state["exit_done"] (an int32 scalar) the loop also ends once that many rows are done."""
+    state["exit_done"] (an int32 scalar) the loop also ends once that many rows are done; in a cache with a
+    "prefix" (rows in groups of m continuing one prefix row each), once that many whole groups are done, as a
+    group's slots take new work only together."""
     n_max = state["tokens"].shape[1]
     t_end = state["t"] + chunk
     rows = jnp.arange(state["tokens"].shape[0])
+    m = rows.shape[0] // cache["prefix"]["valid"].shape[0] if "prefix" in cache else 1
 
     def cond(s):
         go = (s["t"] < t_end) & ~jnp.all(s["done"])
-        if "exit_done" in s:   # the slot pool: hand back once this many rows are done (their slots take new work)
-            go &= jnp.sum(s["done"]) < s["exit_done"]
+        if "exit_done" in s:   # the slot pool: hand back once this many rows (groups) are done: they take new work
+            go &= jnp.sum(jnp.all(s["done"].reshape(-1, m), axis=1)) < s["exit_done"]
         return go
 
     def body(s):

@@ -16,10 +16,10 @@ from jaxrag.continuous import RequestTooLong, SlotPool
 from jaxrag.env.agents import get_agent
 from jaxrag.env.mdp import ANSWER, Action, Episode
 from jaxrag.env.rollout import RolloutConfig, rollout
-from jaxrag.generate import SamplingParams, bucket, sample
+from jaxrag.generate import SamplingParams, _decode_chunk, bucket, row_keys, sample
 from jaxrag.kv_sessions import extends, shared_prefix
 from jaxrag.models.config import ModelConfig
-from jaxrag.models.transformer import param_shapes
+from jaxrag.models.transformer import init_cache, param_shapes
 from jaxrag.policy import JaxPolicy
 
 
@@ -169,6 +169,33 @@ def test_a_pool_of_shared_prefixes_samples_as_the_copying_pool(pol, temperature)
             if temperature == 0:
                 assert b.tokens == ref.row(i)[0] and b.finish_reason == ref.finish_reason[i]
     assert {got[3][(i, 0)].finish_reason for i in range(5)} >= {"stop", "length"}
+
+
+def test_a_chunk_ends_once_enough_rows_or_whole_groups_are_done(pol):
+    """The pool's decode chunk hands back once state["exit_done"] rows are done, or, in a cache with a prefix
+    (groups of m rows continuing one prefix row), once that many WHOLE groups are: a group's slots take new work only
+    when all m are free, so a row done beside live ones frees nothing. Rows here reach max_new_tokens (8) after
+    1, 5, 2 and 2 steps; groups of 2 are rows (0, 1) and (2, 3)."""
+    cfg, params, n_max, B = pol.cfg, pol._sample_params, 8, 4
+
+    def steps(exit_done, groups):
+        cache = init_cache(cfg, B, 24)
+        if groups:
+            cache["prefix"] = {k: v for k, v in init_cache(cfg, B // 2, 16).items() if k != "index"}
+        state = {"logits": jnp.zeros((B, cfg.vocab_size)), "tokens": jnp.zeros((B, n_max), jnp.int32),
+                 "logprobs": jnp.zeros((B, n_max)), "lengths": jnp.asarray([7, 3, 6, 6], jnp.int32),
+                 "position": jnp.zeros((B,), jnp.int32), "done": jnp.zeros((B,), bool),
+                 "stopped": jnp.zeros((B,), bool), "t": jnp.zeros((), jnp.int32),
+                 "exit_done": jnp.asarray(exit_done, jnp.int32)}
+        _, out = _decode_chunk(cfg, SamplingParams(max_new_tokens=n_max), 16, params, cache, state,
+                               jnp.asarray([-1], jnp.int32), row_keys(jax.random.PRNGKey(0), B))
+        return int(out["t"])
+
+    assert [steps(e, groups=False) for e in (1, 3, 4)] == [1, 2, 5]    # rows: row 0, then rows 2 and 3, then row 1
+    assert [steps(e, groups=True) for e in (1, 2)] == [2, 5]           # groups: (2, 3) first, (0, 1) with row 1
+    # the pool sets the threshold in its own unit: a quarter of its 8 rows, or of its 2 groups of 4 (at least one)
+    sp = SamplingParams(max_new_tokens=8)
+    assert [SlotPool(cfg, params, 8, 64, sp, jax.random.PRNGKey(0), group=g).refill for g in (1, 4)] == [2, 1]
 
 
 def test_a_pool_of_shared_prefixes_refuses_what_it_cannot_hold(pol):

@@ -17,7 +17,8 @@ are one turn), the prefill token slots computed per turn (padded, what the devic
 computed per turn (the appended ones on the reuse paths), the reuse paths' continuations and fallbacks (counted per
 turn), whether the path took the first path's actions (same_actions; at T > 0 the lock-step paths draw per-call keys
 and the pool per-request folds, so only paths of one kind sample alike), the decode batch's fill (tokens kept /
-padded row-steps run: a row done early idles until its call's longest row is), and the time split: prefill (host
+padded row-steps run: a row done early idles until its call's longest row is), the pool paths' decode chunks (host
+round trips of the slot pool), and the time split: prefill (host
 batch prep + prefill pass), decode, retrieval, host (tokenizer, rendering, parsing, engine). first_run_s: the
 warm-up run's seconds (its compilations included; a path measured later at the same batch size reuses the shapes an
 earlier one compiled). vs_pure_decode%: the run's new tokens (every candidate's) per second of its whole time / a
@@ -86,7 +87,7 @@ def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
     first = time.perf_counter() - t0
     pool = pol.sessions.stats if pol.sessions else pol.pool_stats if rcfg.continuous and pol.pool_sessions else None
     before = (dict(pol.timing), pol.prefill_tokens, dict(pool) if pool is not None else {}, pol.decode_slots,
-              pol.decode_tokens)
+              pol.decode_tokens, pol.pool_stats["chunks"])
     st: dict = {}
     n_compiled = compilation()[0]
     t0 = time.perf_counter()
@@ -111,6 +112,8 @@ def measure(pol, retriever, agent, questions, rcfg) -> tuple[dict, list]:
            "host%": 100 * (tot - pre - dec - st["retrieve_s"] - st["summarize_s"]) / tot,
            "new_tokens_per_s": sum(len(s.token_ids) + sum(len(c["token_ids"]) for c in s.candidates)
                                    for e in eps for s in e.steps if s.prompt) / tot}   # every candidate's tokens
+    if rcfg.continuous:
+        row["chunks"] = pol.pool_stats["chunks"] - before[5]
     if pool is not None:
         per = rcfg.n_candidates if rcfg.continuous else 1   # the slot pool counts requests: N a turn
         row.update({k: stats.get(k, 0) // per for k in ("reused", "fallback_new", "fallback_not_prefix",
@@ -190,7 +193,7 @@ def main(argv=None):
             "decode%", "retrieve%", "host%", "reused", "fallback_new",
             "fallback_not_prefix", "fallback_evicted", "same_actions", "context_per_turn", "new_tokens_per_s",
             "pure_decode_tokens_per_s", "vs_pure_decode%", "pure_decode_ctx_tokens_per_s", "vs_pure_decode_ctx%",
-            "pure_prefill_tokens_per_s", "ceiling%", "engine%", "compiles"]
+            "pure_prefill_tokens_per_s", "ceiling%", "engine%", "chunks", "compiles"]
     print(table(rows, cols))
     print(f"jitted 2048x2048 fp32 matmul: {gflops:.1f} GFLOP/s")
     out = write_result("rollout_kv", {"episodes": len(questions), "agent": "react/plain", "k": config.index.k,
