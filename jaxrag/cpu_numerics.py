@@ -1,26 +1,33 @@
-"""The same float results on every x86-64 CPU: XLA:CPU flags that jaxrag sets when it is imported.
+"""The same float results on every x86-64 CPU: XLA:CPU settings that jaxrag sets when it is imported.
 
-By default XLA:CPU computes for the host it runs on. Two of its choices change float results between CPU kinds:
+By default XLA:CPU computes for the host it runs on. Three of its choices change float results between CPU kinds:
 - platform-dependent math (`xla_cpu_enable_platform_dependent_math`, on by default): rsqrt by the CPU's
   approximation instruction plus a Newton step instead of 1/sqrt, and matmuls by whichever YNNPACK kernel suits the
   CPU; off, YNNPACK keeps to kernels whose results are the same on every CPU one build runs on
   (YNN_FLAG_CONSISTENT_ARITHMETIC);
 - the instruction set LLVM compiles fused kernels for (`xla_cpu_max_isa`, the host's own by default): on an AVX-512
-  CPU the demo's 720 SFT steps gave another model with AVX-512 than with AVX2, other flags equal.
-Pinned to (off, AVX2), the lowest set of this project's machines, a run gives the same bits on an AVX2 and on an
-AVX-512 CPU, and the demo's table stops depending on the machine it was made on. Neither cost measurable time in
-the demo's SFT stage (README). The flags reach XLA only if they are in XLA_FLAGS before JAX starts its CPU backend
-(the first computation), which importing jaxrag first guarantees.
+  CPU the demo's 720 SFT steps gave another model with AVX-512 than with AVX2, other flags equal;
+- the instruction set oneDNN picks its matmul kernels for at run time (`ONEDNN_MAX_CPU_ISA`, an environment variable
+  of oneDNN's own, the host's best by default): XLA:CPU runs some dots there, e.g. the 2-D one contracting both
+  operands' first axis that computes the LM head's gradient, whose bits differed between AVX-512 and AVX2 although
+  both flags above were pinned.
+Pinned to (off, AVX2, AVX2), the lowest set of this project's machines, a run gives the same bits on an AVX2 and on
+an AVX-512 CPU: checked with three SFT steps of the demo's model (forward, backward, AdamW) on an AVX-512 EPYC and
+under `qemu-x86_64 -cpu Haswell` (an AVX2 CPU, no AVX-512) on it (README). Neither flag cost measurable time in the
+demo's SFT stage. XLA reads its flags when JAX starts its CPU backend (the first computation) and oneDNN its variable
+at its first matmul, so both are set in the environment when jaxrag is imported, before either.
 
-A flag the user set in XLA_FLAGS is kept as set; JAXRAG_NATIVE_CPU_MATH=1 sets neither (the host's fastest code).
-Not x86-64 (an ARM host): only platform-dependent math is turned off; `xla_cpu_max_isa` names x86 sets.
+A setting the user made (a flag in XLA_FLAGS, ONEDNN_MAX_CPU_ISA or its older name DNNL_MAX_CPU_ISA) is kept as set;
+JAXRAG_NATIVE_CPU_MATH=1 sets none of them (the host's fastest code). Not x86-64 (an ARM host): only platform-
+dependent math is turned off; the ISA settings name x86 sets.
 """
 from __future__ import annotations
 
 import os
 import platform
 
-PORTABLE = {"xla_cpu_enable_platform_dependent_math": "false", "xla_cpu_max_isa": "AVX2"}
+PORTABLE = {"xla_cpu_enable_platform_dependent_math": "false", "xla_cpu_max_isa": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+ONEDNN = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")   # oneDNN reads either name (the second is its older one)
 OPT_OUT = "JAXRAG_NATIVE_CPU_MATH"
 
 
@@ -32,25 +39,36 @@ def _flags(text: str) -> dict[str, str]:
     return out
 
 
+def _opted_out(environ) -> bool:
+    return environ.get(OPT_OUT, "") not in ("", "0")
+
+
+def _x86(machine: str | None) -> bool:
+    return (machine or platform.machine()).lower() in ("x86_64", "amd64")
+
+
 def portable_flags(environ=os.environ, machine: str | None = None) -> str:
     """XLA_FLAGS with the portable settings added: the user's own flags (and their values of these) kept."""
     current = environ.get("XLA_FLAGS", "")
-    if environ.get(OPT_OUT, "") not in ("", "0"):
+    if _opted_out(environ):
         return current
-    x86 = (machine or platform.machine()).lower() in ("x86_64", "amd64")
     have = _flags(current)
-    add = [f"--{k}={v}" for k, v in PORTABLE.items() if k not in have and (x86 or k != "xla_cpu_max_isa")]
+    add = [f"--{k}={PORTABLE[k]}" for k in ("xla_cpu_enable_platform_dependent_math", "xla_cpu_max_isa")
+           if k not in have and (_x86(machine) or k != "xla_cpu_max_isa")]
     return " ".join([current, *add]).strip()
 
 
-def pin(environ=os.environ) -> None:
-    """Put the portable settings into XLA_FLAGS (see the module's docstring)."""
-    flags = portable_flags(environ)
+def pin(environ=os.environ, machine: str | None = None) -> None:
+    """Put the portable settings into XLA_FLAGS and oneDNN's variable (see the module's docstring)."""
+    flags = portable_flags(environ, machine)
     if flags:
         environ["XLA_FLAGS"] = flags
+    if not _opted_out(environ) and _x86(machine) and not any(environ.get(k) for k in ONEDNN):
+        environ[ONEDNN[0]] = PORTABLE[ONEDNN[0]]
 
 
 def in_effect(environ=os.environ) -> dict[str, str]:
-    """This process's values of the settings that decide CPU numerics ("default" where XLA_FLAGS does not set one)."""
+    """This process's values of the settings that decide CPU numerics ("default" where none is set)."""
     have = _flags(environ.get("XLA_FLAGS", ""))
-    return {k: have.get(k, "default") for k in PORTABLE}
+    onednn = next((environ[k] for k in ONEDNN if environ.get(k)), "default")
+    return {k: (onednn if k == ONEDNN[0] else have.get(k, "default")) for k in PORTABLE}

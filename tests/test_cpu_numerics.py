@@ -1,13 +1,29 @@
 """jaxrag pins XLA:CPU to math every x86-64 CPU computes alike (jaxrag/cpu_numerics.py)."""
 import os
+import platform
+import shutil
 import subprocess
 import sys
 
 import pytest
 
-from jaxrag.cpu_numerics import PORTABLE, in_effect, portable_flags
+from jaxrag.cpu_numerics import PORTABLE, in_effect, pin, portable_flags
 
 PDM, ISA = "--xla_cpu_enable_platform_dependent_math=false", "--xla_cpu_max_isa=AVX2"
+
+
+def test_onednn_is_pinned_to_avx2_unless_the_user_chose():
+    env = {}
+    pin(env, "x86_64")
+    assert env["ONEDNN_MAX_CPU_ISA"] == "AVX2" and in_effect(env)["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    for mine in ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, {"DNNL_MAX_CPU_ISA": "AVX512_CORE"}):
+        env = dict(mine)
+        pin(env, "x86_64")
+        assert "ONEDNN_MAX_CPU_ISA" not in env or env["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE"   # the user's stands
+        assert in_effect(env)["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE"
+    for env, machine in (({}, "aarch64"), ({"JAXRAG_NATIVE_CPU_MATH": "1"}, "x86_64")):
+        pin(env, machine)
+        assert "ONEDNN_MAX_CPU_ISA" not in env and in_effect(env)["ONEDNN_MAX_CPU_ISA"] == "default"
 
 
 def test_the_portable_flags_join_the_users_own_and_never_override_them():
@@ -20,14 +36,12 @@ def test_the_portable_flags_join_the_users_own_and_never_override_them():
     assert portable_flags({}, "aarch64") == PDM                                         # no x86 ISA on ARM
     assert portable_flags({"JAXRAG_NATIVE_CPU_MATH": "1", "XLA_FLAGS": "--a=1"}, "x86_64") == "--a=1"  # opted out
     assert portable_flags({"JAXRAG_NATIVE_CPU_MATH": "0"}, "x86_64") == f"{PDM} {ISA}"
-    assert in_effect({"XLA_FLAGS": f"{PDM} {ISA}"}) == PORTABLE
+    assert in_effect({"XLA_FLAGS": f"{PDM} {ISA}", "ONEDNN_MAX_CPU_ISA": "AVX2"}) == PORTABLE
     assert in_effect({}) == {k: "default" for k in PORTABLE}
 
 
 def test_this_process_runs_with_the_portable_settings():
     """The suite imports jaxrag before JAX computes anything, as every entry point does."""
-    import platform
-
     want = dict(PORTABLE) if platform.machine().lower() in ("x86_64", "amd64") else \
         {**{k: "default" for k in PORTABLE}, "xla_cpu_enable_platform_dependent_math": "false"}
     if os.environ.get("JAXRAG_NATIVE_CPU_MATH", "") not in ("", "0"):
@@ -61,3 +75,69 @@ def test_importing_jaxrag_makes_rsqrt_the_correctly_rounded_one_over_sqrt(native
         assert " avx " not in flags, "rsqrt matched 1/sqrt with platform-dependent math on: is the flag still read?"
     else:
         assert differing > 1000
+
+
+_LM_HEAD_GRAD = """
+import hashlib, numpy as np
+import jaxrag, jax, jax.numpy as jnp
+rng = np.random.default_rng(0)
+h, d = (jnp.asarray(rng.normal(size=s).astype(np.float32)) for s in ((2032, 128), (2032, 2000)))
+out = jax.jit(lambda h, d: jnp.einsum("nd,nv->dv", h, d, precision="highest"))(h, d)
+print(hashlib.sha256(np.asarray(out).tobytes()).hexdigest())
+"""
+
+
+def _run(code: str, **env_vars) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRAG_NATIVE_CPU_MATH", "ONEDNN_MAX_CPU_ISA",
+                                                            "DNNL_MAX_CPU_ISA")}
+    env.update(JAX_PLATFORMS="cpu", **env_vars)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.split()[-1]
+
+
+def test_importing_jaxrag_pins_onednns_matmul_kernels_to_avx2():
+    """XLA:CPU runs the LM head's gradient (a 2-D dot contracting both operands' first axis) in oneDNN, which picks
+    its kernel for the host's best ISA when its first matmul runs: on an AVX-512 CPU its bits differ from an AVX2
+    CPU's. Importing jaxrag must set ONEDNN_MAX_CPU_ISA before that: the pinned bits are those of oneDNN told AVX2
+    by hand, and on an AVX-512 CPU not those of the unpinned process."""
+    pinned = _run(_LM_HEAD_GRAD)
+    assert pinned == _run(_LM_HEAD_GRAD, JAXRAG_NATIVE_CPU_MATH="1", ONEDNN_MAX_CPU_ISA="AVX2")
+    flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
+    if "avx512f" in flags:
+        assert pinned != _run(_LM_HEAD_GRAD, JAXRAG_NATIVE_CPU_MATH="1"), "is ONEDNN_MAX_CPU_ISA still read?"
+
+
+_TRAIN_STEPS = """
+import hashlib, numpy as np
+import jaxrag, jax
+from jaxrag.models import ModelConfig
+from jaxrag.models import transformer as tf
+from jaxrag.train import loop
+cfg = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=192,
+                  max_seq_len=128, bos_id=1, eos_ids=(2,), pad_id=0)
+rng = np.random.default_rng(0)
+def batches():
+    while True:
+        t = rng.integers(3, cfg.vocab_size, (8, 64)).astype(np.int32)
+        yield {"tokens": t, "loss_mask": np.ones(t.shape, np.float32), "segment_ids": np.ones_like(t),
+               "positions": np.tile(np.arange(64, dtype=np.int32), (8, 1))}
+res = loop.fit(cfg, tf.init_params(cfg, jax.random.PRNGKey(0)), batches(), loss="sft",
+               train_config={"steps": 2, "batch_size": 8, "optimizer": {"lr": 2e-3}, "progress": False,
+                             "checkpoint": {"enabled": False}, "seq_buckets": (64,)})
+print(hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in jax.tree.leaves(res.params))).hexdigest())
+"""
+
+
+@pytest.mark.skipif(shutil.which("qemu-x86_64") is None or platform.machine().lower() not in ("x86_64", "amd64"),
+                    reason="needs qemu-x86_64 (Debian's qemu-user) to run an AVX2 CPU without AVX-512")
+def test_two_sft_steps_give_the_same_bits_on_an_emulated_avx2_cpu():
+    """The claim itself, where it can be checked: two SFT steps (forward, backward, AdamW) of a small Llama give the
+    same weights natively and under `qemu-x86_64 -cpu Haswell` (AVX2 and FMA, no AVX-512: the CPUID that XLA, oneDNN
+    and YNNPACK read says so). A few minutes: under emulation XLA compiles slowly."""
+    native = _run(_TRAIN_STEPS)
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRAG_NATIVE_CPU_MATH", "ONEDNN_MAX_CPU_ISA",
+                                                            "DNNL_MAX_CPU_ISA")}
+    env["JAX_PLATFORMS"] = "cpu"
+    out = subprocess.run(["qemu-x86_64", "-cpu", "Haswell", sys.executable, "-c", _TRAIN_STEPS], env=env,
+                         capture_output=True, text=True, check=True, timeout=1800)
+    assert out.stdout.split()[-1] == native
