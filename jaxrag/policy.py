@@ -206,7 +206,8 @@ class JaxPolicy:
                    chunk: int = 16, refill: float = 0.25, sessions: bool | None = None,
                    group: int = 1) -> "ContinuousSession":
         """A continuous-batching session: `slots` decode slots of `pool_tokens` tokens each (module doc); a decode
-        chunk runs up to `chunk` steps and ends early once `refill` x slots more rows are done (SlotPool).
+        chunk runs up to `chunk` steps and ends early once `refill` x slots more rows (in a grouped pool: whole
+        groups) are done (SlotPool).
         sessions: keep KV sessions in the pool (default: the policy's pool_sessions). group: requests come `group`
         to a prompt; with the policy's cascade on, no sessions and slots a multiple of it, the pool keeps them in
         groups that read their prompt once (SlotPool(group=...)), else each slot holds a copy."""
