@@ -14,8 +14,9 @@ By default XLA:CPU computes for the host it runs on. Three of its choices change
 Pinned to (off, AVX2, AVX2), the lowest set of this project's machines, a run gives the same bits on an AVX2 and on
 an AVX-512 CPU: checked with three SFT steps of the demo's model (forward, backward, AdamW) on an AVX-512 EPYC and
 under `qemu-x86_64 -cpu Haswell` (an AVX2 CPU, no AVX-512) on it (README). The demo's SFT stage took 342-370 s
-under every setting tried, pinned or not (README). XLA reads its flags when JAX starts its CPU backend (the first computation) and oneDNN its variable
-at its first matmul, so both are set in the environment when jaxrag is imported, before either.
+under every setting tried, pinned or not (README). XLA reads its flags when JAX starts its CPU backend (the first
+computation) and oneDNN its variable at its first matmul, so both are set in the environment when jaxrag is
+imported, before either.
 
 A setting the user made (a flag in XLA_FLAGS, ONEDNN_MAX_CPU_ISA or its older name DNNL_MAX_CPU_ISA) is kept as set;
 JAXRAG_NATIVE_CPU_MATH=1 sets none of them (the host's fastest code). Not x86-64 (an ARM host): only platform-

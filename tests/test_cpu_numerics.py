@@ -62,12 +62,7 @@ print(int((got != np.float32(1) / np.sqrt(x)).sum()))
 def test_importing_jaxrag_makes_rsqrt_the_correctly_rounded_one_over_sqrt(native):
     """Platform-dependent math computes rsqrt with the CPU's approximation and a Newton step (on x86 with AVX: ~30 %
     of these inputs off by an ulp from 1/sqrt); pinned, XLA computes 1/sqrt(x), the same bits on every CPU."""
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRAG_NATIVE_CPU_MATH")}
-    env["JAX_PLATFORMS"] = "cpu"
-    if native:
-        env["JAXRAG_NATIVE_CPU_MATH"] = "1"
-    out = subprocess.run([sys.executable, "-c", _RSQRT], env=env, capture_output=True, text=True, check=True)
-    differing = int(out.stdout.split()[-1])
+    differing = int(_run(_RSQRT, **({"JAXRAG_NATIVE_CPU_MATH": "1"} if native else {})))
     if not native:
         assert differing == 0
     elif differing == 0:   # the native path agreeing is possible on a CPU without the approximation instruction
@@ -87,12 +82,14 @@ print(hashlib.sha256(np.asarray(out).tobytes()).hexdigest())
 """
 
 
-def _run(code: str, **env_vars) -> str:
+def _run(code: str, *, under: tuple = (), **env_vars) -> str:
+    """The last word `code` prints in a fresh process (run `under` a command such as qemu's), whose environment has
+    none of the numerics settings but `env_vars`."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRAG_NATIVE_CPU_MATH", "ONEDNN_MAX_CPU_ISA",
                                                             "DNNL_MAX_CPU_ISA")}
     env.update(JAX_PLATFORMS="cpu", **env_vars)
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          check=True).stdout.split()[-1]
+    return subprocess.run([*under, sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                          timeout=1800).stdout.split()[-1]
 
 
 def test_importing_jaxrag_pins_onednns_matmul_kernels_to_avx2():
@@ -134,10 +131,4 @@ def test_two_sft_steps_give_the_same_bits_on_an_emulated_avx2_cpu():
     """The claim itself, where it can be checked: two SFT steps (forward, backward, AdamW) of a small Llama give the
     same weights natively and under `qemu-x86_64 -cpu Haswell` (AVX2 and FMA, no AVX-512: the CPUID that XLA, oneDNN
     and YNNPACK read says so). A few minutes: under emulation XLA compiles slowly."""
-    native = _run(_TRAIN_STEPS)
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRAG_NATIVE_CPU_MATH", "ONEDNN_MAX_CPU_ISA",
-                                                            "DNNL_MAX_CPU_ISA")}
-    env["JAX_PLATFORMS"] = "cpu"
-    out = subprocess.run(["qemu-x86_64", "-cpu", "Haswell", sys.executable, "-c", _TRAIN_STEPS], env=env,
-                         capture_output=True, text=True, check=True, timeout=1800)
-    assert out.stdout.split()[-1] == native
+    assert _run(_TRAIN_STEPS, under=("qemu-x86_64", "-cpu", "Haswell")) == _run(_TRAIN_STEPS)
