@@ -27,8 +27,9 @@ from __future__ import annotations
 import os
 import platform
 
-PORTABLE = {"xla_cpu_enable_platform_dependent_math": "false", "xla_cpu_max_isa": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+XLA = {"xla_cpu_enable_platform_dependent_math": "false", "xla_cpu_max_isa": "AVX2"}   # flags in XLA_FLAGS
 ONEDNN = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")   # oneDNN reads either name (the second is its older one)
+PORTABLE = {**XLA, ONEDNN[0]: "AVX2"}
 OPT_OUT = "JAXRAG_NATIVE_CPU_MATH"
 
 
@@ -54,8 +55,7 @@ def portable_flags(environ=os.environ, machine: str | None = None) -> str:
     if _opted_out(environ):
         return current
     have = _flags(current)
-    add = [f"--{k}={PORTABLE[k]}" for k in ("xla_cpu_enable_platform_dependent_math", "xla_cpu_max_isa")
-           if k not in have and (_x86(machine) or k != "xla_cpu_max_isa")]
+    add = [f"--{k}={v}" for k, v in XLA.items() if k not in have and (_x86(machine) or k != "xla_cpu_max_isa")]
     return " ".join([current, *add]).strip()
 
 
