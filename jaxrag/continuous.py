@@ -36,9 +36,15 @@ empty until the group is free), their prompt prefilled once and written once int
 plus the prefix rows, and a decode step reads each prompt once per group (`transformer.attend_shared`) instead of
 once per row. Tokens and keys are as with copies (the same fold per request). A chunk's early end counts groups:
 it ends once `refill` x (slots / m) more whole groups are done than at its start, since a group's freed slots take
-no work until all m are free (a row-count end handed back chunks that freed no group). Sessions are not kept in
-such a pool (a parked row would need its group's prefix after the group took other work): it is built with group=1
-for them.
+no work until all m are free (a row-count end handed back chunks that freed no group). Sessions in such a pool
+(`sessions=True`; no prefix cache): a finished row's completion is copied out of its own slots, which shift on with
+the pool, into a store row of its slot (`stash`: [slots, max_new_tokens], compacted), and the row parks as its
+session's branch while its group's prefix row keeps the turn's prompt (a parked group takes no new work). The
+session's next turn continues the branch that keeps the most of its ids: prefix row + stashed completion, read as
+one row, are extended by the appended ids (`extend_branches`, extend_rows' computation) and written into the prefix
+row of a group whose m slots take the turn's requests: the branch's own group when nothing else holds it, else a
+free one (`_admit_groups`). So a turn's N candidates read their growing history once per group AND prefill only
+what the turn appends; a request for a group when none is free evicts the oldest parked session's rows.
 
 A request longer than the pool can ever hold (prompt + max_new_tokens > T) is refused at `submit` with an error
 naming the setting (`setting`) that sizes T; a full pool is never an error: requests wait for a free slot.
@@ -236,19 +242,54 @@ def extend_rows(cfg: ModelConfig, params, cache: dict, rows, held, tokens, posit
     right-aligned before slot M, `forward_cached` runs the appended tokens at slots [M, M+A), and every row's
     valid slots are compacted, right-aligned and in order, into the last `keep` slots. Returns (last-column logits
     [m,V], that cache {"k", "v"} [m,K,keep,Dh], its valid [m,keep]): what `place` writes into the rows."""
-    A, S = tokens.shape[1], cache["valid"].shape[1]
-    first = jnp.argsort(~cache["valid"][rows], axis=1, stable=True)   # each row's valid slots first, in slot order
+    pick = lambda bufs: tuple(b[rows] for b in bufs)
+    return _extend(cfg, params, pick(cache["k"]), pick(cache["v"]), cache["valid"][rows], held, tokens, positions,
+                   valid, M, keep)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 10, 11))
+def extend_branches(cfg: ModelConfig, params, prefix: dict, store: dict, groups, branches, held, tokens, positions,
+                    valid, M: int, keep: int):
+    """`extend_rows` for a pool of shared prefixes with sessions: parked branch i is its group's prefix row
+    groups[i] (the turn's prompt) followed by the branch's completion, stashed in `store` row branches[i]; the
+    two are read as one row (prefix slots, then the completion's) and continued as `extend_rows` continues a row."""
+    cat = lambda a, b: tuple(jnp.concatenate([x[groups], y[branches]], axis=2) for x, y in zip(a, b))
+    return _extend(cfg, params, cat(prefix["k"], store["k"]), cat(prefix["v"], store["v"]),
+                   jnp.concatenate([prefix["valid"][groups], store["valid"][branches]], axis=1), held, tokens,
+                   positions, valid, M, keep)
+
+
+def _extend(cfg: ModelConfig, params, k_rows: tuple, v_rows: tuple, valid_rows, held, tokens, positions, valid,
+            M: int, keep: int):
+    """extend_rows' computation on rows already taken out of their cache (k/v [m,K,S,Dh] per layer, valid [m,S])."""
+    A, S = tokens.shape[1], valid_rows.shape[1]
+    first = jnp.argsort(~valid_rows, axis=1, stable=True)            # each row's valid slots first, in slot order
     k = jnp.arange(M)[None, :] - (M - held[:, None])                 # the kept token small slot j holds
     src = jnp.take_along_axis(first, jnp.clip(k, 0, S - 1), axis=1)
     pad = lambda a: jnp.pad(a, ((0, 0), (0, 0), (0, A), (0, 0)))
-    gather = lambda bufs: tuple(pad(take_slots(b[rows], src)) for b in bufs)
-    small = {"k": gather(cache["k"]), "v": gather(cache["v"]), "valid": jnp.pad(k >= 0, ((0, 0), (0, A))),
+    gather = lambda bufs: tuple(pad(take_slots(b, src)) for b in bufs)
+    small = {"k": gather(k_rows), "v": gather(v_rows), "valid": jnp.pad(k >= 0, ((0, 0), (0, A))),
              "index": jnp.asarray(M, jnp.int32)}
     hidden, small = forward_cached_hidden(cfg, params, tokens, positions, valid, small)
     order = jnp.argsort(small["valid"], axis=1, stable=True)[:, M + A - keep:]   # invalid slots first: valid last
     compact = lambda bufs: tuple(take_slots(b, order) for b in bufs)
     return (logits_from_hidden(cfg, params, hidden[:, -1]), {"k": compact(small["k"]), "v": compact(small["v"])},
             jnp.take_along_axis(small["valid"], order, axis=1))
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def stash(store: dict, cache: dict, rows) -> dict:
+    """Finished rows' completions kept for their sessions in a pool of shared prefixes: store row rows[i] (the
+    slot's own) takes the row's valid cache slots (its generated tokens, to a stop-string cut), compacted to the
+    front in slot order, the rest not valid (rows >= B: padding, dropped). A parked row's own slots are then free to
+    be shifted out: only its group's prefix row and this copy are read when its session continues."""
+    B, N = cache["valid"].shape[0], store["valid"].shape[1]
+    take = jnp.minimum(rows, B - 1)
+    first = jnp.argsort(~cache["valid"][take], axis=1, stable=True)[:, :N]
+    put = lambda dst, src: tuple(d.at[rows].set(take_slots(s[take], first), mode="drop") for d, s in zip(dst, src))
+    return {"k": put(store["k"], cache["k"]), "v": put(store["v"], cache["v"]),
+            "valid": store["valid"].at[rows].set(jnp.take_along_axis(cache["valid"][take], first, axis=1),
+                                                 mode="drop")}
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
@@ -298,10 +339,9 @@ class SlotPool:
         if slots < 1 or max_len < 1 or chunk < 1 or group < 1:
             raise ValueError(f"SlotPool: slots={slots}, max_len={max_len}, chunk={chunk}, group={group}; each must "
                              "be >= 1")
-        if group > 1 and (slots % group or sessions):
-            raise ValueError(f"SlotPool(group={group}): slots ({slots}) must be a multiple of the group, and sessions "
-                             "are not kept in a pool of shared prefixes (a parked row would hold its group's prefix "
-                             "after the group moved on); use group=1 for sessions")
+        if group > 1 and (slots % group or prefix_cache):
+            raise ValueError(f"SlotPool(group={group}): slots ({slots}) must be a multiple of the group, and a pool of "
+                             "shared prefixes keeps no prefix cache (prefix_cache=True needs group=1)")
         if stop_strings and tokenizer is None:
             raise ValueError("SlotPool: stop_strings need a tokenizer to detokenize")
         if prefix_cache and not sessions:
@@ -322,6 +362,10 @@ class SlotPool:
         self.cache = init_cache(cfg, B, S)
         if group > 1:
             self.cache["prefix"] = {"k": shared["k"], "v": shared["v"], "valid": shared["valid"]}
+        self.store = None   # sessions in a pool of shared prefixes: each slot's last completion, kept when it parks
+        if group > 1 and sessions:
+            store = init_cache(cfg, B, N)
+            self.store = {"k": store["k"], "v": store["v"], "valid": store["valid"]}
         self.state = {"logits": jnp.zeros((B, cfg.vocab_size), jnp.float32), "tokens": jnp.zeros((B, N), jnp.int32),
                       "logprobs": jnp.zeros((B, N), jnp.float32), "lengths": jnp.zeros((B,), jnp.int32),
                       "position": jnp.zeros((B,), jnp.int32), "done": jnp.ones((B,), bool),
@@ -350,7 +394,9 @@ class SlotPool:
     @property
     def nbytes(self) -> int:
         pre = self.cache.get("prefix", {"k": (), "v": ()})
-        return sum(int(b.nbytes) for b in self.cache["k"] + self.cache["v"] + pre["k"] + pre["v"])
+        store = self.store or {"k": (), "v": ()}
+        return sum(int(b.nbytes) for b in self.cache["k"] + self.cache["v"] + pre["k"] + pre["v"] + store["k"]
+                   + store["v"])
 
     @property
     def busy(self) -> int:
@@ -572,23 +618,35 @@ class SlotPool:
         """`_insert` for a pool of shared prefixes (group m > 1): waiting requests with the same ids fill the m slots
         of one free group (all its slots free; more than m of them take further groups), their prompt written once
         into the group's prefix row; the distinct prompts are prefilled in power-of-two groups, longest first, as
-        `_insert` does. A request that finds no free group waits. No shift: a row's own slots start empty."""
+        `_insert` does. A request that finds no free group evicts a parked session's rows (`_free_group`), else
+        waits. No shift: a row's own slots start empty. With sessions, a turn that keeps ids of a parked branch is
+        continued first (`_admit_groups`, `_continue_groups`)."""
         m, t0 = self.group, time.perf_counter()
-        free = [g for g in range(self.slots // m) if all(o is None for o in self.owner[g * m:(g + 1) * m])]
+        U, room = self.slots // m, self.max_len - self.sp.max_new_tokens
+        free = [g for g in range(U) if self._group_free(g)]
+        cont, fresh = self._admit_groups(free) if self.sessions else ([], [(r, None) for r in self.queue])
         groups: dict[tuple[int, ...], list[int]] = {}               # prompt -> its groups in this insert
         by_prompt: dict[tuple[int, ...], list[tuple[int, _Request]]] = {}
-        wait = collections.deque()
-        for r in self.queue:
+        wait, queued = collections.deque(), {r.session for r, _ in fresh}
+        for r, why in fresh:
             ids, taken = tuple(r.ids), len(by_prompt.get(tuple(r.ids), ()))
             if taken == m * len(groups.get(ids, ())):               # this prompt's groups are full: open one
-                if not free:
+                g = self._free_group(free, queued)
+                if g is None:
                     wait.append(r)
                     continue
-                groups.setdefault(ids, []).append(free.pop(0))
+                groups.setdefault(ids, []).append(g)
             by_prompt.setdefault(ids, []).append((groups[ids][taken // m] * m + taken % m, r))
+            if why is not None:
+                self.stats[f"fallback_{why}"] += 1
+                self.evicted.discard(r.session)
         self.queue = wait
+        cont = sorted(cont, key=lambda c: len(c[4][0][1].ids) - c[3], reverse=True)   # most appended first
+        while cont:   # before the fresh prompts: their prefix rows may be ones a continuation reads
+            n = 1 << (len(cont).bit_length() - 1)
+            part, cont = cont[:n], cont[n:]
+            self._continue_groups(part, room)
         distinct = sorted(by_prompt, key=len, reverse=True)
-        room, U = self.max_len - self.sp.max_new_tokens, self.slots // m
         for part, P, (tokens, positions, valid), placed, (rows, slots, folds) in self._parts(distinct, by_prompt,
                                                                                               room):
             pairs = [(g, u) for u, ids in enumerate(part) for g in groups[ids]]   # (prefix row, prefill row)
@@ -599,7 +657,125 @@ class SlotPool:
                 self.cfg, self.params, self.cache, self.state, self.keys, self.base_key, tokens, positions, valid,
                 gs, grows, slots, folds, self.sp.max_new_tokens, rows)
             self._inserted(placed, len(part), len(part) * P)
+            self.stats["appended_tokens"] += sum(len(ids) for ids in part
+                                                 if any(r.session is not None for _, r in by_prompt[ids]))
         self.timing["insert_s"] += time.perf_counter() - t0
+
+    def _group_slots(self, g: int) -> range:
+        return range(g * self.group, (g + 1) * self.group)
+
+    def _group_free(self, g: int) -> bool:
+        """Group g takes new work: none of its slots decodes a request or holds a parked row."""
+        return all(self.owner[b] is None and self.park[b] is None for b in self._group_slots(g))
+
+    def _free_group(self, free: list[int], queued: set) -> int | None:
+        """A free group; when none is, one freed by evicting the parked sessions that hold it: among the groups
+        with no row decoding, the one whose sessions are the least needed (each session ranked as `_free_slot` ranks
+        them: no request queued before queued, oldest first; a group's rank is its most needed session's). Those
+        sessions' rows are evicted wherever they are. None when no group can be had."""
+        if not free:
+            order = {k: i for i, k in enumerate(self.parked)}
+            rank = lambda k: (k in queued, order[k])
+            best = None
+            for g in range(self.slots // self.group):
+                if any(self.owner[b] is not None for b in self._group_slots(g)):
+                    continue
+                keys = {self.park[b] for b in self._group_slots(g)} - {None}
+                if keys and (best is None or max(map(rank, keys)) < best[0]):
+                    best = (max(map(rank, keys)), keys)
+            if best is None:
+                return None
+            touched = set()
+            for k in best[1]:
+                for b in list(self.parked[k]):
+                    touched.add(b // self.group)
+                    self._evict(b, "slot")
+            free.extend(g for g in sorted(touched) if self._group_free(g))
+        return free.pop(0)
+
+    def _admit_groups(self, free: list[int]) -> tuple[list[tuple], list[tuple[_Request, str | None]]]:
+        """Sessions in a pool of shared prefixes: (continued, fresh). A session's turn continues the parked branch
+        that keeps the most of its ids (shared_prefix, as `_admit`): its group's prefix row + the branch's stashed
+        completion are extended by the rest of the prompt and written into the prefix row of a TARGET group, whose
+        m slots take the turn's requests (continued: [(target, source group, branch slot, ids kept, [(slot,
+        request)], kept < held)]). The target is the branch's own group when no other row (decoding, parked, or
+        read by another continuation of this insert) holds it, else a group free at the start of the insert; with
+        neither, the turn is a full insert. The session's other branches are freed; groups freed here serve only
+        the full inserts, which run after the continuations (a continuation may read their prefix rows). Requests
+        of a continued turn beyond the group's m are full inserts (fallback_group_full). fresh: (request, fallback
+        reason or None) in queue order."""
+        m = self.group
+        cont: dict[Hashable, list] = {}
+        turn: dict[Hashable, tuple] = {}         # session -> (its ids, fallback reason or None)
+        fresh, sources, later = [], set(), []
+        for r in self.queue:
+            k = r.session
+            if k is None:
+                fresh.append((r, None))
+                continue
+            if k in turn and turn[k][0] == r.ids:   # a sibling of a request admitted above
+                c = cont.get(k)
+                if c is not None and len(c[4]) < m:
+                    c[4].append((c[0] * m + len(c[4]), r))
+                else:
+                    fresh.append((r, turn[k][1] if c is None else "group_full"))
+                continue
+            branches = self.parked.get(k, [])
+            kept, src = max(((shared_prefix(self.held[b], r.ids, self.min_shared), b) for b in branches),
+                            default=(0, None))
+            why = "not_prefix" if branches else "evicted" if k in self.evicted else "new"
+            held = len(self.held[src]) if src is not None else 0
+            touched = {b // m for b in branches}
+            for b in list(branches):   # the episode goes on from branch src (or from none): free the rest
+                self._unpark(b)
+            target = None
+            if kept:
+                g = src // m
+                target = (g if self._group_free(g) and g not in sources
+                          else next((f for f in free if f not in sources), None))
+            if target is None:
+                cont.pop(k, None)
+                fresh.append((r, why))
+                turn[k] = (r.ids, why)
+            else:
+                if target in free:
+                    free.remove(target)
+                sources.add(src // m)
+                cont[k] = [target, src // m, src, kept, [(target * m, r)], kept < held]
+                turn[k] = (r.ids, None)
+            later.extend(g for g in sorted(touched) if g != target and self._group_free(g))
+        free.extend(later)
+        return list(cont.values()), fresh
+
+    def _continue_groups(self, part: list[list], room: int) -> None:
+        """Continued turns in a pool of shared prefixes (`_admit_groups`' entries): the appended ids of each are
+        prefilled once against its branch (`extend_branches`: prefix row + stashed completion), the result written
+        into its target group's prefix row and its requests' slots started afresh (`place_shared`)."""
+        n = len(part)
+        kept = np.asarray([c[3] for c in part], np.int32)
+        appended = [c[4][0][1].ids[c[3]:] for c in part]
+        A, M = fine_bucket(max(map(len, appended))), bucket(int(kept.max()), 16)
+        tokens, positions, valid = left_pad(appended, n, A)
+        as_i32 = lambda xs: jnp.asarray(xs, jnp.int32)
+        logits, small, small_valid = extend_branches(
+            self.cfg, self.params, self.cache["prefix"], self.store, as_i32([c[1] for c in part]),
+            as_i32([c[2] for c in part]), jnp.asarray(kept), jnp.asarray(tokens), jnp.asarray(positions + kept[:, None]),
+            jnp.asarray(valid), M, min(M + A, room))
+        placed = [(u, b, r) for u, c in enumerate(part) for b, r in c[4]]
+        rows, slots, folds = self._pad_rows(placed)
+        self.cache, self.state, self.keys = place_shared(
+            self.cache, self.state, self.keys, self.base_key, logits, small, small_valid, as_i32([c[0] for c in part]),
+            as_i32(range(n)), slots, folds, rows)
+        for u, b, r in placed:
+            self._taken(b, r)
+            self.stats["reused_tokens"] += int(kept[u])
+            self.stats["reused_partial"] += part[u][5]
+        self.placed = self.keys
+        self.stats["continued_inserts"] += 1
+        self.stats["prefill_tokens"] += n * A
+        self.stats["reused"] += len(placed)
+        self.stats["prefill_shared"] += len(placed) - n
+        self.stats["appended_tokens"] += sum(map(len, appended))
 
     def _parts(self, distinct: list[tuple[int, ...]], by_prompt: dict, room: int):
         """The distinct new prompts (longest first) in power-of-two parts to prefill, each as (part, its padded
@@ -749,9 +925,10 @@ class SlotPool:
             return False
         need = self.index + self.chunk - self.cache["valid"].shape[1]
         if need > 0:   # no room for a whole chunk: shift left by the oldest row's start, parked rows included
-            for b in [b for b in self._parked_slots() if self.start[b] < need]:
+            parked = self._parked_slots() if self.store is None else []   # (stashed: their own slots not read)
+            for b in [b for b in parked if self.start[b] < need]:
                 self._evict(b, "span")   # parked so long that its row spans more than T: rolled out otherwise
-            self._shift(-int(min(self.start[b] for b in held + self._parked_slots())))
+            self._shift(-int(min(self.start[b] for b in held + [b for b in parked if self.park[b] is not None])))
         t0 = time.perf_counter()
         if self.refill:   # counted in groups: a group's slots serve a new prompt only once all of them are free
             units, busy = self.slots // self.group, len({b // self.group for b in held})
@@ -785,7 +962,7 @@ class SlotPool:
         self.stats["chunks"] += 1
         self.stats["slot_steps"] += self.slots * steps
         self.stats["busy_steps"] += int(sum(int(lens[b]) - int(self.seen[b]) for b in held))
-        out, done, push, logps = [], np.array(done), False, None
+        out, done, push, logps, parking = [], np.array(done), False, None, []
         cut_lo, cut_hi = np.zeros(self.slots, np.int32), np.zeros(self.slots, np.int32)
         for b in held:
             self.seen[b] = lens[b]
@@ -808,14 +985,20 @@ class SlotPool:
                 # parked: the row keeps prompt + completion (to the cut) for the next turn; released while in
                 # flight, it is a cached row (prefix_cache), else its slot is simply free
                 self._park(b, (_CACHED, b) if released else req.session, req.ids, req.ids + out[-1].tokens)
-                first = self.start[b] + len(req.ids)            # the cache slot of the row's first generated token
+                # the cache slot of the row's first generated token (in a pool of shared prefixes the prompt lies
+                # in the group's prefix row, the row's own slots start with its completion)
+                first = self.start[b] + (len(req.ids) if self.group == 1 else 0)
                 cut_lo[b], cut_hi[b] = first + n, first + lens[b]   # decoded past a stop-string cut: not kept
+                parking.append(b)
             push |= not done[b]            # cut by a stop string on the host: the device row must stop too
             done[b] = True
         if push:
             self.state["done"] = jnp.asarray(done)
         if (cut_hi > cut_lo).any():
             self.cache = dict(self.cache, valid=forget(self.cache["valid"], jnp.asarray(cut_lo), jnp.asarray(cut_hi)))
+        if self.store is not None and parking:   # the parked rows' completions, before their own slots shift out
+            self.store = stash(self.store, self.cache, jnp.asarray(parking + [self.slots] * (bucket(len(parking), 1)
+                                                                                          - len(parking)), jnp.int32))
         self.stats["finished"] += len(out)
         self.timing["host_s"] += time.perf_counter() - t1
         return out

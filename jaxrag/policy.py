@@ -20,7 +20,7 @@ seed=, group=)` returns a `ContinuousSession` over a jaxrag.continuous.SlotPool 
 `pool_tokens` tokens: `submit(rid, prompt, fold)`, `launch()` / `collect() -> [(rid, Completion)]` (or `step()`), so a
 finished request's slot takes the next waiting prompt (requests inserted together with one prompt share its prefill;
 `group` = N > 1: requests come N to a prompt, the candidates of a turn, which the pool may keep in groups of N slots
-reading their prompt once: SlotPool(group=N), used when the policy's `cascade` is on and no sessions are kept). The
+reading their prompt once: SlotPool(group=N), used when the policy's `cascade` is on and no prefix cache is kept). The
 rollout engine uses it with RolloutConfig(continuous=True), n_candidates > 1 included; a policy without the method
 (the scripted fakes) keeps the lock-step path. With `JaxPolicy(pool_sessions=True)` (or `continuous(...,
 sessions=True)`) the pool keeps KV sessions: `submit(..., session=key)` continues the key's parked row, prefilling
@@ -209,11 +209,13 @@ class JaxPolicy:
         chunk runs up to `chunk` steps and ends early once `refill` x slots more rows (in a grouped pool: whole
         groups) are done (SlotPool).
         sessions: keep KV sessions in the pool (default: the policy's pool_sessions). group: requests come `group`
-        to a prompt; with the policy's cascade on, no sessions and slots a multiple of it, the pool keeps them in
-        groups that read their prompt once (SlotPool(group=...)), else each slot holds a copy."""
+        to a prompt; with the policy's cascade on, no prefix cache and slots a multiple of it, the pool keeps them in
+        groups that read their prompt once (SlotPool(group=...); with sessions, a turn continues its picked
+        branch into a group), else each slot holds a copy."""
         stop_strings = list(stop) if stop else None
         sessions = self.pool_sessions if sessions is None else sessions
-        group = group if self.cascade and group > 1 and not sessions and slots % group == 0 else 1
+        prefix_cache = self.prefix_cache and sessions
+        group = group if self.cascade and group > 1 and not prefix_cache and slots % group == 0 else 1
         sp = self._sampling(temperature, max_new_tokens, stop_strings)
         spec = (slots, sp, tuple(stop_strings or ()), chunk, refill, sessions)
         if self.prefix_cache and sessions and self._pool is not None and self._pool_spec == spec \
@@ -223,7 +225,7 @@ class JaxPolicy:
         pool = SlotPool(self.cfg, self._sample_params, slots, self.pool_tokens, sp, jax.random.PRNGKey(seed),
                         stop_strings=stop_strings, tokenizer=self.tokenizer, chunk=chunk, refill=refill,
                         setting="JaxPolicy(pool_tokens=...)", sessions=sessions, min_shared=self.min_shared,
-                        prefix_cache=self.prefix_cache and sessions, group=group)
+                        prefix_cache=prefix_cache, group=group)
         if pool.prefix_cache:
             self._pool, self._pool_spec = pool, spec
         return ContinuousSession(self, pool)

@@ -202,8 +202,9 @@ def test_a_pool_of_shared_prefixes_refuses_what_it_cannot_hold(pol):
     sp = SamplingParams(max_new_tokens=8)
     with pytest.raises(ValueError, match="slots \\(5\\) must be a multiple of the group"):
         SlotPool(pol.cfg, pol._sample_params, 5, 64, sp, jax.random.PRNGKey(0), group=2)
-    with pytest.raises(ValueError, match="use group=1 for sessions"):
-        SlotPool(pol.cfg, pol._sample_params, 4, 64, sp, jax.random.PRNGKey(0), group=2, sessions=True)
+    with pytest.raises(ValueError, match="prefix_cache=True needs group=1"):
+        SlotPool(pol.cfg, pol._sample_params, 4, 64, sp, jax.random.PRNGKey(0), group=2, sessions=True,
+                 prefix_cache=True)
     # the policy falls back to copies where the pool cannot group
     make = lambda slots: pol.continuous(slots, max_new_tokens=8, group=2).pool.group
     assert make(4) == 2 and make(5) == 1
@@ -523,8 +524,10 @@ def test_parked_rows_survive_left_shifts_until_they_span_the_pool(lpol):
     assert pool.stats["fallback_evicted"] == 1 and pool.stats["fallback_new"] == 1
 
 
-def test_pool_session_continues_after_a_stop_string_cut(lpol):
-    """A row cut by a host stop string decoded past the cut: its next turn continues the kept ids only."""
+@pytest.mark.parametrize("group", [1, 2])
+def test_pool_session_continues_after_a_stop_string_cut(lpol, group):
+    """A row cut by a host stop string decoded past the cut: its next turn continues the kept ids only (group 2: a
+    pool of shared prefixes, each session's one request in a group of its own, its completion stashed)."""
     cfg, params, tok = lpol.cfg, lpol._sample_params, lpol.tokenizer
     prompts = _prompts(3, seed=11)
     sp = SamplingParams(max_new_tokens=16)
@@ -532,13 +535,17 @@ def test_pool_session_continues_after_a_stop_string_cut(lpol):
     # a stop string two tokens long ends inside a row: the device decodes on until the host's check after the chunk
     i, n = next((i, n) for i in range(3) for n in range(2, 12) if probe.row(i)[0][n] >= 35)
     stop = [tok.decode(probe.row(i)[0][n - 1:n + 1])]
-    pool = SlotPool(cfg, params, 3, 120, sp, jax.random.PRNGKey(0), stop_strings=stop, tokenizer=tok, chunk=16,
-                    sessions=True)
+    pool = SlotPool(cfg, params, 3 * group, 120, sp, jax.random.PRNGKey(0), stop_strings=stop, tokenizer=tok,
+                    chunk=16, sessions=True, group=group)
     got = _turns(pool, dict(enumerate(prompts)), 0)
     assert got[i].finish_reason == "stop" and len(got[i].tokens) < 16
-    valid = np.asarray(pool.cache["valid"])       # a parked row's valid slots: its held ids, the cut ones dropped
-    assert [int(valid[pool.parked[j]].sum()) for j in range(3)] == [len(prompts[j]) + len(got[j].tokens)
-                                                                    for j in range(3)]
+    if group == 1:   # a parked row's valid slots: its held ids, the cut ones dropped
+        held = np.asarray(pool.cache["valid"]).sum(1)
+    else:            # its group's prefix row (the prompt) + its stashed completion, the cut ones dropped
+        held = (np.asarray(pool.store["valid"]).sum(1)
+                + np.repeat(np.asarray(pool.cache["prefix"]["valid"]).sum(1), group))
+    assert [int(held[pool.parked[j]].sum()) for j in range(3)] == [len(prompts[j]) + len(got[j].tokens)
+                                                                   for j in range(3)]
     nxt = [p + got[j].tokens + [40, 41, 42] for j, p in enumerate(prompts)]
     got = _turns(pool, dict(enumerate(nxt)), 1)
     ref = sample(cfg, params, nxt, sp, jax.random.PRNGKey(0), stop_strings=stop, tokenizer=tok)
@@ -554,15 +561,18 @@ def test_pool_sessions_need_an_opt_in(pol):
         pool.submit("r", [1, 5, 6], (0, 0), session="e")
 
 
-def test_pool_sessions_with_candidates_continue_the_picked_branch(lpol):
+@pytest.mark.parametrize("group", [1, 3])
+def test_pool_sessions_with_candidates_continue_the_picked_branch(lpol, group):
     """2 sessions x 3 candidates a turn at T = 1 (the candidates differ), each later turn extending a different
-    candidate (j = turn % 3): the turn continues that branch, its prefill computed once and forked to the 3 slots,
-    the other branches freed; samples are the ones of a pool without sessions (same folds), to float rounding."""
+    candidate (j = turn % 3): the turn continues that branch, its prefill computed once and forked to the 3 slots
+    (group 3: written once into the group's prefix row, which the 3 slots read), the other branches freed; samples
+    are the ones of a pool without sessions (same folds), to float rounding, and so are the counters."""
     cfg, params = lpol.cfg, lpol._sample_params
     sp = SamplingParams(temperature=1.0, max_new_tokens=10)
 
     def run(sessions):
-        pool = SlotPool(cfg, params, 6, 200, sp, jax.random.PRNGKey(3), chunk=8, sessions=sessions)
+        pool = SlotPool(cfg, params, 6, 200, sp, jax.random.PRNGKey(3), chunk=8, sessions=sessions,
+                        group=group if sessions else 1)
         prompts, out = dict(enumerate(_prompts(2, seed=4))), []
         for turn in range(4):
             for i, p in prompts.items():
@@ -591,6 +601,8 @@ def test_pool_sessions_with_candidates_continue_the_picked_branch(lpol):
                    - len(got[t - 1][i, (t - 1) % 3].tokens) for t in range(1, 4) for i in range(2))
     assert st["appended_tokens"] == sum(len(got[0][i, 0].prompt_ids) for i in range(2)) + appended
     assert st["prefill_tokens"] < 0.5 * full.stats["prefill_tokens"]
+    if group > 1:   # the turns' rows read their history from 2 prefix rows; the own slots shifted on meanwhile
+        assert st["shifts_left"] >= 1 and kept.nbytes < 0.5 * full.nbytes
     kept.release([0, 1])
     assert not kept.parked and all(k is None for k in kept.park)
 
@@ -612,9 +624,49 @@ def test_pool_sessions_with_candidates_in_the_rollout_engine(lpol):
         lpol.pool_sessions = False
     _same_episodes(a, b, atol=1e-4)
     st = pools[0].pool.stats
+    assert pools[0].pool.group == 3 and pools[0].pool.sessions   # a turn's candidates: a group reading its history
     extend = sum(extends(s.prompt_ids + s.token_ids, t.prompt_ids) for e in b for s, t in zip(e.steps, e.steps[1:]))
     assert extend > 0 and st["reused"] == 3 * extend and st["fallback_new"] == 3 * 4
     assert not pools[0].pool.parked
+
+
+def test_grouped_sessions_share_a_group_fall_back_and_evict(lpol):
+    """A pool of 2 groups of 2 slots with sessions. Turn 0: sessions A and B send the same prompt, one request each:
+    they share group 0's prefix row. Turn 1: A continues into the free group 1 (group 0 still holds B's branch),
+    B's own group then holds nothing, but A reads it in this insert, so B is a full insert (a continuation's target
+    is never a group another continuation reads). Then C, new, finds both groups parked: the oldest parked session
+    is evicted for it, and that session's next turn is a full insert. Every turn gives the full prefill's tokens."""
+    cfg, params = lpol.cfg, lpol._sample_params
+    sp = SamplingParams(max_new_tokens=8)
+    pool = SlotPool(cfg, params, 4, 120, sp, jax.random.PRNGKey(0), chunk=4, sessions=True, group=2)
+    p, c = _prompts(2, seed=13)
+
+    def turn(prompts, t):
+        got = _turns(pool, prompts, t)
+        ref = sample(cfg, params, list(prompts.values()), sp, jax.random.PRNGKey(0))
+        for r, k in enumerate(prompts):
+            assert got[k].tokens == ref.row(r)[0]
+            np.testing.assert_allclose(got[k].logprobs, ref.row(r)[1], rtol=0, atol=1e-4)
+        return {k: prompts[k] + got[k].tokens + [40 + t, 41] for k in prompts}
+
+    A, B, C = 0, 1, 2
+    nxt = turn({A: p, B: p}, 0)
+    assert pool.stats["prefill_shared"] == 1 and pool.park == [A, B, None, None]
+    nxt = turn(nxt, 1)
+    st = pool.stats
+    assert st["reused"] == 1 and st["fallback_not_prefix"] == 1 and st["fallback_new"] == 2
+    assert pool.parked[A] == [2] and pool.parked[B] == [0]     # A continued into group 1, B re-prefilled in 0
+    turn({C: c}, 0)                                   # no free group: the oldest parked session gives up its rows
+    assert st["evicted_slot"] == 1 and len(pool.parked) == 2 and C in pool.parked
+    gone = next(k for k in (A, B) if k not in pool.parked)
+    turn({gone: nxt[gone]}, 2)
+    assert st["fallback_evicted"] == 1 and st["evicted_slot"] == 2
+    # a group some of whose rows still decode (a turn's candidates finish apart) frees nothing: the session parked
+    # in it is kept, however old, and the one whose group eviction does free goes
+    old, young = list(pool.parked)
+    g_old = pool.parked[old][0] // 2
+    pool.owner[2 * g_old + 1 - pool.parked[old][0] % 2] = "decoding"   # its sibling slot: a stand-in in-flight row
+    assert pool._free_group([], set()) == 1 - g_old and list(pool.parked) == [old]
 
 
 # ---- prefix cache: released rows stay, new sessions fork from them ------------------------------------------

@@ -1,7 +1,8 @@
 """Cross-turn KV reuse vs today's full prefill: full multi-turn rollouts on the synthetic world, the real policy.
 
     python -m jaxrag.bench.rollout --kv [--workdir DIR] [--batches 1,8,32] [--episodes 128] [--sft-steps 300]
-        [--paths today,stops,cascade,reuse,continuous,cont+cascade,cont+reuse] [--n 1] [--temperature 0]
+        [--paths today,stops,cascade,reuse,cascade+reuse,continuous,cont+cascade,cont+reuse,cont+cascade+reuse]
+        [--n 1] [--temperature 0]
         [--cache-blocks 0,128]
 
 The world: the synthetic pipeline's `tiny` preset (world, index, teacher, tokenizer) with the demo's model size
@@ -10,7 +11,7 @@ episodes search and answer in plain ReAct lines. --n N samples N candidate actio
 taken: best-of-N's shape without a critic; use --temperature > 0, or the N are identical). Every path (PATHS:
 today's sampler, + device stop ids, + cascade attention over the state's cache (N > 1), device stops + KV reuse (a
 session pool of batch x N slots); the continuous slot pool of batch x N slots, copying a turn's prompt into its N
-slots or reading it once per group (N > 1), and with KV sessions in the pool) runs the same questions at each batch
+slots or reading it once per group (N > 1), and with KV sessions in the pool, copied or in groups) runs the same questions at each batch
 size after a warm-up run (every shape compiled; `compiles` counts the compilations inside the timed run, 0 when the
 warm-up met every shape). Per row: episodes/s, candidates/s (actions sampled), policy turns (a state's N candidates
 are one turn), the prefill token slots computed per turn (padded, what the device ran) and the real prompt tokens
@@ -52,7 +53,8 @@ PATHS = {   # (device stops, KV reuse, continuous pool, cascade)
     "cascade+reuse": (True, True, False, True),  # both: a turn prefills what it appends, its N rows read it once
     "continuous": (True, False, True, False),  # the continuous-batching slot pool (RolloutConfig(continuous=True))
     "cont+cascade": (True, False, True, True),  # its slots in groups of N reading their turn's prompt once
-    "cont+reuse": (True, True, True, False)}   # + KV sessions in the slot pool (JaxPolicy(pool_sessions=True))
+    "cont+reuse": (True, True, True, False),   # + KV sessions in the slot pool (JaxPolicy(pool_sessions=True))
+    "cont+cascade+reuse": (True, True, True, True)}   # sessions in groups: a turn appends once, its N slots read it once
 
 
 def pipeline_config(preset: str = "tiny"):
