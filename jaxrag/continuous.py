@@ -705,8 +705,8 @@ class SlotPool:
         of a continued turn beyond the group's m are full inserts (fallback_group_full). fresh: (request, fallback
         reason or None) in queue order."""
         m = self.group
-        cont: dict[Hashable, list] = {}
-        turn: dict[Hashable, tuple] = {}         # session -> (its ids, fallback reason or None)
+        cont: list[list] = []
+        turn: dict[Hashable, tuple] = {}   # session -> (its turn's ids, fallback reason or None, its cont entry)
         fresh, sources, later = [], set(), []
         for r in self.queue:
             k = r.session
@@ -714,7 +714,7 @@ class SlotPool:
                 fresh.append((r, None))
                 continue
             if k in turn and turn[k][0] == r.ids:   # a sibling of a request admitted above
-                c = cont.get(k)
+                c = turn[k][2]
                 if c is not None and len(c[4]) < m:
                     c[4].append((c[0] * m + len(c[4]), r))
                 else:
@@ -734,18 +734,17 @@ class SlotPool:
                 target = (g if self._group_free(g) and g not in sources
                           else next((f for f in free if f not in sources), None))
             if target is None:
-                cont.pop(k, None)
                 fresh.append((r, why))
-                turn[k] = (r.ids, why)
+                turn[k] = (r.ids, why, None)
             else:
                 if target in free:
                     free.remove(target)
                 sources.add(src // m)
-                cont[k] = [target, src // m, src, kept, [(target * m, r)], kept < held]
-                turn[k] = (r.ids, None)
+                cont.append([target, src // m, src, kept, [(target * m, r)], kept < held])
+                turn[k] = (r.ids, None, cont[-1])
             later.extend(g for g in sorted(touched) if g != target and self._group_free(g))
         free.extend(later)
-        return list(cont.values()), fresh
+        return cont, fresh
 
     def _continue_groups(self, part: list[list], room: int) -> None:
         """Continued turns in a pool of shared prefixes (`_admit_groups`' entries): the appended ids of each are

@@ -669,6 +669,23 @@ def test_grouped_sessions_share_a_group_fall_back_and_evict(lpol):
     assert pool._free_group([], set()) == 1 - g_old and list(pool.parked) == [old]
 
 
+def test_grouped_session_sending_two_prompts_in_one_insert_serves_both(lpol):
+    """One session's two different prompts queued together: the first continues its parked branch, the second is a
+    full insert in a group of its own; both give the full prefill's tokens."""
+    cfg, params = lpol.cfg, lpol._sample_params
+    sp = SamplingParams(max_new_tokens=8)
+    pool = SlotPool(cfg, params, 4, 120, sp, jax.random.PRNGKey(0), chunk=4, sessions=True, group=2)
+    p = _prompts(1, seed=17)[0]
+    first = _turns(pool, {0: p}, 0)[0]
+    a = p + first.tokens + [40, 41]
+    pool.submit("a", a, (0, 1), session=0)
+    pool.submit("b", a + [42], (0, 2), session=0)
+    got = _drain(pool)
+    ref = sample(cfg, params, [a, a + [42]], sp, jax.random.PRNGKey(0))
+    assert [got["a"].tokens, got["b"].tokens] == [ref.row(0)[0], ref.row(1)[0]]
+    assert pool.stats["reused"] == 1 and pool.stats["fallback_new"] == 2
+
+
 # ---- prefix cache: released rows stay, new sessions fork from them ------------------------------------------
 def test_prefix_cache_forks_new_sessions_from_a_released_row(lpol):
     """prefix_cache: a released session's row stays as a cached row; new sessions whose prompts share its head fork
