@@ -686,6 +686,48 @@ def test_grouped_session_sending_two_prompts_in_one_insert_serves_both(lpol):
     assert pool.stats["reused"] == 1 and pool.stats["fallback_new"] == 2
 
 
+def test_grouped_sessions_random_workload_gives_the_full_prefill_tokens(lpol):
+    """Random rounds over a pool of 2 groups of 3: 4 sessions sending 1-3 candidates a turn (fewer slots than
+    work: evictions, waits), prompts that extend the last turn, rewrite its tail or start over, releases, requests
+    with no session. Every request finishes once, with the full prefill's greedy tokens; every session request is
+    counted once as reused or as a fallback."""
+    cfg, params = lpol.cfg, lpol._sample_params
+    sp = SamplingParams(max_new_tokens=6)
+    pool = SlotPool(cfg, params, 6, 120, sp, jax.random.PRNGKey(0), chunk=4, sessions=True, group=3)
+    rng = np.random.default_rng(23)
+    prompts = dict(enumerate(_prompts(4, seed=19)))
+    session_requests = 0
+    for rnd in range(8):
+        now = {k: prompts[k] for k in rng.permutation(4)[:rng.integers(1, 5)].tolist()}
+        counts = {k: int(rng.integers(1, 4)) for k in now}
+        loose = _prompts(int(rng.integers(0, 3)), seed=100 + rnd)
+        for k, ids in now.items():
+            for j in range(counts[k]):
+                pool.submit((k, j), ids, (k, 10 * rnd + j), session=k)
+        for j, ids in enumerate(loose):
+            pool.submit(("loose", j), ids, (9, 10 * rnd + j))
+        session_requests += sum(counts.values())
+        got = _drain(pool)
+        assert len(got) == sum(counts.values()) + len(loose)
+        order = list(now.values()) + loose
+        ref = sample(cfg, params, order, sp, jax.random.PRNGKey(0))
+        for r, k in enumerate(now):
+            for j in range(counts[k]):
+                assert got[k, j].tokens == ref.row(r)[0], (rnd, k, j)
+        for j in range(len(loose)):
+            assert got["loose", j].tokens == ref.row(len(now) + j)[0]
+        for k, ids in now.items():
+            tail = rng.integers(3, 250, size=int(rng.integers(1, 6))).tolist()
+            kind = rng.integers(0, 4)
+            prompts[k] = (ids + got[k, 0].tokens + tail if kind < 2 else ids[:-2] + tail if kind == 2
+                          else _prompts(1, seed=200 + 10 * rnd + k)[0])
+        if rng.random() < 0.3:
+            pool.release([int(rng.integers(0, 4))])
+    st = pool.stats
+    assert st["reused"] > 0 and st["evicted"] > 0
+    assert st["reused"] + sum(v for key, v in st.items() if key.startswith("fallback_")) == session_requests
+
+
 # ---- prefix cache: released rows stay, new sessions fork from them ------------------------------------------
 def test_prefix_cache_forks_new_sessions_from_a_released_row(lpol):
     """prefix_cache: a released session's row stays as a cached row; new sessions whose prompts share its head fork
