@@ -765,16 +765,8 @@ class SlotPool:
         self.cache, self.state, self.keys = place_shared(
             self.cache, self.state, self.keys, self.base_key, logits, small, small_valid, as_i32([c[0] for c in part]),
             as_i32(range(n)), slots, folds, rows)
-        for u, b, r in placed:
-            self._taken(b, r)
-            self.stats["reused_tokens"] += int(kept[u])
-            self.stats["reused_partial"] += part[u][5]
-        self.placed = self.keys
-        self.stats["continued_inserts"] += 1
-        self.stats["prefill_tokens"] += n * A
-        self.stats["reused"] += len(placed)
-        self.stats["prefill_shared"] += len(placed) - n
-        self.stats["appended_tokens"] += sum(map(len, appended))
+        self._continued(placed, kept, appended, A)
+        self.stats["reused_partial"] += sum(part[u][5] for u, _, _ in placed)
 
     def _parts(self, distinct: list[tuple[int, ...]], by_prompt: dict, room: int):
         """The distinct new prompts (longest first) in power-of-two parts to prefill, each as (part, its padded
@@ -858,17 +850,21 @@ class SlotPool:
         insert shares one prefill. A row then holds exactly its prompt's len(ids) tokens, as after a full prefill."""
         held = [h for _, h, _ in group]
         appended = [members[0][1].ids[h:] for _, h, members in group]
-        n = len(group)
         placed = [(u, b, r) for u, (_, _, members) in enumerate(group) for b, r in members]   # (row, slot, request)
         A = self._extend_into_slots(self.cache, [src for src, _, _ in group], held, appended, placed, room)
+        self._continued(placed, held, appended, A)
+
+    def _continued(self, placed: list[tuple[int, int, _Request]], kept, appended: list, A: int) -> None:
+        """Bookkeeping after continued rows were written (`place` / `place_shared`) into the slots of `placed`
+        (continued row, slot, request): row u kept kept[u] ids and prefilled appended[u], padded to A."""
         for u, b, r in placed:
             self._taken(b, r)
-            self.stats["reused_tokens"] += held[u]
+            self.stats["reused_tokens"] += int(kept[u])
         self.placed = self.keys
         self.stats["continued_inserts"] += 1
-        self.stats["prefill_tokens"] += n * A
+        self.stats["prefill_tokens"] += len(appended) * A
         self.stats["reused"] += len(placed)
-        self.stats["prefill_shared"] += len(placed) - n
+        self.stats["prefill_shared"] += len(placed) - len(appended)
         self.stats["appended_tokens"] += sum(map(len, appended))
 
     def _extend_into_slots(self, source: dict, rows: list[int], held: list[int], appended: list, placed: list,
