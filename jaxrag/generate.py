@@ -82,8 +82,21 @@ def _pick(logits, keys, sp: SamplingParams):
     """Next token per row; keys [B,2]: each row's own key for this step."""
     if sp.temperature == 0.0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    filtered = _filter_logits(logits, sp.temperature, sp.top_k, sp.top_p)
-    return jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
+    return draw(keys, _filter_logits(logits, sp.temperature, sp.top_k, sp.top_p))
+
+
+def draw(keys, logits):
+    """One categorical draw per row from softmax(logits) (rows [B,V], -inf = excluded), by inverse CDF: one uniform
+    u per row (keys [B,2]) and the first token whose cumulative probability passes u x the row's total, instead of
+    gumbel noise for every vocabulary entry (jax.random.categorical: B x V random numbers a step, on XLA:CPU 2.9 ms
+    of a decode step at 160 rows x 1,024 ids, 160 ms at 64 x 128,256; this: 0.59 and 44 ms). Exact up to float32:
+    a token is drawn with probability p_i / total; an excluded one (probability 0) never, as its cumulative sum
+    does not rise. Tokens below about 2^-24 of the mass are not resolved by a float32 uniform."""
+    p = jnp.exp(logits - logits.max(axis=-1, keepdims=True))
+    cdf = jnp.cumsum(p, axis=-1)
+    u = jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))(keys)
+    below = jnp.sum(cdf <= (u * cdf[:, -1])[:, None], axis=-1)   # tokens whose cumulative mass is all below u
+    return jnp.minimum(below, logits.shape[-1] - 1).astype(jnp.int32)
 
 
 def fork(tree, rows):

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrag.generate import SamplingParams, _filter_logits, bucket, fork, sample
+from jaxrag.generate import SamplingParams, _filter_logits, _pick, bucket, draw, fork, sample
 from jaxrag.models import ModelConfig, forward, init_cache, init_params
 
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=128)
@@ -50,6 +50,29 @@ def test_filters_keep_exactly_the_top_k_and_nucleus():
     assert np.isfinite(p[0]).tolist() == [True, True, False, False]
     p = np.asarray(_filter_logits(logits, 1.0, 0, 0.85))
     assert np.isfinite(p[0]).tolist() == [True, True, True, False]
+
+
+def test_draws_follow_the_filtered_softmax():
+    """`draw` (inverse CDF, one uniform a row) against softmax(logits / T) after top-k / top-p, over 40,000 keys:
+    every frequency within 4 standard errors of its probability, excluded tokens (top-k, nucleus, -inf) never
+    drawn, the first and last ids included; and one key gives one token whatever the batch around it."""
+    logits = np.log(np.array([0.02, 0.40, 1e-3, 0.25, 0.08, 1.0, 0.15, 0.099], np.float32))
+    logits[5] = -np.inf                                                                          # id 5: excluded
+    n = 40_000
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.PRNGKey(7), i))(jnp.arange(n))
+    for temperature, top_k, top_p in [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 3, 1.0), (1.0, 0, 0.8)]:
+        sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+        toks = np.asarray(_pick(jnp.broadcast_to(jnp.asarray(logits), (n, 8)), keys, sp))
+        kept = np.asarray(_filter_logits(logits[None], temperature, top_k, top_p))[0]
+        prob = np.exp(kept - kept.max()) / np.exp(kept - kept.max()).sum()
+        freq = np.bincount(toks, minlength=8) / n
+        assert np.all(np.abs(freq - prob) <= 4 * np.sqrt(prob * (1 - prob) / n) + 1e-9), (temperature, top_k, freq)
+        assert np.all(freq[prob == 0] == 0)
+    edge = np.full((2, 6), -np.inf, np.float32)
+    edge[0, 0], edge[1, 5] = 0.0, 0.0           # all the mass on the first id, on the last id
+    assert np.asarray(draw(keys[:2], jnp.asarray(edge))).tolist() == [0, 5]
+    one = np.asarray(draw(keys[:1], jnp.asarray(logits[None])))
+    assert one[0] == np.asarray(draw(keys[:64], jnp.broadcast_to(jnp.asarray(logits), (64, 8))))[0]
 
 
 def test_eos_and_stop_ids_end_rows_with_reasons():
