@@ -44,7 +44,8 @@ session's next turn continues the branch that keeps the most of its ids: prefix 
 one row, are extended by the appended ids (`extend_branches`, extend_rows' computation) and written into the prefix
 row of a group whose m slots take the turn's requests: the branch's own group when nothing else holds it, else a
 free one (`_admit_groups`). So a turn's N candidates read their growing history once per group AND prefill only
-what the turn appends; a request for a group when none is free evicts the oldest parked session's rows.
+what the turn appends; a request for a group when none is free evicts the sessions parked in the least-needed
+group that has no decoding row (`_free_group`).
 
 A request longer than the pool can ever hold (prompt + max_new_tokens > T) is refused at `submit` with an error
 naming the setting (`setting`) that sizes T; a full pool is never an error: requests wait for a free slot.
