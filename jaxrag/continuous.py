@@ -759,8 +759,8 @@ class SlotPool:
         as_i32 = lambda xs: jnp.asarray(xs, jnp.int32)
         logits, small, small_valid = extend_branches(
             self.cfg, self.params, self.cache["prefix"], self.store, as_i32([c[1] for c in part]),
-            as_i32([c[2] for c in part]), jnp.asarray(kept), jnp.asarray(tokens), jnp.asarray(positions + kept[:, None]),
-            jnp.asarray(valid), M, min(M + A, room))
+            as_i32([c[2] for c in part]), jnp.asarray(kept), jnp.asarray(tokens),
+            jnp.asarray(positions + kept[:, None]), jnp.asarray(valid), M, min(M + A, room))
         placed = [(u, b, r) for u, c in enumerate(part) for b, r in c[4]]
         rows, slots, folds = self._pad_rows(placed)
         self.cache, self.state, self.keys = place_shared(
@@ -924,7 +924,7 @@ class SlotPool:
             parked = self._parked_slots() if self.store is None else []   # (stashed: their own slots not read)
             for b in [b for b in parked if self.start[b] < need]:
                 self._evict(b, "span")   # parked so long that its row spans more than T: rolled out otherwise
-            self._shift(-int(min(self.start[b] for b in held + [b for b in parked if self.park[b] is not None])))
+            self._shift(-int(min(self.start[b] for b in held + (self._parked_slots() if self.store is None else []))))
         t0 = time.perf_counter()
         if self.refill:   # counted in groups: a group's slots serve a new prompt only once all of them are free
             units, busy = self.slots // self.group, len({b // self.group for b in held})
