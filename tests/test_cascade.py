@@ -72,9 +72,14 @@ def test_cascade_groups_are_equal_contiguous_runs_or_nothing():
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("prompts,n", [(PROMPTS, 3), ([PROMPTS[1], PROMPTS[1], PROMPTS[0], PROMPTS[0]], 2)])
 def test_cascade_sampling_equals_the_copied_fork_and_replicate_and_prefill(temperature, prompts, n):
-    """Rows end at different steps (stop id 7); each row keeps its own key, so the same samples at T = 1."""
-    sp = SamplingParams(temperature=temperature, max_new_tokens=10, stop_ids=(7,))
+    """Rows end at different steps (a stop id chosen from a probe run so that they do); each row keeps its own key,
+    so the same samples at T = 1."""
     key = jax.random.PRNGKey(3)
+    probe = sample(CFG, PARAMS, prompts, SamplingParams(temperature=temperature, max_new_tokens=10), key, n=n,
+                   min_rows=8).tokens.tolist()
+    ends = lambda t: {row.index(t) if t in row else 10 for row in probe}
+    stop = next(t for t in probe[0] if len(ends(t)) > 1)
+    sp = SamplingParams(temperature=temperature, max_new_tokens=10, stop_ids=(stop,))
     cascade = sample(CFG, PARAMS, prompts, sp, key, n=n, min_rows=8)
     copied = sample(CFG, PARAMS, prompts, sp, key, n=n, min_rows=8, cascade=False)
     replicated = sample(CFG, PARAMS, [p for p in prompts for _ in range(n)], sp, key, share_prefix=False, min_rows=8)

@@ -144,8 +144,8 @@ def test_pool_limits_are_clear_errors_and_new_params_forget_sessions():
 @pytest.mark.parametrize("temperature,cascade", [(0.0, True), (1.0, True), (1.0, False)])
 def test_n_candidates_continue_the_picked_branch_as_the_share_prefix_path(temperature, cascade):
     """Each turn's prompt extends candidate j = turn % n: the same tokens as generate.sample(n=n), log-probs to
-    1e-5, and each prompt's appended tokens are prefilled once, not n times; the n rows read their prompt's cache
-    once (cascade) or copy it, and each branch's slot stores its prompt and completion either way."""
+    1e-4 (rounding), and each prompt's appended tokens are prefilled once, not n times; the n rows read their
+    prompt's cache once (cascade) or copy it, and each branch's slot stores its prompt and completion either way."""
     n = 3
     full, reuse = policy(), policy(slots=4 * n)
     full.cascade = reuse.cascade = cascade
@@ -161,7 +161,7 @@ def test_n_candidates_continue_the_picked_branch_as_the_share_prefix_path(temper
         a = full.generate(prompts, n=n, temperature=temperature, max_new_tokens=10, seed=turn, stop=stop)
         b = reuse.generate(prompts, n=n, temperature=temperature, max_new_tokens=10, seed=turn, stop=stop,
                            sessions=keys)
-        same(a, b, first_turn=turn == 0, tol=1e-5)
+        same(a, b, first_turn=turn == 0, tol=1e-4)
         cut += sum(c.finish_reason == "stop" for o in b for c in o)
         distinct = [len({tuple(c.prompt_ids + c.token_ids) for c in o}) for o in b]
         assert [len({tuple(h) for _, h in reuse.sessions.branches[k]}) for k in keys] == distinct
