@@ -214,13 +214,16 @@ def store_rows(kv: dict, cache: dict, slots, kept, appended, M: int, T: int):
             row = jax.lax.dynamic_index_in_dim(buf, i, 0, keepdims=False)              # [K,S,Dh]
             if pre is not None:
                 row = jnp.concatenate([jax.lax.dynamic_index_in_dim(pre, i // m, 0, keepdims=False), row], axis=1)
-            tmp = jnp.zeros((row.shape[0], M + S, row.shape[2]), row.dtype)          # the row at offset M
-            if S > M:   # appended + decoded: slot M + T - appended[i] lands at M + kept[i]
-                tmp = jax.lax.dynamic_update_slice(tmp, row[:, M:], (0, M + kept[i] - T + appended[i], 0))
-            # kept: slots [0, M) at kept[i], so slot M - kept[i] lands at M and the run ends at M + kept[i], over
-            # the appended block's padding written just before
-            tmp = jax.lax.dynamic_update_slice(tmp, row[:, :M], (0, kept[i], 0))
-            out.append(jax.lax.dynamic_update_slice(pool, jax.lax.dynamic_slice_in_dim(tmp, M, n, axis=1)[None],
+            # the pool row is assembled at offset T + M of tmp: every start below is >= 0 and every window fits,
+            # as dynamic_update_slice would otherwise clamp a start and move the run (a row keeping fewer than
+            # T - appended[i] - M ids, such as a new prompt beside a long append, lost its decoded tokens' place)
+            tmp = jnp.zeros((row.shape[0], T + M + S, row.shape[2]), row.dtype)
+            if S > M:   # appended + decoded: slot M + T - appended[i] lands at T + M + kept[i]
+                tmp = jax.lax.dynamic_update_slice(tmp, row[:, M:], (0, M + kept[i] + appended[i], 0))
+            # kept: slots [0, M) at T + kept[i], so slot M - kept[i] lands at T + M and the run ends at
+            # T + M + kept[i], over the appended block's padding written just before
+            tmp = jax.lax.dynamic_update_slice(tmp, row[:, :M], (0, T + kept[i], 0))
+            out.append(jax.lax.dynamic_update_slice(pool, jax.lax.dynamic_slice_in_dim(tmp, T + M, n, axis=1)[None],
                                                     (slots[i], 0, 0, 0)))
         return tuple(out)
 

@@ -122,6 +122,39 @@ def test_a_design_that_is_not_append_only_keeps_its_common_prefix(min_shared):
         assert st["fallback_not_prefix"] == 2 and st["reused"] == st["reused_partial"] == 0
 
 
+def assert_slots_hold_their_ids(pol):
+    """Every branch's pool slot holds the keys/values of its held ids (those of a fresh prefill, to rounding)."""
+    from jaxrag.generate import left_pad
+    from jaxrag.models.transformer import init_cache, prefill
+    for branches in pol.sessions.branches.values():
+        for slot, ids in branches:
+            tokens, positions, valid = (jax.numpy.asarray(a) for a in left_pad([ids], 1, len(ids)))
+            _, want = prefill(pol.cfg, pol.params, tokens, positions, valid, init_cache(pol.cfg, 1, len(ids)))
+            for got, ref in zip(pol.sessions.kv["k"] + pol.sessions.kv["v"], want["k"] + want["v"]):
+                np.testing.assert_allclose(np.asarray(got[slot, :, :len(ids)]), np.asarray(ref[0]), atol=1e-4)
+
+
+@pytest.mark.parametrize("n,cascade", [(1, False), (2, False), (2, True)])
+def test_a_new_session_beside_a_long_append_is_stored_where_it_belongs(n, cascade):
+    """One call continuing a session by many appended ids (T = 96 slots) beside a new session whose prompt is short
+    (6 ids, against M = 32 kept slots): the new rows' completions land right after their prompts in their slots.
+    Before the fix the store's window start (M + kept - T < 0) was clamped to 0, the completion written 58 slots
+    past its place (the rollout bench at batch 8 sampled other tokens than the full prefill from then on)."""
+    full, reuse = policy(), policy(slots=2 * n)
+    full.cascade = reuse.cascade = cascade
+    a = full.generate(["question: a\n"], n=n, max_new_tokens=8, seed=0)
+    b = reuse.generate(["question: a\n"], n=n, max_new_tokens=8, seed=0, sessions=["a"])
+    same(a, b, first_turn=True)
+    prompts = ["question: a\n" + a[0][0].text + "doc: " + "xy" * 40 + "\n", "q: b\n"]
+    for turn in (1, 2):
+        a = full.generate(prompts, n=n, max_new_tokens=8, seed=turn)
+        b = reuse.generate(prompts, n=n, max_new_tokens=8, seed=turn, sessions=["a", "b"])
+        same(a, b)
+        assert_slots_hold_their_ids(reuse)
+        prompts = [p + o[0].text + "doc: z\n" for p, o in zip(prompts, a)]
+    assert reuse.sessions.stats["reused"] == 3 and reuse.sessions.stats["fallback_new"] == 2
+
+
 def test_pool_limits_are_clear_errors_and_new_params_forget_sessions():
     pol = policy(slots=2, tokens=40)
     with pytest.raises(PoolFull, match="does not fit a pool of 2 slots"):
