@@ -313,6 +313,16 @@ def shift(cache: dict, d) -> dict:
 
 
 # ---- host side ---------------------------------------------------------------------------------------------
+def _extension(kept: list[int], appended: list[list[int]]):
+    """Inputs of extending rows that keep kept[i] ids by appended[i] (`extend_rows`, `extend_branches`): (A, the
+    appended ids' padded length; M, the kept ids' bucket; (kept [n], tokens, positions, valid [n,A]) device arrays,
+    positions continuing each row's kept ids)."""
+    A, M = fine_bucket(max(map(len, appended))), bucket(max(kept), 16)
+    tokens, positions, valid = left_pad(appended, len(appended), A)
+    held = np.asarray(kept, np.int32)
+    return A, M, (jnp.asarray(held), jnp.asarray(tokens), jnp.asarray(positions + held[:, None]), jnp.asarray(valid))
+
+
 class SlotPool:
     """B decode slots over one cache of T tokens per slot (+ `chunk` slots of headroom); see the module doc. With
     group=m > 1: B/m groups of m slots over prefix rows of T - max_new_tokens tokens, each slot's own cache
@@ -751,21 +761,18 @@ class SlotPool:
         """Continued turns in a pool of shared prefixes (`_admit_groups`' entries): the appended ids of each are
         prefilled once against its branch (`extend_branches`: prefix row + stashed completion), the result written
         into its target group's prefix row and its requests' slots started afresh (`place_shared`)."""
-        n = len(part)
-        kept = np.asarray([c[3] for c in part], np.int32)
+        kept = [c[3] for c in part]
         appended = [c[4][0][1].ids[c[3]:] for c in part]
-        A, M = fine_bucket(max(map(len, appended))), bucket(int(kept.max()), 16)
-        tokens, positions, valid = left_pad(appended, n, A)
+        A, M, inputs = _extension(kept, appended)
         as_i32 = lambda xs: jnp.asarray(xs, jnp.int32)
         logits, small, small_valid = extend_branches(
             self.cfg, self.params, self.cache["prefix"], self.store, as_i32([c[1] for c in part]),
-            as_i32([c[2] for c in part]), jnp.asarray(kept), jnp.asarray(tokens),
-            jnp.asarray(positions + kept[:, None]), jnp.asarray(valid), M, min(M + A, room))
+            as_i32([c[2] for c in part]), *inputs, M, min(M + A, room))
         placed = [(u, b, r) for u, c in enumerate(part) for b, r in c[4]]
         rows, slots, folds = self._pad_rows(placed)
         self.cache, self.state, self.keys = place_shared(
             self.cache, self.state, self.keys, self.base_key, logits, small, small_valid, as_i32([c[0] for c in part]),
-            as_i32(range(n)), slots, folds, rows)
+            as_i32(range(len(part))), slots, folds, rows)
         self._continued(placed, kept, appended, A)
         self.stats["reused_partial"] += sum(part[u][5] for u, _, _ in placed)
 
@@ -874,12 +881,9 @@ class SlotPool:
         keeping its first held[i] valid ids and extended by appended[i] (`extend_rows`: prefilled once against the
         kept keys/values, then compacted), written by `place` into the slots of `placed` (row index, slot,
         request) with a fresh sampler state and each request's key. Returns the appended ids' padded length."""
-        A, M = fine_bucket(max(map(len, appended))), bucket(max(held), 16)
-        tokens, positions, valid = left_pad(appended, len(rows), A)
-        kept = np.asarray(held, np.int32)
-        logits, small, small_valid = extend_rows(
-            self.cfg, self.params, source, jnp.asarray(rows, jnp.int32), jnp.asarray(kept), jnp.asarray(tokens),
-            jnp.asarray(positions + kept[:, None]), jnp.asarray(valid), M, min(M + A, room))
+        A, M, inputs = _extension(held, appended)
+        logits, small, small_valid = extend_rows(self.cfg, self.params, source, jnp.asarray(rows, jnp.int32), *inputs,
+                                                 M, min(M + A, room))
         index, slots, folds = self._pad_rows(placed)
         self.cache, self.state, self.keys = place(self.cache, self.state, self.keys, self.base_key, logits, small,
                                                   small_valid, slots, folds, index)
