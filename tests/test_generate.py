@@ -53,9 +53,10 @@ def test_filters_keep_exactly_the_top_k_and_nucleus():
 
 
 def test_draws_follow_the_filtered_softmax():
-    """`draw` (an exponential race on hashed uniforms) against softmax(logits / T) after top-k / top-p, over 40,000 keys:
-    every frequency within 4 standard errors of its probability, excluded tokens (top-k, nucleus, -inf) never
-    drawn, the first and last ids included; and one key gives one token whatever the batch around it."""
+    """`draw` (an exponential race on hashed uniforms) against softmax(logits / T) after top-k / top-p, over 40,000
+    keys: every frequency within 4 standard errors of its probability, excluded tokens (top-k, nucleus, -inf) never
+    drawn, the first and last ids included; one key gives one token whatever the batch around it; and the hashed
+    noise is uniform over 1,000 ids (chi-square)."""
     logits = np.log(np.array([0.02, 0.40, 1e-3, 0.25, 0.08, 1.0, 0.15, 0.099], np.float32))
     logits[5] = -np.inf                                                                          # id 5: excluded
     n = 40_000
@@ -146,7 +147,7 @@ def test_shared_prefix_sampling_equals_replicate_and_prefill(temperature):
     shared = sample(CFG, PARAMS, prompts, sp, jax.random.PRNGKey(3), n=3)
     replicated = sample(CFG, PARAMS, [p for p in prompts for _ in range(3)], sp, jax.random.PRNGKey(3), share_prefix=False)
     np.testing.assert_array_equal(shared.tokens, replicated.tokens)
-    np.testing.assert_allclose(shared.logprobs, replicated.logprobs, atol=1e-4)  # float rounding of two computations, as the other path tests
+    np.testing.assert_allclose(shared.logprobs, replicated.logprobs, atol=1e-4)   # rounding, as other path tests
     np.testing.assert_array_equal(shared.lengths, replicated.lengths)
     assert shared.finish_reason == replicated.finish_reason
     # 3 distinct prompts (bucket 4 rows) x 16 slots prefilled, against 12 rows (bucket 16) x 16

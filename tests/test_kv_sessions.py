@@ -10,8 +10,9 @@ from fakes import EchoSearch, Latin1Tokenizer, OverlapRetriever, Passage, tiny_j
 from jaxrag.env.agents import get_agent
 from jaxrag.env.mdp import QUERY, Action, Doc, State, Step
 from jaxrag.env.rollout import RolloutConfig, rollout
-from jaxrag.generate import bucket
+from jaxrag.generate import bucket, left_pad
 from jaxrag.kv_sessions import PoolFull, SessionPool, extends, fine_bucket, shared_prefix
+from jaxrag.models.transformer import init_cache, prefill
 
 
 def policy(slots=0, tokens=None):
@@ -124,8 +125,6 @@ def test_a_design_that_is_not_append_only_keeps_its_common_prefix(min_shared):
 
 def assert_slots_hold_their_ids(pol):
     """Every branch's pool slot holds the keys/values of its held ids (those of a fresh prefill, to rounding)."""
-    from jaxrag.generate import left_pad
-    from jaxrag.models.transformer import init_cache, prefill
     for branches in pol.sessions.branches.values():
         for slot, ids in branches:
             tokens, positions, valid = (jax.numpy.asarray(a) for a in left_pad([ids], 1, len(ids)))
