@@ -129,19 +129,30 @@ _prefill = jax.jit(prefill, static_argnums=(0,), donate_argnums=(5,))  # -> (las
 _fork = jax.jit(fork)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5))
 def cascade_cache(cfg: ModelConfig, prefix: dict, logits, position, m: int, n_new: int):
     """Fork without copying the prefix (cascade attention): the U prefilled prompts of `prefix` (a cache after
     `prefill`, rows [0, U) of logits [U',V] and position [U'] used) each continue in m decode rows, rows
     [u*m, (u+1)*m) prompt u. The decode cache holds every row's own n_new empty slots plus the prompts' keys/values
     once, as its "prefix" (forward_cached attends to both): a decode step reads a prompt once per group instead of
     once per row, and the cache is U*P + U*m*n_new slots instead of U*m*(P + n_new). Returns (logits [U*m,V],
-    position [U*m], cache)."""
+    position [U*m], cache). `prefix` is consumed: where all its rows are used its buffers become the decode cache's
+    prefix as they are (donated, not copied)."""
     U = logits.shape[0]
+    shared = {key: prefix[key] for key in ("k", "v", "valid")}
+    if prefix["valid"].shape[0] != U:   # fewer prompts than the prefill's padded rows: their first U, a copy
+        shared = _first_rows(shared, U)
+    return _cascade_cache(cfg, shared, logits, position, m, n_new)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _first_rows(tree, n: int):
+    return jax.tree.map(lambda a: a[:n], tree)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 5), donate_argnums=(1,))
+def _cascade_cache(cfg: ModelConfig, shared: dict, logits, position, m: int, n_new: int):
     rows = lambda a: jnp.repeat(a, m, axis=0)
-    own = init_cache(cfg, U * m, n_new, prefix["k"][0].dtype)
-    shared = {"k": tuple(a[:U] for a in prefix["k"]), "v": tuple(a[:U] for a in prefix["v"]),
-              "valid": prefix["valid"][:U]}
+    own = init_cache(cfg, logits.shape[0] * m, n_new, shared["k"][0].dtype)
     return rows(logits), rows(position), dict(own, prefix=shared)
 
 

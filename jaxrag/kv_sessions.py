@@ -24,10 +24,10 @@ slots [M, M+T) with positions continuing each row's own, and at n > 1 the n deco
 its cache once per group (generate's cascade; or copies of it, cascade=False: every appended token is computed
 once either way). The generate.decode loop samples, and each decode row's tokens (after its prompt's, under the
 cascade) are stored back into its branch's pool slot, left-aligned and in order
-(`store_rows`: the kept run and the appended + decoded run copied as two windows; the tokens past a stop-string
-cut lie after the held ones and are never read; the gather copied the reused slot before this store overwrites
-it). A call whose prompts are all new takes generate's own prefill on an empty cache (forked as generate.sample
-forks it): the first turn is the plain path, bit for bit, when its prompts are distinct (identical prompts, e.g.
+(`store_rows`: the prompt compacted once per prefix row, then it and the decoded run written as two windows; the
+tokens past a stop-string cut lie after the held ones and are never read; the gather copied the reused slot before
+this store overwrites it). A call whose prompts are all new takes generate's own prefill on an empty cache
+(forked as generate.sample forks it): the first turn is the plain path, bit for bit, when its prompts are distinct (identical prompts, e.g.
 a GRPO group's first turn, are prefilled once per row here; generate.sample prefills them once). Later turns
 equal the full prefill up to float rounding (attention over the cache sums in another order).
 """
@@ -191,40 +191,41 @@ def extend(cfg: ModelConfig, params, tokens, positions, token_valid, cache):
     return logits_from_hidden(cfg, params, hidden[:, -1]), cache
 
 
-@functools.partial(jax.jit, static_argnums=(5, 6), donate_argnums=(0,))
-def store_rows(kv: dict, cache: dict, slots, kept, appended, M: int, T: int):
+@functools.partial(jax.jit, static_argnums=(5, 6, 7), donate_argnums=(0,))
+def store_rows(kv: dict, cache: dict, slots, kept, appended, M: int, T: int, N: int):
     """Each batch row's tokens written left-aligned, in order, into pool slot slots[b] (the real rows first; a slot
     >= the pool's rows marks the padding rows after them, not stored). A row's layout in the batch cache: its kept
     tokens kept[b] right-aligned before slot M, its appended ones appended[b] right-aligned before M + T (left
-    padding before them), its decoded ones from M + T on: two runs, copied as two contiguous windows (no gather),
-    so the pool row holds kept + appended + decoded tokens from slot 0; what follows (tokens past a stop-string cut
-    or the decode's end) is never read, as the session's held ids say how many tokens the row holds. On XLA:CPU,
-    160 rows of ~330 slots: 45 ms against 92 for the argsort compaction + gather + scatter this replaced. A
-    cascade cache (generate.cascade_cache: rows [u*m, (u+1)*m) continue prefix row u) reads as each row's prefix
-    (the kept + appended slots, exactly M + T of them) followed by its own decoded slots."""
+    padding before them), its N decoded slots from M + T on (a cascade cache, generate.cascade_cache, rows
+    [u*m, (u+1)*m) continuing prefix row u: the prefix's M + T slots, then the row's own N). The kept and appended
+    runs are compacted by one gather per PREFIX row (once per group under the cascade, not once per decode row),
+    then each pool row takes two windows in place: the compacted prompt from slot 0, the decoded slots from
+    kept + appended. No start is ever clamped: the first is 0, the second fits because a session holds at most
+    the pool's max_len (sample_sessions checks prompt + N first). What follows the held tokens (a compacted row's
+    padding, tokens past a stop-string cut) is never read: the session's held ids say how many tokens the row
+    holds."""
     shared = cache.get("prefix")
-    S, P = cache["valid"].shape[1] + (shared["valid"].shape[1] if shared else 0), kv["k"][0].shape[2]
-    n = min(S, P)
-    m = cache["valid"].shape[0] // shared["valid"].shape[0] if shared else 1
-    prefix_bufs = shared["k"] + shared["v"] if shared else (None,) * (2 * len(kv["k"]))
+    P = kv["k"][0].shape[2]
+    src = shared or cache   # the prompt's slots [0, M + T): the prefix rows', or every row's own
+    rows = src["valid"].shape[0]
+    m = cache["valid"].shape[0] // rows
+    own0 = 0 if shared else M + T   # where a row's decoded slots start in its own buffers
+    j = jnp.arange(M + T)
+    g_kept, g_app = kept[::m][:rows], appended[::m][:rows]   # a group's rows share their prompt's counts
+    k_, a_ = g_kept[:, None], g_app[:, None]
+    idx = jnp.where(j[None] < k_, M - k_ + j[None], M + T - a_ - k_ + j[None])   # [rows, M + T]: slot j's source
+    idx = jnp.clip(idx, 0, M + T - 1)
+    W = min(M + T, P)
+    prompt = tuple(take_slots(b[:, :, :M + T], idx)[:, :, :W] for b in src["k"] + src["v"])   # [rows,K,W,Dh]
 
     def copy_row(i, bufs):
         out = []
-        for pool, buf, pre in zip(bufs, cache["k"] + cache["v"], prefix_bufs):
-            row = jax.lax.dynamic_index_in_dim(buf, i, 0, keepdims=False)              # [K,S,Dh]
-            if pre is not None:
-                row = jnp.concatenate([jax.lax.dynamic_index_in_dim(pre, i // m, 0, keepdims=False), row], axis=1)
-            # the pool row is assembled at offset T + M of tmp: every start below is >= 0 and every window fits,
-            # as dynamic_update_slice would otherwise clamp a start and move the run (a row keeping fewer than
-            # T - appended[i] - M ids, such as a new prompt beside a long append, lost its decoded tokens' place)
-            tmp = jnp.zeros((row.shape[0], T + M + S, row.shape[2]), row.dtype)
-            if S > M:   # appended + decoded: slot M + T - appended[i] lands at T + M + kept[i]
-                tmp = jax.lax.dynamic_update_slice(tmp, row[:, M:], (0, M + kept[i] + appended[i], 0))
-            # kept: slots [0, M) at T + kept[i], so slot M - kept[i] lands at T + M and the run ends at
-            # T + M + kept[i], over the appended block's padding written just before
-            tmp = jax.lax.dynamic_update_slice(tmp, row[:, :M], (0, T + kept[i], 0))
-            out.append(jax.lax.dynamic_update_slice(pool, jax.lax.dynamic_slice_in_dim(tmp, T + M, n, axis=1)[None],
-                                                    (slots[i], 0, 0, 0)))
+        for pool, pre, own in zip(bufs, prompt, cache["k"] + cache["v"]):
+            pool = jax.lax.dynamic_update_slice(pool, pre[i // m][None], (slots[i], 0, 0, 0))
+            if N:
+                dec = jax.lax.dynamic_slice_in_dim(own[i], own0, N, axis=1)   # [K,N,Dh]
+                pool = jax.lax.dynamic_update_slice(pool, dec[None], (slots[i], 0, kept[i] + appended[i], 0))
+            out.append(pool)
         return tuple(out)
 
     bufs = jax.lax.fori_loop(0, jnp.sum(slots < kv["k"][0].shape[0]), copy_row, kv["k"] + kv["v"])
@@ -253,7 +254,8 @@ def prefill_into_pool(cfg: ModelConfig, params, pool: SessionPool, slots: Sequen
     rows[:len(slots)] = slots
     lengths = np.zeros(n_pad, np.int32)
     lengths[:len(prompts)] = [len(p) for p in prompts]
-    pool.kv = store_rows(pool.kv, cache, jnp.asarray(rows), jnp.asarray(lengths), jnp.zeros(n_pad, jnp.int32), T, 0)
+    pool.kv = store_rows(pool.kv, cache, jnp.asarray(rows), jnp.asarray(lengths), jnp.zeros(n_pad, jnp.int32), T, 0,
+                         0)
     return logits, n_pad * T
 
 
@@ -340,7 +342,7 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
     dest[:R] = np.asarray(slots).reshape(-1)
     prompt_of = np.minimum(np.arange(R_pad) // n, B_pad - 1)
     pool.kv = store_rows(pool.kv, cache, jnp.asarray(dest), jnp.asarray(kept_pad[prompt_of]),
-                         jnp.asarray(app_len[prompt_of]), M, T)
+                         jnp.asarray(app_len[prompt_of]), M, T, N)
     for i, k in enumerate(keys):
         pool.branches[k] = [(s, list(prompts[i]) + out.tokens[i * n + j, :out.lengths[i * n + j]].tolist())
                             for j, s in enumerate(slots[i])]
