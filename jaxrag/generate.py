@@ -203,14 +203,18 @@ def _decode_chunk(cfg: ModelConfig, sp: SamplingParams, chunk: int, params, cach
     pool (jaxrag.continuous) runs rows inserted at different times through this same loop, and with
     state["exit_done"] (an int32 scalar) the loop also ends once that many rows are done; in a cache with a
     "prefix" (rows in groups of m continuing one prefix row each), once that many whole groups are done, as a
-    group's slots take new work only together."""
+    group's slots take new work only together. The loop also ends when the cache's write index reaches its last
+    slot (a step there would have its start clamped by dynamic_update_slice and overwrite the last slot): callers
+    size the cache for every step they ask for, so this only turns a sizing mistake into a short chunk, which
+    `decode` reports."""
     n_max = state["tokens"].shape[1]
     t_end = state["t"] + chunk
     rows = jnp.arange(state["tokens"].shape[0])
     m = rows.shape[0] // cache["prefix"]["valid"].shape[0] if "prefix" in cache else 1
+    slots = cache["valid"].shape[1]
 
     def cond(s):
-        go = (s["t"] < t_end) & ~jnp.all(s["done"])
+        go = (s["t"] < t_end) & ~jnp.all(s["done"]) & (s["cache"]["index"] < slots)
         if "exit_done" in s:   # the slot pool: hand back once this many rows (groups) are done: they take new work
             go &= jnp.sum(jnp.all(s["done"].reshape(-1, m), axis=1)) < s["exit_done"]
         return go
@@ -385,10 +389,15 @@ def decode(cfg: ModelConfig, params: Params, cache, logits, position, n_rows: in
     string_stopped = np.zeros(B_pad, bool)
     cut = np.full(B_pad, -1)
     checked = np.zeros(B_pad, np.int64)
+    t = 0
     while True:
         cache, state, stop_ids, key = on_params_mesh(params, (cache, state, stop_ids, key))
+        t_before = t
         cache, state = _decode_chunk(cfg, sp, chunk, params, cache, state, stop_ids, key)
         t = int(state["t"])
+        if t < min(t_before + chunk, N) and not bool(np.all(np.asarray(state["done"]))):
+            raise ValueError(f"decode: the KV cache's {cache['valid'].shape[1]} slots are full after {t} of "
+                             f"{N} new tokens; size the cache for the prompt + max_new_tokens")
         if stop_strings:
             toks, lens, done = np.asarray(state["tokens"]), np.asarray(state["lengths"]), np.array(state["done"])
             for i in range(B):

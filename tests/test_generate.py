@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrag.generate import SamplingParams, _filter_logits, _pick, bucket, draw, fork, sample
+from jaxrag.generate import (SamplingParams, _filter_logits, _pick, _prefill, bucket, decode, draw, fork, left_pad,
+                             sample)
 from jaxrag.models import ModelConfig, forward, init_cache, init_params
 
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=128)
@@ -138,6 +139,22 @@ def test_bad_requests_fail_clearly():
     with pytest.raises(ValueError, match="need a tokenizer"):
         sample(CFG, PARAMS, [[1]], SamplingParams(), jax.random.PRNGKey(0), stop_strings=["x"])
     assert sample(CFG, PARAMS, [], SamplingParams(), jax.random.PRNGKey(0)).tokens.shape[0] == 0
+
+
+def test_a_decode_past_its_cache_fails_instead_of_overwriting_the_last_slot():
+    """A cache with room for 3 of 8 new tokens: the decode stops at its last slot and says so (a step past it would
+    have its dynamic_update_slice start clamped and overwrite that slot silently); with room for all 8 it runs."""
+    tokens, positions, valid = (jnp.asarray(a) for a in left_pad([[1, 5, 9, 4]], 1, 4))
+    for room, fits in ((3, False), (8, True)):
+        logits, cache = _prefill(CFG, PARAMS, tokens, positions, valid, init_cache(CFG, 1, 4 + room))
+        run = lambda: decode(CFG, PARAMS, cache, logits, valid.sum(1).astype(jnp.int32), 1,
+                             SamplingParams(max_new_tokens=8), jax.random.PRNGKey(0))
+        if fits:
+            out, cache = run()
+            assert out.lengths.tolist() == [8] and int(cache["index"]) == 12
+        else:
+            with pytest.raises(ValueError, match="7 slots are full after 3 of 8 new tokens"):
+                run()
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
