@@ -157,18 +157,23 @@ def _timed(pol, retriever, agent, examples, cfg: RolloutConfig, tok=None) -> dic
     return row
 
 
-def pure_decode(pol, batch: int, new_tokens: int, repeats: int = 3, context: int = 0) -> float:
-    """New tokens/s of the JaxPolicy's sampler decoding `new_tokens` for `batch` one-token prompts (no EOS, no stop:
-    every row runs to the end), the fastest of `repeats` runs after a warm-up. With `context` > 0 the prompts hold
-    that many tokens and only the decode is timed (Completions.timing["decode_s"]): the decoder's own speed over a
-    rollout's context, its prefill left out."""
+def pure_decode(pol, states: int, new_tokens: int, repeats: int = 3, context: int = 0, n: int = 1) -> float:
+    """New tokens/s of the JaxPolicy's sampler decoding `new_tokens` in n rows for each of `states` distinct prompts
+    (no EOS, no stop: every row runs to the end), the fastest of `repeats` runs after a warm-up: a rollout's decode
+    batch, `states` x n rows, each state's rows reading its own prompt (distinct prompts: identical ones would be
+    prefilled once and read once by every row of the batch, a sharing no rollout has). The prompts are one token,
+    or with `context` > 0 that many and only the decode is timed (Completions.timing["decode_s"]): the decoder's own
+    speed over a rollout's context, its prefill left out."""
     import jax
 
     from jaxrag.generate import SamplingParams, sample
 
     cfg, sp = dataclasses.replace(pol.cfg, eos_ids=()), SamplingParams(max_new_tokens=new_tokens)
-    prompt = [cfg.bos_id] + [3 + i % (cfg.vocab_size - 3) for i in range(max(context - 1, 0))]
-    run = lambda: sample(cfg, pol._sample_params, [prompt] * batch, sp, jax.random.PRNGKey(0))
+    V = cfg.vocab_size - 3
+    prompts = [[3 + (s * 7919 + i) % V for i in range(max(context, 1))] for s in range(states)]
+    if context:
+        prompts = [[cfg.bos_id] + p[1:] for p in prompts]
+    run = lambda: sample(cfg, pol._sample_params, prompts, sp, jax.random.PRNGKey(0), n=n)
     run()
     best = float("inf")
     for _ in range(repeats):
@@ -256,7 +261,7 @@ def main(argv=None):
     rows, pure = [], {}
     for b in batches:   # the peers back to back at each batch size (a shared machine's load drifts)
         if args.jax:
-            pure[b] = pure_decode(jaxpol, b * args.candidates, args.new_tokens)   # the decode batch's rows
+            pure[b] = pure_decode(jaxpol, b, args.new_tokens, n=args.candidates)   # the decode batch's rows
         for pname, (pol, tok, cont) in policies.items():
             r = {"policy": pname, **measure(pol, retriever, agent, examples, b, tok, cont, args.temperature,
                                             args.repeats, args.candidates)}

@@ -23,9 +23,11 @@ round trips of the slot pool), and the time split: prefill (host
 batch prep + prefill pass), decode, retrieval, host (tokenizer, rendering, parsing, engine). first_run_s: the
 warm-up run's seconds (its compilations included; a path measured later at the same batch size reuses the shapes an
 earlier one compiled). vs_pure_decode%: the run's new tokens (every candidate's) per second of its whole time / a
-pure decode's at the same decode batch, batch x N rows (bench.rollout.pure_decode: one-token prompts,
---max-new-tokens each, no stop); vs_pure_decode_ctx%: the same against the decode alone of prompts as long as the
-first path's mean prompt (`context_per_turn`), the attention work a rollout's decode cannot avoid. The bound of the
+pure decode's at the same decode batch, batch distinct prompts x N rows each (bench.rollout.pure_decode: one-token
+prompts, --max-new-tokens each, no stop); vs_pure_decode_ctx%: the same against the decode alone of distinct prompts
+as long as the first path's mean prompt (`context_per_turn`), the attention work a rollout's decode cannot avoid.
+Before 2026-11-27 (c5bbccb) the prompts were identical, so the sampler prefilled one and every row of the batch read
+it once (the cascade): a context-matched decode 1.2-1.3x faster than any batch of distinct states can run. The bound of the
 workload itself: an ideal engine decodes the run's new tokens at that context-matched rate and prefills the prompt
 tokens the path computes (the appended ones on the reuse paths) at `pure_prefill`'s rate (the cached forward alone
 of that many tokens per row, batch rows, against the rest of the mean prompt held in the cache; no padding, gathers
@@ -159,7 +161,7 @@ def main(argv=None):
     rows, prefill_rates = [], {}
     for b in [int(x) for x in args.batches.split(",")]:
         acts, base = {}, None
-        pure = pure_decode(pol, b * args.n, args.max_new_tokens)   # the decode batch: N rows per live episode
+        pure = pure_decode(pol, b, args.max_new_tokens, n=args.n)   # the decode batch: N rows per live episode
         for (path, (stops, reuse, cont, cascade)), block in [(p, k) for p in paths.items() for k in blocks]:
             pol.cfg = model_cfg.replace(cache_block=block)
             name = path if len(blocks) == 1 else f"{path} block {block}"
@@ -173,7 +175,8 @@ def main(argv=None):
             acts[name] = [[s.action.raw for s in e.steps] for e in eps]
             if base is None:   # the decoder at the backend's default cache attention
                 base, pol.cfg = row["episodes_per_s"], model_cfg
-                pure_ctx = pure_decode(pol, b * args.n, args.max_new_tokens, context=round(row["context_per_turn"]))
+                pure_ctx = pure_decode(pol, b, args.max_new_tokens, context=round(row["context_per_turn"]),
+                                       n=args.n)
             appended = round(row["prompt_tokens_per_turn"])
             held = max(round(row["context_per_turn"]) - appended, 0)
             spec = (b, appended, held, pol.cfg.cache_block)
