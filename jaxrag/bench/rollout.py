@@ -21,8 +21,9 @@ Policies measured in the same run:
   idle% = decode slot-steps that held no live row (a finished row waiting for its batch, padding rows, free
   slots) / all decode slot-steps run.
   vs_pure_decode% = the rollout's new tokens per second of its whole run (prefill, retrieval and host included)
-  / a pure decode's at the same decode batch: `generate.sample` of batch x N one-token prompts decoding --new-tokens
-  tokens each with no stop (`pure_decode`, timed after a warm-up): how close the engine comes to the decoder.
+  / a pure decode's at the same decode batch: `generate.sample` of batch distinct one-token prompts, N rows each,
+  decoding --new-tokens tokens each at --temperature with no stop (`pure_decode`, timed after a warm-up): how close
+  the engine comes to the decoder.
 Retrieval: BM25 (bm25s) over the multihop contexts corpus (11k passages). Agent: plain ReAct, k = RolloutConfig's default.
 Shares: gen = inside policy.generate (tok = the part of it in the tokenizer: encode, decode, stop strings),
 ret = retriever.search, host = the rest of the engine (render, parse, bookkeeping).
@@ -157,18 +158,20 @@ def _timed(pol, retriever, agent, examples, cfg: RolloutConfig, tok=None) -> dic
     return row
 
 
-def pure_decode(pol, states: int, new_tokens: int, repeats: int = 3, context: int = 0, n: int = 1) -> float:
+def pure_decode(pol, states: int, new_tokens: int, repeats: int = 3, context: int = 0, n: int = 1,
+                temperature: float = 0.0) -> float:
     """New tokens/s of the JaxPolicy's sampler decoding `new_tokens` in n rows for each of `states` distinct prompts
     (no EOS, no stop: every row runs to the end), the fastest of `repeats` runs after a warm-up: a rollout's decode
     batch, `states` x n rows, each state's rows reading its own prompt (distinct prompts: identical ones would be
     prefilled once and read once by every row of the batch, a sharing no rollout has). The prompts are one token,
     or with `context` > 0 that many and only the decode is timed (Completions.timing["decode_s"]): the decoder's own
-    speed over a rollout's context, its prefill left out."""
+    speed over a rollout's context, its prefill left out. temperature: the rollout's (a draw per row and step)."""
     import jax
 
     from jaxrag.generate import SamplingParams, sample
 
-    cfg, sp = dataclasses.replace(pol.cfg, eos_ids=()), SamplingParams(max_new_tokens=new_tokens)
+    cfg = dataclasses.replace(pol.cfg, eos_ids=())
+    sp = SamplingParams(temperature=temperature, max_new_tokens=new_tokens)
     V = cfg.vocab_size - 3
     prompts = [[3 + (s * 7919 + i) % V for i in range(max(context, 1))] for s in range(states)]
     if context:
@@ -261,7 +264,8 @@ def main(argv=None):
     rows, pure = [], {}
     for b in batches:   # the peers back to back at each batch size (a shared machine's load drifts)
         if args.jax:
-            pure[b] = pure_decode(jaxpol, b, args.new_tokens, n=args.candidates)   # the decode batch's rows
+            pure[b] = pure_decode(jaxpol, b, args.new_tokens, n=args.candidates,   # the decode batch's rows
+                                  temperature=args.temperature)
         for pname, (pol, tok, cont) in policies.items():
             r = {"policy": pname, **measure(pol, retriever, agent, examples, b, tok, cont, args.temperature,
                                             args.repeats, args.candidates)}

@@ -24,16 +24,17 @@ batch prep + prefill pass), decode, retrieval, host (tokenizer, rendering, parsi
 warm-up run's seconds (its compilations included; a path measured later at the same batch size reuses the shapes an
 earlier one compiled). vs_pure_decode%: the run's new tokens (every candidate's) per second of its whole time / a
 pure decode's at the same decode batch, batch distinct prompts x N rows each (bench.rollout.pure_decode: one-token
-prompts, --max-new-tokens each, no stop); vs_pure_decode_ctx%: the same against the decode alone of distinct prompts
-as long as the first path's mean prompt (`context_per_turn`), the attention work a rollout's decode cannot avoid.
-Before 2026-11-27 (c5bbccb) the prompts were identical, so the sampler prefilled one and every row of the batch read
-it once (the cascade): a context-matched decode 1.2-1.3x faster than any batch of distinct states can run. The bound of the
-workload itself: an ideal engine decodes the run's new tokens at that context-matched rate and prefills the prompt
-tokens the path computes (the appended ones on the reuse paths) at `pure_prefill`'s rate (the cached forward alone
-of that many tokens per row, batch rows, against the rest of the mean prompt held in the cache; no padding, gathers
-or copies), with no host, retrieval or dispatch time. ceiling% = its decode time / its whole time (what
-vs_pure_decode_ctx% would be for that engine), engine% = its time / the run's, so vs_pure_decode_ctx% = ceiling% x
-engine% / 100. --cache-blocks runs every path at each ModelConfig.cache_block given (0: attention reads the whole KV
+prompts, --max-new-tokens each at --temperature, no stop); vs_pure_decode_ctx%: the same against the decode alone of
+distinct prompts as long as the first path's mean prompt (`context_per_turn`), the attention work a rollout's decode
+cannot avoid. Before 2026-11-27 the prompts were identical, so the sampler prefilled one and every row of the batch
+read it once (the cascade): a context-matched decode 1.2-1.3x faster than any batch of distinct states can run. The
+bound of the workload itself: an ideal engine decodes the run's new tokens at that context-matched rate and prefills
+the prompt tokens the path computes (the appended ones on the reuse paths) at `pure_prefill`'s rate (the cached
+forward alone of that many tokens per row, batch rows, against the rest of the mean prompt held in the cache; no
+padding, gathers or copies), with no host, retrieval or dispatch time. ceiling% = its decode time / its whole time
+(what vs_pure_decode_ctx% would be for that engine), engine% = its time / the run's, so vs_pure_decode_ctx% =
+ceiling% x engine% / 100.
+--cache-blocks runs every path at each ModelConfig.cache_block given (0: attention reads the whole KV
 cache each step; n: only its filled window, n slots at a time); without it, at the backend's default.
 Writes results/bench/rollout_kv.json.
 """
@@ -161,7 +162,8 @@ def main(argv=None):
     rows, prefill_rates = [], {}
     for b in [int(x) for x in args.batches.split(",")]:
         acts, base = {}, None
-        pure = pure_decode(pol, b, args.max_new_tokens, n=args.n)   # the decode batch: N rows per live episode
+        # the decode batch: N rows per live episode
+        pure = pure_decode(pol, b, args.max_new_tokens, n=args.n, temperature=args.temperature)
         for (path, (stops, reuse, cont, cascade)), block in [(p, k) for p in paths.items() for k in blocks]:
             pol.cfg = model_cfg.replace(cache_block=block)
             name = path if len(blocks) == 1 else f"{path} block {block}"
@@ -176,7 +178,7 @@ def main(argv=None):
             if base is None:   # the decoder at the backend's default cache attention
                 base, pol.cfg = row["episodes_per_s"], model_cfg
                 pure_ctx = pure_decode(pol, b, args.max_new_tokens, context=round(row["context_per_turn"]),
-                                       n=args.n)
+                                       n=args.n, temperature=args.temperature)
             appended = round(row["prompt_tokens_per_turn"])
             held = max(round(row["context_per_turn"]) - appended, 0)
             spec = (b, appended, held, pol.cfg.cache_block)
