@@ -142,6 +142,8 @@ def main(argv=None):
     if unknown:
         ap.error(f"--paths: unknown {unknown}; choose from {list(PATHS)}")
     paths = {p: PATHS[p] for p in args.paths.split(",")}
+    import jax
+
     from jaxrag.bench.rollout import pure_decode, pure_prefill
     from jaxrag.env.agents import get_agent
     from jaxrag.env.rollout import RolloutConfig
@@ -160,7 +162,9 @@ def main(argv=None):
     blocks = [int(x) for x in args.cache_blocks.split(",")] if args.cache_blocks else [model_cfg.cache_block]
     gflops = matmul_gflops()
     rows, prefill_rates = [], {}
-    for b in [int(x) for x in args.batches.split(",")]:
+    for i, b in enumerate(int(x) for x in args.batches.split(",")):
+        if i:   # each batch size compiles its own shapes: drop the last one's programs (a process holding all of
+            jax.clear_caches()   # them, 5 paths x 4 sizes, ran out of memory maps in LLVM's JIT at batch 64)
         acts, base = {}, None
         # the decode batch: N rows per live episode
         pure = pure_decode(pol, b, args.max_new_tokens, n=args.n, temperature=args.temperature)
