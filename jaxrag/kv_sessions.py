@@ -210,13 +210,10 @@ def store_rows(kv: dict, cache: dict, slots, kept, appended, M: int, T: int, N: 
     rows = src["valid"].shape[0]
     m = cache["valid"].shape[0] // rows
     own0 = 0 if shared else M + T   # where a row's decoded slots start in its own buffers
-    j = jnp.arange(M + T)
-    g_kept, g_app = kept[::m][:rows], appended[::m][:rows]   # a group's rows share their prompt's counts
-    k_, a_ = g_kept[:, None], g_app[:, None]
-    idx = jnp.where(j[None] < k_, M - k_ + j[None], M + T - a_ - k_ + j[None])   # [rows, M + T]: slot j's source
-    idx = jnp.clip(idx, 0, M + T - 1)
-    W = min(M + T, P)
-    prompt = tuple(take_slots(b[:, :, :M + T], idx)[:, :, :W] for b in src["k"] + src["v"])   # [rows,K,W,Dh]
+    j = jnp.arange(min(M + T, P))[None]   # the pool row's first slots: the compacted prompt
+    k_, a_ = kept[::m][:rows, None], appended[::m][:rows, None]   # a group's rows share their prompt's counts
+    idx = jnp.clip(jnp.where(j < k_, M - k_ + j, M + T - a_ - k_ + j), 0, M + T - 1)   # slot j's source slot
+    prompt = tuple(take_slots(b, idx) for b in src["k"] + src["v"])   # [rows, K, min(M + T, P), Dh]
 
     def copy_row(i, bufs):
         out = []
