@@ -26,10 +26,10 @@ once either way). The generate.decode loop samples, and each decode row's tokens
 cascade) are stored back into its branch's pool slot, left-aligned and in order
 (`store_rows`: the prompt compacted once per prefix row, then it and the decoded run written as two windows; the
 tokens past a stop-string cut lie after the held ones and are never read; the gather copied the reused slot before
-this store overwrites it). A call whose prompts are all new takes generate's own prefill on an empty cache
-(forked as generate.sample forks it): the first turn is the plain path, bit for bit, when its prompts are distinct (identical prompts, e.g.
-a GRPO group's first turn, are prefilled once per row here; generate.sample prefills them once). Later turns
-equal the full prefill up to float rounding (attention over the cache sums in another order).
+this store overwrites it). A call whose prompts are all new takes generate's own prefill on an empty cache (forked
+as generate.sample forks it): the first turn is the plain path, bit for bit, when its prompts are distinct
+(identical prompts, e.g. a GRPO group's first turn, are prefilled once per row here; generate.sample prefills them
+once). Later turns equal the full prefill up to float rounding (attention over the cache sums in another order).
 """
 from __future__ import annotations
 
