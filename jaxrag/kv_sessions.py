@@ -23,10 +23,13 @@ RoPE reads each token's own position), the reusing rows' appended tokens are run
 slots [M, M+T) with positions continuing each row's own, and at n > 1 the n decode rows of each prompt read
 its cache once per group (generate's cascade; or copies of it, cascade=False: every appended token is computed
 once either way). The generate.decode loop samples, and each decode row's tokens (after its prompt's, under the
-cascade) are stored back into its branch's pool slot, left-aligned and in order
-(`store_rows`: the prompt compacted once per prefix row, then it and the decoded run written as two windows; the
-tokens past a stop-string cut lie after the held ones and are never read; the gather copied the reused slot before
-this store overwrites it). A call whose prompts are all new takes generate's own prefill on an empty cache (forked
+cascade) belong in its branch's pool slot, left-aligned and in order (`store_rows`: the prompt compacted once per
+prefix row, then it and the decoded run written as two windows; the tokens past a stop-string cut lie after the
+held ones and are never read). That store waits for the next call (`SessionPool.defer`, `flush`), which knows which
+rows are still wanted: of a session's n candidates the next turn continues one, and its other slots take that
+turn's candidates, so the rest are never written (a session the call leaves out keeps every branch; reading
+`SessionPool.kv` stores whatever is waiting). At n = 5 that is a fifth of the rows, and a finished episode's none;
+the pool holds the last call's decode cache until then. A call whose prompts are all new takes generate's own prefill on an empty cache (forked
 as generate.sample forks it): the first turn is the plain path, bit for bit, when its prompts are distinct
 (identical prompts, e.g. a GRPO group's first turn, are prefilled once per row here; generate.sample prefills them
 once). Later turns equal the full prefill up to float rounding (attention over the cache sums in another order).
@@ -89,7 +92,7 @@ class SessionPool:
     slots: int
     max_len: int
     min_shared: int = MIN_SHARED   # shared_prefix's minimum for a prompt that does not extend a branch (0: never)
-    kv: dict = dataclasses.field(init=False, repr=False)          # {"k": (L x [slots,K,max_len,Dh]), "v": ...}
+    _kv: dict = dataclasses.field(init=False, repr=False)         # {"k": (L x [slots,K,max_len,Dh]), "v": ...}
     # key -> [(slot, token ids held in it)]: one BRANCH per candidate of the key's last call (one at n = 1)
     branches: dict = dataclasses.field(default_factory=dict, init=False)
     used: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict, init=False)  # LRU
@@ -99,11 +102,39 @@ class SessionPool:
         if self.slots < 1 or self.max_len < 1:
             raise ValueError(f"SessionPool: slots={self.slots}, max_len={self.max_len}; both must be >= 1")
         cache = init_cache(self.cfg, self.slots, self.max_len)
-        self.kv = {"k": cache["k"], "v": cache["v"]}
+        self._kv = {"k": cache["k"], "v": cache["v"]}
+        self.pending = None   # the last call's store, deferred: (store_rows' arguments after kv, each row's slot)
+
+    @property
+    def kv(self) -> dict:
+        """The pool's buffers with every live branch stored (a deferred store is carried out first)."""
+        self.flush()
+        return self._kv
 
     @property
     def nbytes(self) -> int:
-        return sum(int(b.nbytes) for b in self.kv["k"] + self.kv["v"])
+        """The pool's buffers. Between calls the last call's decode cache is held too (its store is deferred)."""
+        return sum(int(b.nbytes) for b in self._kv["k"] + self._kv["v"])
+
+    def defer(self, cache: dict, dest: np.ndarray, kept, appended, M: int, T: int, N: int) -> None:
+        """Hold a call's decode cache instead of storing every row now: decode row r belongs in slot dest[r]. Most
+        of those rows are never read again (of a state's n candidates the next turn continues one; the others'
+        slots are the session's next call's), so `flush` stores only rows whose slot a live branch still holds."""
+        self.flush()
+        self.pending = (cache, np.asarray(dest, np.int32), kept, appended, M, T, N)
+
+    def flush(self, skip: Sequence[int] = ()) -> None:
+        """Carry out the deferred store for the rows whose slot a live branch still holds and `skip` does not list
+        (a call's sessions' slots other than the branches it continues: about to be overwritten)."""
+        if self.pending is None:
+            return
+        cache, dest, kept, appended, M, T, N = self.pending
+        self.pending = None
+        live = {s for bs in self.branches.values() for s, _ in bs} - set(skip)
+        dest = np.where(np.isin(dest, list(live)), dest, self.slots).astype(np.int32)
+        self.stats["stored_rows"] += int(np.sum(dest < self.slots))
+        if np.any(dest < self.slots):
+            self._kv = store_rows(self._kv, cache, jnp.asarray(dest), kept, appended, M, T, N)
 
     @property
     def slot_of(self) -> dict:
@@ -119,6 +150,7 @@ class SessionPool:
         """Forget every session (new params: cached keys/values are stale)."""
         self.branches.clear()
         self.used.clear()
+        self.pending = None
 
     def release(self, keys: Sequence[Hashable]) -> None:
         """Free the sessions `keys`, all their branches' slots."""
@@ -193,8 +225,8 @@ def extend(cfg: ModelConfig, params, tokens, positions, token_valid, cache):
 
 @functools.partial(jax.jit, static_argnums=(5, 6, 7), donate_argnums=(0,))
 def store_rows(kv: dict, cache: dict, slots, kept, appended, M: int, T: int, N: int):
-    """Each batch row's tokens written left-aligned, in order, into pool slot slots[b] (the real rows first; a slot
-    >= the pool's rows marks the padding rows after them, not stored). A row's layout in the batch cache: its kept
+    """Each batch row's tokens written left-aligned, in order, into pool slot slots[b] (a slot >= the pool's rows
+    marks a row not stored: padding, or a candidate no branch continues). A row's layout in the batch cache: its kept
     tokens kept[b] right-aligned before slot M, its appended ones appended[b] right-aligned before M + T (left
     padding before them), its N decoded slots from M + T on (a cascade cache, generate.cascade_cache, rows
     [u*m, (u+1)*m) continuing prefix row u: the prefix's M + T slots, then the row's own N). The kept and appended
@@ -215,17 +247,20 @@ def store_rows(kv: dict, cache: dict, slots, kept, appended, M: int, T: int, N: 
     idx = jnp.clip(jnp.where(j < k_, M - k_ + j, M + T - a_ - k_ + j), 0, M + T - 1)   # slot j's source slot
     prompt = tuple(take_slots(b, idx) for b in src["k"] + src["v"])   # [rows, K, min(M + T, P), Dh]
 
+    stored = slots < kv["k"][0].shape[0]
+    order = jnp.argsort(~stored, stable=True)   # the rows to store first, in order
+
     def copy_row(i, bufs):
-        out = []
+        out, r = [], order[i]
         for pool, pre, own in zip(bufs, prompt, cache["k"] + cache["v"]):
-            pool = jax.lax.dynamic_update_slice(pool, pre[i // m][None], (slots[i], 0, 0, 0))
+            pool = jax.lax.dynamic_update_slice(pool, pre[r // m][None], (slots[r], 0, 0, 0))
             if N:
-                dec = jax.lax.dynamic_slice_in_dim(own[i], own0, N, axis=1)   # [K,N,Dh]
-                pool = jax.lax.dynamic_update_slice(pool, dec[None], (slots[i], 0, kept[i] + appended[i], 0))
+                dec = jax.lax.dynamic_slice_in_dim(own[r], own0, N, axis=1)   # [K,N,Dh]
+                pool = jax.lax.dynamic_update_slice(pool, dec[None], (slots[r], 0, kept[r] + appended[r], 0))
             out.append(pool)
         return tuple(out)
 
-    bufs = jax.lax.fori_loop(0, jnp.sum(slots < kv["k"][0].shape[0]), copy_row, kv["k"] + kv["v"])
+    bufs = jax.lax.fori_loop(0, jnp.sum(stored), copy_row, kv["k"] + kv["v"])
     L = len(kv["k"])
     return {"k": bufs[:L], "v": bufs[L:]}
 
@@ -251,7 +286,7 @@ def prefill_into_pool(cfg: ModelConfig, params, pool: SessionPool, slots: Sequen
     rows[:len(slots)] = slots
     lengths = np.zeros(n_pad, np.int32)
     lengths[:len(prompts)] = [len(p) for p in prompts]
-    pool.kv = store_rows(pool.kv, cache, jnp.asarray(rows), jnp.asarray(lengths), jnp.zeros(n_pad, jnp.int32), T, 0,
+    pool._kv = store_rows(pool._kv, cache, jnp.asarray(rows), jnp.asarray(lengths), jnp.zeros(n_pad, jnp.int32), T, 0,
                          0)
     return logits, n_pad * T
 
@@ -282,6 +317,8 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
     held = [any(h for _, h in pool.branches.get(k, ())) for k in keys]
     partial = [0 < kept < len(dict(pool.branches.get(k, ())).get(s, ())) for k, (s, kept) in zip(keys, picked)]
     slots = pool.assign(list(keys), n, [s for s, _ in picked])   # [B][n]: the reused branch's slot first
+    # the last call's deferred store, but for the slots this call's candidates are about to overwrite
+    pool.flush(skip=[s for (p, _), own in zip(picked, slots) for s in own if s != p])
     kept = [k for _, k in picked]
     for k, h, part in zip(kept, held, partial):   # counted once the call fits (assign resets the held ids)
         pool.stats["reused" if k else ("fallback_not_prefix" if h else "fallback_new")] += 1
@@ -320,7 +357,7 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
         positions = positions + kept_pad[:, None]
         # a copy: the store below (which donates the pool) overwrites the reused branch's slot only after this
         size = M + T if shared else fine_bucket(M + T) + N
-        cache = gather_rows(pool.kv, jnp.asarray(src), jnp.asarray(kept_pad), M, size)
+        cache = gather_rows(pool._kv, jnp.asarray(src), jnp.asarray(kept_pad), M, size)
         logits, cache = extend(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
         if fresh:
             logits = logits.at[jnp.asarray(fresh)].set(logits_new[:len(fresh)])
@@ -338,8 +375,7 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
     dest = np.full(R_pad, pool.slots, np.int32)   # decode row i*n+j -> branch j of key i; padding rows: never stored
     dest[:R] = np.asarray(slots).reshape(-1)
     prompt_of = np.minimum(np.arange(R_pad) // n, B_pad - 1)
-    pool.kv = store_rows(pool.kv, cache, jnp.asarray(dest), jnp.asarray(kept_pad[prompt_of]),
-                         jnp.asarray(app_len[prompt_of]), M, T, N)
+    pool.defer(cache, dest, jnp.asarray(kept_pad[prompt_of]), jnp.asarray(app_len[prompt_of]), M, T, N)
     for i, k in enumerate(keys):
         pool.branches[k] = [(s, list(prompts[i]) + out.tokens[i * n + j, :out.lengths[i * n + j]].tolist())
                             for j, s in enumerate(slots[i])]

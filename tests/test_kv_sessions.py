@@ -218,6 +218,31 @@ def test_n_candidates_continue_the_picked_branch_as_the_share_prefix_path(temper
         [c.prompt_ids + c.token_ids for c in o] for o in b]
 
 
+def test_a_call_stores_the_branches_a_session_can_continue_and_only_those():
+    """A call's store waits for the next call: of a session's n candidates only the branch the next call continues
+    is stored (its other slots take that call's candidates), while a session the call leaves out keeps every
+    branch; stored slots hold their ids' keys/values, and a later turn continuing a branch stored late equals the
+    full prefill."""
+    n, pol, full = 2, policy(slots=4), policy()
+    st, sess = pol.sessions.stats, pol.sessions
+    qs = ["question: which one is it?\n", "question: and this other one?\n"]
+    kw = dict(n=n, temperature=1.0, max_new_tokens=6)
+    a = full.generate(qs, seed=0, **kw)
+    same(a, pol.generate(qs, seed=0, sessions=["a", "b"], **kw), first_turn=True)
+    assert st["stored_rows"] == 0 and sess.pending is not None   # four rows decoded, none stored yet
+    p = [qs[0] + a[0][1].text + "obs: x\n"]
+    same(full.generate(p, seed=1, **kw), pol.generate(p, seed=1, sessions=["a"], **kw))
+    assert st["stored_rows"] == 1 + n   # a's continued branch, b's two; not a's other candidate
+    assert_slots_hold_their_ids(pol)    # reading the pool stores the call's rows: a's two new branches
+    assert st["stored_rows"] == 1 + n + n and sess.pending is None
+    p = [qs[1] + a[1][1].text + "obs: y\n"]   # b continues a branch stored one call late
+    same(full.generate(p, seed=2, **kw), pol.generate(p, seed=2, sessions=["b"], **kw))
+    assert st["reused"] == 2 and st["fallback_new"] == 2
+    pol.release(["a", "b"])
+    sess.flush()
+    assert st["stored_rows"] == 1 + n + n   # released sessions' rows are dropped, not stored
+
+
 def test_a_prompt_continues_the_branch_it_extends_else_falls_back():
     n, pol, full = 3, policy(slots=3), policy()
     sess = pol.sessions
