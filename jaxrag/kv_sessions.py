@@ -157,6 +157,9 @@ class SessionPool:
         for k in keys:
             self.branches.pop(k, None)
             self.used.pop(k, None)
+        if self.pending is not None and not np.isin(self.pending[1], [s for bs in self.branches.values()
+                                                                         for s, _ in bs]).any():
+            self.pending = None   # no row of the deferred store is wanted any more: free its cache now
 
     def pick(self, key: Hashable, ids: Sequence[int]) -> tuple[int | None, int]:
         """The branch of `key` that keeps the most leading ids of `ids` (`shared_prefix` with the pool's

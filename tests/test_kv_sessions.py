@@ -238,9 +238,10 @@ def test_a_call_stores_the_branches_a_session_can_continue_and_only_those():
     p = [qs[1] + a[1][1].text + "obs: y\n"]   # b continues a branch stored one call late
     same(full.generate(p, seed=2, **kw), pol.generate(p, seed=2, sessions=["b"], **kw))
     assert st["reused"] == 2 and st["fallback_new"] == 2
-    pol.release(["a", "b"])
-    sess.flush()
-    assert st["stored_rows"] == 1 + n + n   # released sessions' rows are dropped, not stored
+    pol.release(["a"])
+    assert sess.pending is not None   # b's rows still wait
+    pol.release(["b"])
+    assert sess.pending is None and st["stored_rows"] == 1 + n + n   # released sessions' rows: dropped, not stored
 
 
 def test_a_prompt_continues_the_branch_it_extends_else_falls_back():
