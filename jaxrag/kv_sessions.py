@@ -29,10 +29,11 @@ held ones and are never read). That store waits for the next call (`SessionPool.
 rows are still wanted: of a session's n candidates the next turn continues one, and its other slots take that
 turn's candidates, so the rest are never written (a session the call leaves out keeps every branch; reading
 `SessionPool.kv` stores whatever is waiting). At n = 5 that is a fifth of the rows, and a finished episode's none;
-the pool holds the last call's decode cache until then. A call whose prompts are all new takes generate's own prefill on an empty cache (forked
-as generate.sample forks it): the first turn is the plain path, bit for bit, when its prompts are distinct
-(identical prompts, e.g. a GRPO group's first turn, are prefilled once per row here; generate.sample prefills them
-once). Later turns equal the full prefill up to float rounding (attention over the cache sums in another order).
+the pool holds the last call's decode cache until then. A call whose prompts are all new takes generate's own
+prefill on an empty cache (forked as generate.sample forks it): the first turn is the plain path, bit for bit, when
+its prompts are distinct (identical prompts, e.g. a GRPO group's first turn, are prefilled once per row here;
+generate.sample prefills them once). Later turns equal the full prefill up to float rounding (attention over the
+cache sums in another order).
 """
 from __future__ import annotations
 
