@@ -98,13 +98,14 @@ class SessionPool:
     branches: dict = dataclasses.field(default_factory=dict, init=False)
     used: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict, init=False)  # LRU
     stats: collections.Counter = dataclasses.field(default_factory=collections.Counter, init=False)
+    # the last call's store, deferred (`defer`): (cache, dest, kept, appended, M, T, N), store_rows' arguments after kv
+    pending: tuple | None = dataclasses.field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         if self.slots < 1 or self.max_len < 1:
             raise ValueError(f"SessionPool: slots={self.slots}, max_len={self.max_len}; both must be >= 1")
         cache = init_cache(self.cfg, self.slots, self.max_len)
         self._kv = {"k": cache["k"], "v": cache["v"]}
-        self.pending = None   # the last call's store, deferred: (store_rows' arguments after kv, each row's slot)
 
     @property
     def kv(self) -> dict:
@@ -290,8 +291,8 @@ def prefill_into_pool(cfg: ModelConfig, params, pool: SessionPool, slots: Sequen
     rows[:len(slots)] = slots
     lengths = np.zeros(n_pad, np.int32)
     lengths[:len(prompts)] = [len(p) for p in prompts]
-    pool._kv = store_rows(pool._kv, cache, jnp.asarray(rows), jnp.asarray(lengths), jnp.zeros(n_pad, jnp.int32), T, 0,
-                         0)
+    pool._kv = store_rows(pool._kv, cache, jnp.asarray(rows), jnp.asarray(lengths), jnp.zeros(n_pad, jnp.int32),
+                          T, 0, 0)
     return logits, n_pad * T
 
 
@@ -359,7 +360,7 @@ def sample_sessions(cfg: ModelConfig, params, pool: SessionPool, keys: Sequence[
         app_len[:B] = [len(a) for a in appended]
         tokens, positions, valid = left_pad(appended, B_pad, T)
         positions = positions + kept_pad[:, None]
-        # a copy: the store below (which donates the pool) overwrites the reused branch's slot only after this
+        # a copy: this call's store (deferred to the next call) overwrites the reused branch's slot only after this
         size = M + T if shared else fine_bucket(M + T) + N
         cache = gather_rows(pool._kv, jnp.asarray(src), jnp.asarray(kept_pad), M, size)
         logits, cache = extend(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
