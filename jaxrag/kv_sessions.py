@@ -132,11 +132,15 @@ class SessionPool:
             return
         cache, dest, kept, appended, M, T, N = self.pending
         self.pending = None
-        live = {s for bs in self.branches.values() for s, _ in bs} - set(skip)
-        dest = np.where(np.isin(dest, list(live)), dest, self.slots).astype(np.int32)
-        self.stats["stored_rows"] += int(np.sum(dest < self.slots))
-        if np.any(dest < self.slots):
+        dest = np.where(np.isin(dest, list(self.held_slots() - set(skip))), dest, self.slots).astype(np.int32)
+        stored = int(np.sum(dest < self.slots))
+        self.stats["stored_rows"] += stored
+        if stored:
             self._kv = store_rows(self._kv, cache, jnp.asarray(dest), kept, appended, M, T, N)
+
+    def held_slots(self) -> set:
+        """Every slot a live branch holds."""
+        return {s for bs in self.branches.values() for s, _ in bs}
 
     @property
     def slot_of(self) -> dict:
@@ -159,8 +163,7 @@ class SessionPool:
         for k in keys:
             self.branches.pop(k, None)
             self.used.pop(k, None)
-        if self.pending is not None and not np.isin(self.pending[1], [s for bs in self.branches.values()
-                                                                         for s, _ in bs]).any():
+        if self.pending is not None and not np.isin(self.pending[1], list(self.held_slots())).any():
             self.pending = None   # no row of the deferred store is wanted any more: free its cache now
 
     def pick(self, key: Hashable, ids: Sequence[int]) -> tuple[int | None, int]:
