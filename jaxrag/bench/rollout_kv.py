@@ -23,7 +23,7 @@ round trips of the slot pool), and the time split: prefill (host
 batch prep + prefill pass), decode, retrieval, host (tokenizer, rendering, parsing, engine). first_run_s: the
 warm-up run's seconds (its compilations included; a path measured later at the same batch size reuses the shapes an
 earlier one compiled). vs_pure_decode%: the run's new tokens (every candidate's) per second of its whole time / a
-pure decode's at the same decode batch, batch distinct prompts x N rows each (bench.rollout.pure_decode: one-token
+pure decode's at the same decode batch, batch distinct prompts x N rows each (bench.peers.pure_decode: one-token
 prompts, --max-new-tokens each at --temperature, no stop); vs_pure_decode_ctx%: the same against the decode alone of
 distinct prompts as long as the first path's mean prompt (`context_per_turn`), the attention work a rollout's decode
 cannot avoid. Before 2026-11-27 the prompts were identical, so the sampler prefilled one and every row of the batch
@@ -144,7 +144,7 @@ def main(argv=None):
     paths = {p: PATHS[p] for p in args.paths.split(",")}
     import jax
 
-    from jaxrag.bench.rollout import pure_decode, pure_prefill
+    from jaxrag.bench.peers import pure_decode, pure_prefill
     from jaxrag.env.agents import get_agent
     from jaxrag.env.rollout import RolloutConfig
     from jaxrag.kv_sessions import SessionPool
