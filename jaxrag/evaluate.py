@@ -46,13 +46,12 @@ def episode_metrics(episodes: Sequence[Episode], judge=None) -> dict:
     out.update({f"searches_{k}": v for k, v in M.search_count_stats(ep.num_searches for ep in episodes).items()})
     for reason in ("answer", "max_steps", "invalid"):
         out[f"done_{reason}"] = float(np.mean([ep.done == reason for ep in episodes]))
-    if any(ep.agent == "arena" for ep in episodes):
+    if any(ep.agent == "arena" for ep in episodes):   # Table 2's Format and Relevance: the released code's scores
         fmt, rel = [], []
         for ep in episodes:
             raw = ep.steps[-1].action.raw if ep.steps else ""
-            fmt.append(M.arena_format_score(raw))
-            pred = ep.steps[-1].action.extra.get("relevance", []) if ep.steps else []
-            rel.append(M.arena_relevance_score(pred, ep.metadata.get("gold_ref_ids", [])))
+            fmt.append(M.arena_code_format(raw))
+            rel.append(M.arena_code_relevance(raw, ep.metadata.get("gold_ref_ids", [])))
         out["arena_format"], out["arena_relevance"] = float(np.mean(fmt)), float(np.mean(rel))
     if judge is not None:
         out.update(judge_episodes(episodes, judge))
