@@ -27,8 +27,13 @@ def episode_metrics(episodes: Sequence[Episode], judge=None) -> dict:
     if n == 0:
         return {"n": 0}
     mc = any(ep.choices for ep in episodes)
-    em = [M.exact_match(ep.answer, ep.gold) for ep in episodes]
-    f1 = [M.f1_score(ep.answer, ep.gold) for ep in episodes]
+    if all(ep.agent == "arena" for ep in episodes):   # ARENA's Table 2: its evaluate.py's EM and F1 (first closed
+        answers = [M.arena_code_section(ep.steps[-1].action.raw if ep.steps else "", "answer") for ep in episodes]
+        em = [M.arena_exact_match(a, ep.gold) for a, ep in zip(answers, episodes)]   # <answer>, ARENA normalization)
+        f1 = [M.arena_f1(a, ep.gold) for a, ep in zip(answers, episodes)]
+    else:
+        em = [M.exact_match(ep.answer, ep.gold) for ep in episodes]
+        f1 = [M.f1_score(ep.answer, ep.gold) for ep in episodes]
     out: dict[str, Any] = {
         "n": n,
         "em": float(np.mean(em)), "f1": float(np.mean(f1)),
