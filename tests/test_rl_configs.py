@@ -53,6 +53,7 @@ def test_arena_smoke_runs_and_ppo_is_reachable(tmp_path):
         c.rl.agent.update(dict(name="react", mode="plain"))
         c.rl.reward = "em"
         c.rl.train.loss = "ppo"
+        c.rl.rl.token_mean_micro = 0   # a GRPO aggregation; the T = 1 scoring stays (PPO's old log-probs rescored)
     assert run(c, tmp_path / "ppo") == ["rl"]
     m = check_run(tmp_path / "ppo" / "rl", "ppo", "react", "em")
     assert "ppo/vf_loss" in m[0]

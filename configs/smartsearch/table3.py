@@ -30,7 +30,10 @@ of every episode of its groups; s3_nor's independent groups are credited by the 
 episode, one batched call per step: jaxrag.rl.group_rollout.independent), as the released reward asks its
 process-reward model about every trajectory. Every composite reward scores the trajectory's last \\boxed{} answer
 (the released re_call.py; docs/conformance.md).
-The outcome reward of s3_npr and s3_std is 004 Eq. 5, r_outcome + λ·r_format ("smartsearch_outcome": correct iff
+Stage-3 rewards, judge, temperatures: s3 and s3_nor "smartsearch" (the released reward: the last \\boxed{} answer,
+the judge's credit), s3_npr and s3_std "smartsearch_outcome"; the judge is the `judge` section (s3, s3_npr, s3_nor;
+none for s3_std, whose reward reads no credit; the smoke's: a rule-based stand-in, SmokeJudge); sampling and
+log-prob temperature 1.0 (grpo.py). The outcome reward of s3_npr and s3_std is 004 Eq. 5, r_outcome + λ·r_format ("smartsearch_outcome": correct iff
 F1 >= 0.8, λ = 0.1, as the composite reward's parts).
 
 Stages and settings (the released code, github RUC-NLPIR/SmartSearch, README "Training"):
