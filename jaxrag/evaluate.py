@@ -27,8 +27,13 @@ def episode_metrics(episodes: Sequence[Episode], judge=None) -> dict:
     if n == 0:
         return {"n": 0}
     mc = any(ep.choices for ep in episodes)
-    em = [M.exact_match(ep.answer, ep.gold) for ep in episodes]
-    f1 = [M.f1_score(ep.answer, ep.gold) for ep in episodes]
+    if all(ep.agent == "arena" for ep in episodes):   # ARENA's Table 2: its evaluate.py's EM and F1 (first closed
+        answers = [M.arena_code_section(ep.steps[-1].action.raw if ep.steps else "", "answer") for ep in episodes]
+        em = [M.arena_exact_match(a, ep.gold) for a, ep in zip(answers, episodes)]   # <answer>, ARENA normalization)
+        f1 = [M.arena_f1(a, ep.gold) for a, ep in zip(answers, episodes)]
+    else:
+        em = [M.exact_match(ep.answer, ep.gold) for ep in episodes]
+        f1 = [M.f1_score(ep.answer, ep.gold) for ep in episodes]
     out: dict[str, Any] = {
         "n": n,
         "em": float(np.mean(em)), "f1": float(np.mean(f1)),
@@ -46,13 +51,12 @@ def episode_metrics(episodes: Sequence[Episode], judge=None) -> dict:
     out.update({f"searches_{k}": v for k, v in M.search_count_stats(ep.num_searches for ep in episodes).items()})
     for reason in ("answer", "max_steps", "invalid"):
         out[f"done_{reason}"] = float(np.mean([ep.done == reason for ep in episodes]))
-    if any(ep.agent == "arena" for ep in episodes):
+    if any(ep.agent == "arena" for ep in episodes):   # Table 2's Format and Relevance: the released code's scores
         fmt, rel = [], []
         for ep in episodes:
             raw = ep.steps[-1].action.raw if ep.steps else ""
-            fmt.append(M.arena_format_score(raw))
-            pred = ep.steps[-1].action.extra.get("relevance", []) if ep.steps else []
-            rel.append(M.arena_relevance_score(pred, ep.metadata.get("gold_ref_ids", [])))
+            fmt.append(M.arena_code_format(raw))
+            rel.append(M.arena_code_relevance(raw, ep.metadata.get("gold_ref_ids", [])))
         out["arena_format"], out["arena_relevance"] = float(np.mean(fmt)), float(np.mean(rel))
     if judge is not None:
         out.update(judge_episodes(episodes, judge))

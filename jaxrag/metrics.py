@@ -17,6 +17,7 @@ empty string ("The", "!") never counts as covered (FlashRAG would count it for e
 from __future__ import annotations
 
 import collections
+import json
 import re
 import string
 import unicodedata
@@ -170,6 +171,84 @@ def search_quality(correct: Sequence[bool], query_good: Sequence[Sequence[bool]]
 
 
 # ARENA: format and relevance (same rules as the reward, METHODS.md §5).
+#
+# Two readings. The "code" functions (arena_normalize, arena_code_*) score a reply as ARENA's released evaluation and
+# reward code does (src/evaluate.py get_all_scores; facts in tests/conformance/test_conformance_arena.py): the reply
+# must BE the three sections (anchored at its start, whitespace between, no '<' inside, `</answer>` ending a line),
+# the first closed <answer> is the answer, the first <relevance> must hold a JSON list of ids, answers are compared
+# under ARENA's own normalization. The lenient ones (arena_format_score, arena_relevance_score, arena_reward with
+# the agent's parse) accept any text around sections in order and any digits as ids.
+_ARENA_PUNCT = frozenset(string.punctuation + "\u2018\u2019\u00b4`")   # ASCII punctuation + curly quotes, acute
+_ARENA_STRICT = re.compile(r"<relevance>[^<]*</relevance>\s*<analysis>[^<]*</analysis>\s*<answer>[^<]*</answer>$",
+                           re.M)
+_ARENA_FIRST = {tag: re.compile(rf"<{tag}>\s*(.*?)\s*</{tag}>", re.S) for tag in ("answer", "relevance")}
+
+
+def arena_normalize(s: str | None) -> str:
+    """ARENA's answer normalization (its evaluate.py, not SQuAD's): `_` -> space, lowercase, every ASCII punctuation
+    character and ‘ ’ ´ replaced by a SPACE (SQuAD deletes them: "U.S." -> "u s", not "us"), the articles
+    a / an / the dropped, whitespace collapsed."""
+    s = (s or "").replace("_", " ").lower()
+    s = "".join(" " if ch in _ARENA_PUNCT else ch for ch in s)
+    return " ".join(_ARTICLES.sub(" ", s).split())
+
+
+def arena_exact_match(pred: str | None, gold: str | Sequence[str]) -> float:
+    """EM under arena_normalize (max over the golds; no golds -> 0)."""
+    p = arena_normalize(pred)
+    return float(any(p == arena_normalize(g) for g in _golds(gold)))
+
+
+def arena_f1(pred: str | None, gold: str | Sequence[str]) -> float:
+    """Token F1 under arena_normalize, max over the golds; unlike the HotpotQA script, yes / no get no special case."""
+    pt = arena_normalize(pred).split()
+    best = 0.0
+    for g in _golds(gold):
+        gt = arena_normalize(g).split()
+        same = sum((collections.Counter(pt) & collections.Counter(gt)).values())
+        if same:
+            prec, rec = same / len(pt), same / len(gt)
+            best = max(best, 2 * prec * rec / (prec + rec))
+    return best
+
+
+def arena_code_format(text: str) -> float:
+    """1 iff the reply starts with <relevance>…</relevance> <analysis>…</analysis> <answer>…</answer>, only
+    whitespace between, no '<' inside a section, and `</answer>` ends a line (text may follow on later lines)."""
+    return float(bool(_ARENA_STRICT.match(text or "")))
+
+
+def arena_code_section(text: str, tag: str) -> str:
+    """The stripped content of the FIRST closed <tag>…</tag> ("answer" or "relevance"); "" when there is none."""
+    m = _ARENA_FIRST[tag].search(text or "")
+    return m.group(1) if m else ""
+
+
+def arena_code_relevance(text: str, gold_ids: Iterable[int]) -> float:
+    """The first <relevance> read as JSON: its distinct ids sorted equal to the sorted gold ids -> 1, sharing one
+    -> 0.5, else 0; anything that is not a JSON list of ids ("1, 3", a dict of ids, nested lists) -> 0. An empty
+    list against no gold ids -> 1."""
+    gold = sorted(set(gold_ids))
+    try:
+        ids = sorted(set(json.loads(arena_code_section(text, "relevance"))))
+    except (ValueError, TypeError):
+        return 0.0
+    if ids == gold:
+        return 1.0
+    return 0.5 if set(ids) & set(gold) else 0.0
+
+
+def arena_code_reward(text: str, gold: Sequence[str], gold_ids: Iterable[int], bonus: float = 10.0,
+                      accuracy=None) -> dict:
+    """ARENA's reward as its released code computes it from the reply text alone (see above). accuracy(answer,
+    gold) replaces EM (the ablations); the answer is the first closed <answer>'s text ("" without one)."""
+    fmt = arena_code_format(text)
+    acc = (accuracy or arena_exact_match)(arena_code_section(text, "answer"), gold)
+    rel = arena_code_relevance(text, gold_ids)
+    b = bonus if (fmt == 1 and acc == 1 and rel == 1) else 0.0
+    return {"format": fmt, "accuracy": acc, "relevance": rel, "bonus": b, "total": fmt + acc + rel + b}
+
+
 _ARENA_ORDER = re.compile(r"<relevance>.*?</relevance>.*?<analysis>.*?</analysis>.*?<answer>.*?</answer>",
                           re.S | re.I)
 

@@ -76,15 +76,15 @@ class FakeJudge:
 
 def test_lj_accuracy_reward_takes_the_judges_verdict():
     """LJ accuracy: yes 1 (a synonym EM misses earns the bonus), no 0, a failed judge 0.5 (the released score of
-    a reply that is neither) counted in lj_failed, no answer (an Invalid reply: no format, no relevance either) 0
-    without asking; one judge call for the batch."""
+    a reply that is neither) counted in lj_failed, no answer (an Invalid reply: no format; its <relevance> still
+    scores, as in the released code) accuracy 0 without asking; one judge call for the batch."""
     judge = FakeJudge({"Paris": True, "City of Light": True, "London": False, "Lyon": None})
     eps = [episode("arena", REL + ANA + f"<answer>{a}</answer>") for a in ("Paris", "City of Light", "London", "Lyon")]
     eps.append(episode("arena", REL + ANA + "no answer"))
     fn = get_reward("arena_ljacc", answer_judge=judge)
     fn.prepare(eps)
     got = [(r.total, r.components["accuracy"], r.components["lj_failed"]) for r in map(fn, eps)]
-    assert got == [(13.0, 1.0, 0.0), (13.0, 1.0, 0.0), (2.0, 0.0, 0.0), (2.5, 0.5, 1.0), (0.0, 0.0, 0.0)]
+    assert got == [(13.0, 1.0, 0.0), (13.0, 1.0, 0.0), (2.0, 0.0, 0.0), (2.5, 0.5, 1.0), (1.0, 0.0, 0.0)]
     assert judge.calls == 1 and judge.asked == ["Paris", "City of Light", "London", "Lyon"]
     assert eps[3].metadata["lj"] == {"verdict": None} and eps[4].metadata["lj"] == {"verdict": False}
     with pytest.raises(ValueError, match=r"reward 'arena_ljacc' asks an LLM judge .* answer_judge.base_url"):

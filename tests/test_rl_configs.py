@@ -53,6 +53,7 @@ def test_arena_smoke_runs_and_ppo_is_reachable(tmp_path):
         c.rl.agent.update(dict(name="react", mode="plain"))
         c.rl.reward = "em"
         c.rl.train.loss = "ppo"
+        c.rl.rl.token_mean_micro = 0   # a GRPO aggregation; the T = 1 scoring stays (PPO's old log-probs rescored)
     assert run(c, tmp_path / "ppo") == ["rl"]
     m = check_run(tmp_path / "ppo" / "rl", "ppo", "react", "em")
     assert "ppo/vf_loss" in m[0]
@@ -72,10 +73,12 @@ def test_full_configs_carry_the_papers_settings():
     assert (a.rl.group_size, a.rl.temperature, a.rl.max_new_tokens, a.rl.questions_per_step) == (7, 0.9, 256, 256)
     assert (a.train.grpo.beta, a.train.grpo.kl_estimator, a.train.optimizer.lr) == (0.04, "k2", 3e-6)
     assert (a.reward, a.agent.name, a.train.grpo.aggregation) == ("arena", "arena", "token_mean")
+    assert (a.rl.logprob_temperature, a.rl.token_mean_micro) == (1.0, 4)   # TRL's T = 1 scoring, 4 per micro-batch
     s = load_config("smartsearch").rl
     assert (s.rl.group_size, s.train.grpo.beta, s.train.grpo.kl_estimator) == (8, 0.001, "k3")
     assert s.train.grpo.kl_clamp == 10.0
     assert (s.train.optimizer.lr, s.reward, s.agent.name, s.rl.minibatches) == (1e-6, "smartsearch", "smartsearch", 4)
+    assert s.judge.kind == "http" and s.rl.group_rollout == "independent"   # the PRM credits every trajectory
     # the static checks pass at the papers' settings: ARENA's 64 accumulation steps divide the loop's 1,792
     # episodes per update, not the train section's own batch_size (the RL loop sets it)
     for name in ("arena", "smartsearch"):

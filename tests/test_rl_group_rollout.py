@@ -80,11 +80,16 @@ def untimed(ep) -> dict:
 
 
 def test_independent_is_one_rollout_of_every_question_g_times():
+    """One rollout call; with a usefulness judge, every episode's queries credited in ONE judge call (the composite
+    reward's S_t, as SmartSearch's released reward judges every trajectory)."""
     rc = RLConfig(group_size=3)
     pol_a, pol_b = ScriptedPolicy(script), ScriptedPolicy(script)
     stats: dict = {}
-    got = GR.sample_groups(sampler(pol_a), QS, rc, RCFG, stats)
+    gs = sampler(pol_a)
+    got = GR.sample_groups(gs, QS, rc, RCFG, stats)
     want = rollout(pol_b, OneDocRetriever(), AGENT, [q for q in QS for _ in range(3)], RCFG)
+    assert gs.judge.calls == [["usefulness"] * (3 * 2 + 3 * 1)]   # q0: 2 searches, q1: 1, each 3 times
+    assert [[c["good"] for c in e.metadata.pop(SS.CREDIT_KEY)] for e in got] == [[0, 0]] * 3 + [[1]] * 3
     assert [untimed(e) for e in got] == [untimed(e) for e in want]
     assert [e.qid for e in got] == ["q0"] * 3 + ["q1"] * 3
     assert [len(c["prompts"]) for c in pol_a.calls] == [len(c["prompts"]) for c in pol_b.calls]
@@ -174,6 +179,7 @@ def test_rl_stage_check_needs_a_judge_for_the_refinement_rollout():
 
     c = grpo_cfg.get_config("smoke")
     c.rl.rl.group_rollout = "smartsearch_refine"
+    del c.rl["judge"]   # the smoke's local usefulness judge
     with pytest.raises(ValueError, match=r"rl\.judge.*needs a judge section"):
         check_config(c, "rl")
     c.rl.judge = {"kind": "http", "base_url": "", "model": ""}

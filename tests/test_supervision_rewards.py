@@ -32,7 +32,7 @@ REL, ANA = "<relevance>[1, 3]</relevance>\n", "<analysis>[1] and [3] say so</ana
     (REL + ANA + "<answer>London</answer>", 1, 0, 1, 0),                                  # wrong answer
     (REL + ANA + "<answer>the Paris.</answer>", 1, 1, 1, 10),                             # normalized EM
     (REL + ANA + "<answer>Paris, France</answer>", 1, 0, 1, 0),                           # EM, not F1
-    (REL + "<analysis>no answer section</analysis>", 0, 0, 0, 0),                         # Invalid: nothing
+    (REL + "<analysis>no answer section</analysis>", 0, 0, 1, 0),  # no answer: the code still scores <relevance>
 ])
 def test_arena_reward_table(text, fmt, acc, rel, bonus):
     r = arena_episode_reward(arena_episode(text))
@@ -40,17 +40,20 @@ def test_arena_reward_table(text, fmt, acc, rel, bonus):
     assert r.total == pytest.approx(fmt + acc + rel + bonus)
 
 
-def test_arena_without_gold_ids_and_strict_format():
+def test_arena_without_gold_ids_and_the_format_options():
     ep = arena_episode(REL + ANA + "<answer>Paris</answer>")
     ep.metadata = {}
     assert arena_episode_reward(ep).components["relevance"] == 0.0
-    # the released code's format regex: the reply must start with the sections, no '<' inside them
+    # default ("strict", the released code's regex): the reply must start with the sections, no '<' inside them
     chatty = "Sure! " + REL + ANA + "<answer>Paris</answer>"
-    assert arena_episode_reward(arena_episode(chatty)).total == 13.0
-    strict = arena_episode_reward(arena_episode(chatty), strict_format=True)
+    strict = arena_episode_reward(arena_episode(chatty))
     assert strict.components["format"] == 0.0 and strict.components["bonus"] == 0.0 and strict.total == 2.0
+    assert arena_episode_reward(arena_episode(chatty), format="lenient").total == 13.0
+    assert get_reward("arena_lenient")(arena_episode(chatty)).total == 13.0
     assert strict_format_score(REL + ANA + "<answer>Paris</answer>") == 1.0
     assert strict_format_score(REL + "<analysis>a <b> c</analysis><answer>Paris</answer>") == 0.0
+    with pytest.raises(ValueError, match="format must be one of"):
+        arena_episode_reward(ep, format="loose")
 
 
 def test_registry_holds_the_papers_rewards():

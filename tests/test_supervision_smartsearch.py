@@ -193,7 +193,8 @@ def chat_episode(n_good, n_bad, answer, boxed=True, bad_tag=False):
     (5, 0, "paris", True, 0.3 + 0.1),                 # incorrect, 5 good: min(0.5, φ_max = 0.3)
     (1, 0, "gold answer here", True, 1.0 + 0.1),      # F1 = 0.8 counts as correct
     (1, 0, "gold x y", True, 0.1 + 0.1),              # F1 = 0.4: incorrect with 1 good
-    (2, 0, "gold answer", False, 1.0),                 # no \boxed{}: no format bonus
+    (2, 0, "gold answer", False, 0.2),                 # no \boxed{}: no answer (the released code reads only
+    # \boxed), so incorrect with 2 good queries, and no format bonus
 ])
 def test_composite_reward_table(n_good, n_bad, answer, boxed, expect):
     r = ss.smartsearch_reward(chat_episode(n_good, n_bad, answer, boxed))
@@ -222,7 +223,7 @@ def test_outcome_reward_ignores_the_process_labels():
     fn = get_reward("smartsearch_outcome")
     assert fn(chat_episode(0, 3, "gold answer")).total == pytest.approx(1.1)  # 3 bad queries: "smartsearch" gives 0.8
     assert fn(chat_episode(3, 0, "wrong")).total == pytest.approx(0.1)  # 3 good queries: composite would add 0.3
-    assert fn(chat_episode(1, 0, "gold answer", boxed=False)).total == pytest.approx(1.0)
+    assert fn(chat_episode(1, 0, "gold answer", boxed=False)).total == pytest.approx(0.0)  # no \\boxed: no answer
     assert fn(chat_episode(2, 0, "gold answer", bad_tag=True)).total == 0.0
     r = fn(chat_episode(0, 1, "gold answer"))
     assert r.components == {"outcome": 1.0, "f1": 1.0, "format": 1.0}

@@ -24,6 +24,9 @@ no judge, and their evals then report no LJ). The smoke variant leaves it out.
 Settings the paper does not state for the ablations are ARENA's own (G = 7, β = 0.04, lr 3e-6, T 0.9, 256 new
 tokens, one epoch). "Removes our improved estimator" (§5.3) is read as GRPO's own k3 estimator (Shao et al. 2024,
 the one ARENA's k2 replaces, §3.2); Naive-GRPO, "the original GRPO algorithm", uses it too.
+Every row's reward is scored as the released code scores it (format "strict", ARENA's normalization; "arena_lenient"
+is not a row); temperatures are grpo.py's (sampling 0.9, log-probs at 1.0, token mean per micro-batch of 4); only the
+LJ row's reward asks a judge.
 Published values: Figure 3 is a bar chart whose numbers are not printed, so none are typed in; App. I Table 10's
 final no-bonus model is (published.py, "arena" "table10").
 """

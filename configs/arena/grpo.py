@@ -4,11 +4,17 @@
         --config.rl.policy.path=/models/Qwen2.5-7B-Instruct --config.rl.questions.path=/data/arena_train.jsonl
     python -m jaxrag.main --config=configs/arena/grpo.py:smoke --workdir=/tmp/arena_smoke   # CI, tiny, < 1 min
 
-Settings (paper / code): G = 7 generations per question, β = 0.04 with the k2 estimator ½(log π_ref - log π)²,
-clip ε = 0.2, lr 3e-6 (cosine, 10% warmup), sampling temperature 0.9, 256 new tokens, 256 questions per optimizer
-step (per-device 4 x 7 training processes x 64 accumulation = 1792 completions), one epoch over the 25k training
-questions, the global token mean of TRL, full fine-tune, bf16, gradient checkpointing, the adaptive reward
-(format + accuracy + relevance + bonus, "arena"), the ARENA agent: one generation over the dataset's own numbered
+Reward: "arena", the adaptive reward format + accuracy + relevance + bonus scored as the released code scores it
+(format "strict": src/evaluate.py get_all_scores; ARENA's answer normalization; jaxrag.supervision.arena_reward).
+"arena_lenient" is jaxrag's looser reading (docs/conformance.md). No judge (accuracy is EM; Fig. 3's LJ-accuracy row
+adds one). Temperatures: sampling 0.9; log-probs, ratio and KL scored at T = 1 (rl.logprob_temperature 1.0: the
+fork's _get_per_token_logps applies no temperature; the old log-probs are the trainer's own, ratio 1 at the one
+update per batch). Loss aggregation: the token mean of each micro-batch of 4 consecutive completions (TRL's
+per-device batch), averaged over micro-batches (rl.token_mean_micro 4).
+Other settings (paper / code): G = 7 generations per question, β = 0.04 with the k2 estimator
+½(log π_ref - log π)², clip ε = 0.2, lr 3e-6 (cosine, 10% warmup), 256 new tokens, 256 questions per optimizer step
+(per-device 4 x 7 training processes x 64 accumulation = 1792 completions), one epoch over the 25k training questions,
+full fine-tune, bf16, gradient checkpointing, the ARENA agent: one generation over the dataset's own numbered
 references (top-k of the retriever when a question has none).
 """
 
@@ -32,7 +38,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     s.agent.max_doc_chars = 0  # no cut: the papers show whole paragraphs
     s.reward = "arena"
     s.rl.update(dict(steps=97, questions_per_step=256, group_size=7, inner_steps=1, temperature=0.9,
-                     max_new_tokens=256, max_steps=1, k=10, seed=42))
+                     max_new_tokens=256, max_steps=1, k=10, seed=42, logprob_temperature=1.0, token_mean_micro=4))
     t = s.train
     t.loss = "grpo"
     t.seed = 42
@@ -51,7 +57,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
 
 def smoke(c: ml_collections.ConfigDict) -> None:
     """A tiny random checkpoint (setup stage), 4 HotpotQA dev questions with their own paragraphs, 2 RL steps.
-    The paper's reward "arena" (a random model scores 0 on it: the smoke checks the wiring, not learning)."""
+    The paper's reward "arena" and trainer settings (T = 1 log-probs, micro-batches of 4); a random model scores
+    ~0 on it: the smoke checks the wiring, not learning."""
     c.stages = ["setup", "rl"]
     c.setup = tiny_checkpoint_config(str(BENCHMARKS / "corpus_multihop_contexts.jsonl"))
     smoke_rl(c.rl)

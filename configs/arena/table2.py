@@ -12,6 +12,9 @@ each question (10 to 20) as numbered references; one generation at temperature 0
 LJ is not computed), and the Format and Relevance scores of the reward. The shared files with paragraphs hold 500
 HotpotQA, 164 2Wiki and 200 MuSiQue questions; the "shared" variant uses those. Models: Qwen2.5-7B-Instruct and
 Llama-3.1-8B-Instruct (their base and ARENA-trained rows).
+Scoring (no reward: evaluation only): EM and F1 of the first closed <answer> under ARENA's normalization, Format and
+Relevance by its released rules (src/evaluate.py; jaxrag.evaluate.episode_metrics, docs/conformance.md); judge
+GPT-4o for LJ only; sampling temperature 0.
 """
 
 from configs.common import paper

@@ -1,17 +1,25 @@
 """SmartSearch stage 3: online GRPO with the composite reward (004; METHODS.md §4-5; released code:
-scripts/train/train.sh over verl).
+scripts/train/train.sh over verl, reward src/verl/utils/reward_score/re_call.py).
 
     python -m jaxrag.main --config=configs/smartsearch/grpo.py --workdir=runs/smartsearch \
-        --config.rl.policy.path=runs/smartsearch/dpo/model --config.rl.questions.path=/data/train.jsonl
+        --config.rl.policy.path=runs/smartsearch/dpo/model --config.rl.questions.path=/data/train.jsonl \
+        --config.rl.judge.base_url=http://localhost:9001/v1 --config.rl.judge.model=smartsearch-prm
     python -m jaxrag.main --config=configs/smartsearch/grpo.py:smoke --workdir=/tmp/ss_smoke   # CI, tiny, < 1 min
 
-Settings (code): G = 8 rollouts per question, KL loss β = 0.001 with k3 ("low_var_kl") clamped to ±10, clip 0.2,
-lr 1e-6 constant, weight decay 0.01, gradient clip 1.0, 256 questions per RL step split into 4 minibatches of 64 (one
-epoch: 4 optimizer steps per RL step), token-mean aggregation, sampling temperature 1.0, up to 5 searches per
-episode (5 turns + the answer), E5 top-5 over wiki-18 in the paper (here: BM25 top-5 over the corpus file), the
-composite reward r_comp + λ·r_format ("smartsearch"), the SmartSearch agent (<think>/<search>/<answer> with
-\\boxed{}). Not reproduced: verl's entropy bonus (0.001) and its 8k-token response budget across turns (here 1024
-new tokens per action).
+Reward: "smartsearch", r_comp + λ·r_format as the released compute_score_with_format computes it: the answer is the
+last \\boxed{} of the trajectory (none: incorrect), correct iff F1 >= 0.8, S_t = novel (at most 1 repeated document)
+and not judged "0". Judge: the process-reward model (`judge`, an OpenAI-compatible endpoint serving the paper's
+Qwen2.5-3B PRM: set base_url and model) credits every query of every trajectory (independent groups: one batched
+call per step, jaxrag.rl.group_rollout.independent), as the released reward manager does; the smoke variant uses a
+local judge instead (the tiny policy itself: its replies rarely parse, so S_t then rests on novelty). Temperatures:
+sampling 1.0, log-probs scored at the same 1.0 (verl's actor divides the logits by the rollout temperature).
+Other settings (code): G = 8 rollouts per question, KL loss β = 0.001 with k3 ("low_var_kl") clamped to ±10, clip
+0.2, lr 1e-6 constant, weight decay 0.01, gradient clip 1.0, 256 questions per RL step split into 4 minibatches of
+64 (one epoch: 4 optimizer steps per RL step), token-mean aggregation, up to 5 searches per episode (5 turns + the
+answer), E5 top-5 over wiki-18 in the paper (here: BM25 top-5 over the corpus file), the SmartSearch agent
+(<think>/<search>/<answer> with \\boxed{}). Not reproduced: verl's entropy bonus (0.001) and its 8k-token response
+budget across turns (here 1024 new tokens per action). configs/smartsearch/table3.py's s3 row adds the query
+refinement rollout.
 """
 
 import ml_collections
@@ -45,6 +53,10 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     t.grpo.update(dict(beta=0.001, kl_estimator="k3", kl_clamp=10.0, clip_eps=0.2, aggregation="token_mean",
                        adv_eps=1e-6, std_ddof=1))
     t.checkpoint.every_steps = 10
+    # the process-reward model (usefulness of every query): an OpenAI-compatible endpoint (the released code serves
+    # its PRM with sglang on port 9001); HttpJudge keys (jaxrag.pipelines.collect.make_judge)
+    s.judge = {"kind": "http", "base_url": "http://localhost:9001/v1", "model": "smartsearch-prm", "api_key_env": "",
+               "max_retries": 2, "timeout_s": 120.0, "max_workers": 16}
     if variant == "smoke":
         smoke(c)
     return c
@@ -52,13 +64,14 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
 
 def smoke(c: ml_collections.ConfigDict) -> None:
     """A tiny random checkpoint (setup stage), 4 HotpotQA dev questions, BM25 over a 300-passage corpus slice,
-    2 RL steps of 2 questions x 2 episodes, two minibatches, the paper's reward "smartsearch" (novelty credit: no
-    judge in CI)."""
+    2 RL steps of 2 questions x 2 episodes, two minibatches, the paper's reward "smartsearch"; the judge is local
+    (the tiny policy itself, kind "local": no PRM model in CI)."""
     c.stages = ["setup", "rl"]
     c.setup = tiny_checkpoint_config(str(BENCHMARKS / "corpus_multihop_contexts.jsonl"))
     s = c.rl
     s.policy.path = "stage:setup"
     s.policy.max_prompt_tokens = 384
+    s.judge = {"kind": "local", "max_retries": 1, "max_new_tokens": 8}
     s.questions.path = str(BENCHMARKS / "hotpotqa_dev_500.jsonl")
     s.questions.select = "first:4"
     s.retriever.max_passages = 300

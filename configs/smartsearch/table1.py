@@ -13,6 +13,9 @@ rollout's limit), so 6 steps with the answer; 5 documents per search from E5-bas
 prefixes) over wiki-18, temperature 0. Rows: the SmartSearch agent and the baselines of the table that are agent
 designs here (Direct, CoT, RAG, Search-o1) on the same model. The paper does not say how many questions of each dev set it evaluates; the
 data paths are config fields (the "shared" variant: the shared 500-question dev samples and all of Bamboogle).
+No reward and no judge (evaluation only). The answer scored is the agent's parse: the last <answer>'s \\boxed{}, else
+its text; the released evaluation (active_pipeline.py) scores an <answer> without \\boxed{} as no answer
+(docs/conformance.md).
 """
 
 from configs.common import paper

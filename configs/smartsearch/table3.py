@@ -26,9 +26,14 @@ question an initial trajectory y0, its queries credited by the judge (usefulness
 rewritten by the judge and the trajectory regenerated from the first usable one, at most M = 2 episodes per such set
 (the released rollout keeps y0 and its first refined trajectory), repeated until G = 8; the refined query's tokens
 are trained under the policy's own recomputed log-probs, as verl does. s3's composite reward reads the judge's credit
-of every episode of its groups; s3_nor's has no usefulness judge in the loop (independent groups: S_t = S_novel,
-jaxrag.supervision.smartsearch.step_labels), where the paper's process reward asks the judge for every query.
-The outcome reward of s3_npr and s3_std is 004 Eq. 5, r_outcome + λ·r_format ("smartsearch_outcome": correct iff
+of every episode of its groups; s3_nor's independent groups are credited by the same judge (every query of every
+episode, one batched call per step: jaxrag.rl.group_rollout.independent), as the released reward asks its
+process-reward model about every trajectory. Every composite reward scores the trajectory's last \\boxed{} answer
+(the released re_call.py; docs/conformance.md).
+Stage-3 rewards, judge, temperatures: s3 and s3_nor "smartsearch" (the released reward: the last \\boxed{} answer,
+the judge's credit), s3_npr and s3_std "smartsearch_outcome"; the judge is the `judge` section (s3, s3_npr, s3_nor;
+none for s3_std, whose reward reads no credit; the smoke's: a rule-based stand-in, SmokeJudge); sampling and
+log-prob temperature 1.0 (grpo.py). The outcome reward of s3_npr and s3_std is 004 Eq. 5, r_outcome + λ·r_format ("smartsearch_outcome": correct iff
 F1 >= 0.8, λ = 0.1, as the composite reward's parts).
 
 Stages and settings (the released code, github RUC-NLPIR/SmartSearch, README "Training"):
@@ -112,15 +117,18 @@ def dpo(init, base, data: str) -> ml_collections.ConfigDict:
     return s
 
 
-def grpo(t1, reward: str, judge=None) -> ml_collections.ConfigDict:
-    """A stage-3 row; with `judge` (the process-reward model's section) its groups come from the refinement rollout
-    (004 §4.4; released: y0 + its first refined trajectory per set, M = 2)."""
+def grpo(t1, reward: str, judge=None, refine: bool = False) -> ml_collections.ConfigDict:
+    """A stage-3 row. `judge` (the process-reward model's section) credits every query of every episode (the
+    composite reward's S_t); None = no judge (the outcome-reward rows, which read no credit). refine: the groups come
+    from the refinement rollout (004 §4.4; released: y0 + its first refined trajectory per set, M = 2)."""
     s = grpo_cfg.get_config("").rl
     s.policy.path = "stage:s2_dpo"
     s.retriever.update({k: v for k, v in t1.eval.retriever.to_dict().items() if k in s.retriever})
     s.reward = reward
+    del s["judge"]
     if judge is not None:
         s.judge = judge
+    if refine:
         s.rl.update(dict(group_rollout="smartsearch_refine", refine_keep_m=2, refine_query_loss=True))
     return s
 
@@ -142,9 +150,9 @@ def get_config(variant: str = ""):
     c.s2_dpo = dpo("stage:s1_sft", base, "s2_data/dpo.jsonl")
     c.s2_dpo_npr = dpo("stage:s1_sft", base, "s2_data/dpo_outcome.jsonl")
     c.s2_dpo_nor = dpo("stage:s1_sft", base, "s2_data_nor/dpo.jsonl")
-    c.s3 = grpo(t1, "smartsearch", judge)
-    c.s3_npr = grpo(t1, "smartsearch_outcome", judge)
-    c.s3_nor = grpo(t1, "smartsearch")
+    c.s3 = grpo(t1, "smartsearch", judge, refine=True)
+    c.s3_npr = grpo(t1, "smartsearch_outcome", judge, refine=True)
+    c.s3_nor = grpo(t1, "smartsearch", judge)
     c.s3_std = grpo(t1, "smartsearch_outcome")
     train = ["s1_data", "s1_sft", "s1_sft_npr", "s2_data", "s2_data_nor", "s2_dpo", "s2_dpo_npr", "s2_dpo_nor",
              "s3", "s3_npr", "s3_nor", "s3_std"]

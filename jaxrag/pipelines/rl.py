@@ -22,6 +22,8 @@ config.<name> (configs/arena/grpo.py, configs/smartsearch/grpo.py):
   judge      optional; needed by rl.group_rollout "smartsearch_refine": a judge section as the collection stages read
              it (jaxrag.pipelines.collect.make_judge: kind http | local | fn), the process-reward model that judges
              every query's usefulness and rewrites the bad ones (the released code asks one endpoint for both).
+             With independent groups, a judge section credits every episode's queries (usefulness: the S_t of
+             SmartSearch's composite reward, as its released reward asks the model for every trajectory).
   train      the trainer config (loss grpo | ppo; sampling_temperature, grpo.group_size, batch_size and steps are
              set from rl: see jaxrag.rl.rl_train_config).
 Outputs under workdir/<name>/: checkpoints/, metrics.jsonl, tb/, train_config.json, episodes.jsonl, model/ (the
@@ -135,12 +137,12 @@ def check_config(config, name: str) -> None:
         _fail(name, "reward", str(e))
     if sc.get("prm") and sc.train.loss != "ppo":
         _fail(name, "prm", f"per-step PRM rewards need train.loss 'ppo' (got {sc.train.loss!r})")
-    if rc.group_rollout == "smartsearch_refine":
+    if rc.group_rollout == "smartsearch_refine" and not sc.get("judge"):
+        _fail(name, "judge", "rl.group_rollout 'smartsearch_refine' needs a judge section (the query refiner and "
+                             "usefulness judge: kind http | local | fn)")
+    if sc.get("judge"):
         from jaxrag.pipelines.collect import check_judge
 
-        if not sc.get("judge"):
-            _fail(name, "judge", "rl.group_rollout 'smartsearch_refine' needs a judge section (the query refiner and "
-                                 "usefulness judge: kind http | local | fn)")
         check_judge(name, common.plain(sc.judge), "the process-reward model's endpoint")
 
 
@@ -181,7 +183,7 @@ def rl_stage(config, workdir: str, name: str | None = None) -> None:
     reward = sc.reward.to_dict() if hasattr(sc.reward, "to_dict") else sc.reward
     common.log(name, f"{sc.train.loss} over {len(questions)} questions, agent {sc.agent.name}, reward {reward}")
     judge = None
-    if rc.group_rollout == "smartsearch_refine":
+    if sc.get("judge"):   # the refinement rollout's refiner and judge, or the usefulness judge of independent groups
         from jaxrag.pipelines.collect import make_judge
 
         judge = make_judge(common.plain(sc.judge), workdir, policy)

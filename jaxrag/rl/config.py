@@ -22,6 +22,13 @@ class RLConfig:
     inner_steps: int = 1  # epochs over one step's episodes (the ratio leaves 1 after the first update)
     minibatches: int = 1  # updates per epoch, each on B/minibatches whole groups (SmartSearch/verl: 256/64 = 4)
     temperature: float = 1.0  # sampling temperature of every action (ARENA 0.9); 0 = greedy (scored at T = 1)
+    # the temperature the trainer scores log-probs (ratio, KL) at: 0 = the sampling temperature (the sampler's own
+    # log-probs are the behaviour policy's); > 0 = that temperature (ARENA's TRL: 1.0 while sampling at 0.9), the
+    # old log-probs then rescored by the trainer before the step's first update
+    logprob_temperature: float = 0.0
+    # token_mean over chunks of this many consecutive episodes, then the mean over chunks (ARENA's TRL: 4, the
+    # per-device micro-batch); 0 = one token mean over the whole update
+    token_mean_micro: int = 0
     max_new_tokens: int = 256  # per action
     max_steps: int = 10  # actions per episode (RAG-Gym: 10)
     k: int = RolloutConfig.k  # documents per search (the engine's default)
@@ -59,6 +66,18 @@ class RLConfig:
         return self.inner_steps * self.minibatches
 
     @property
+    def scoring_temperature(self) -> float:
+        """The trainer's log-prob temperature (train.sampling_temperature of the RL run)."""
+        if self.logprob_temperature > 0:
+            return float(self.logprob_temperature)
+        return float(self.temperature) if self.temperature > 0 else 1.0
+
+    @property
+    def rescore_old_logp(self) -> bool:
+        """The sampler's log-probs are not at the scoring temperature: the trainer rescores the old log-probs."""
+        return self.scoring_temperature != (float(self.temperature) if self.temperature > 0 else 1.0)
+
+    @property
     def token_budget(self) -> int:
         return self.norm_tokens or self.max_new_tokens * self.max_steps
 
@@ -72,6 +91,9 @@ class RLConfig:
                              f"{self.questions_per_step} (a minibatch holds whole groups)")
         if self.temperature < 0:
             raise ValueError(f"rl config: temperature: must be >= 0, got {self.temperature}")
+        if self.logprob_temperature < 0 or self.token_mean_micro < 0:
+            raise ValueError(f"rl config: logprob_temperature and token_mean_micro must be >= 0, got "
+                             f"{self.logprob_temperature} and {self.token_mean_micro}")
         if self.rollout_batch < 0 or self.norm_tokens < 0:
             raise ValueError("rl config: rollout_batch and norm_tokens must be >= 0")
         if self.group_rollout not in GROUP_ROLLOUTS:
@@ -98,16 +120,20 @@ def default_rl_config() -> ml_collections.ConfigDict:
 
 def rl_train_config(rc: RLConfig, train_config=None) -> ml_collections.ConfigDict:
     """The trainer config of an RL run: `train_config` with the keys the RL loop owns set from `rc`:
-    sampling_temperature = rc.temperature (1 when greedy), grpo.group_size = G, batch_size = B·G / minibatches
+    sampling_temperature = rc.scoring_temperature (the log-prob temperature: rc.temperature, 1 when greedy, or
+    rc.logprob_temperature), grpo.group_size = G, batch_size = B·G / minibatches
     (episodes per update; rows are padded to a multiple of grad_accum), steps = rc.steps · inner_steps · minibatches
     (optimizer steps, for the learning-rate schedule). loss must be grpo or ppo."""
     tc = tconfig.resolve(train_config, check=False)   # validated below, with the batch size the loop sets
     if tc.loss not in RL_LOSSES:
         raise ValueError(f"train config: loss: online RL runs {RL_LOSSES}, got {tc.loss!r}")
     with tc.unlocked():
-        tc.sampling_temperature = float(rc.temperature) if rc.temperature > 0 else 1.0
+        tc.sampling_temperature = rc.scoring_temperature
         tc.grpo.group_size = rc.group_size
         tc.batch_size = rc.episodes_per_step // rc.minibatches
         tc.steps = rc.steps * rc.updates_per_step
     tconfig.validate(tc)
+    if rc.token_mean_micro and (tc.loss != "grpo" or tc.grpo.aggregation != "token_mean"):
+        raise ValueError(f"rl config: token_mean_micro: {rc.token_mean_micro} needs train.loss 'grpo' with "
+                         f"grpo.aggregation 'token_mean' (got {tc.loss!r}, {tc.grpo.aggregation!r})")
     return tc

@@ -74,9 +74,18 @@ def _add(total: dict, part: dict) -> None:
 
 
 def independent(gs: GroupSampler, questions: Sequence, rc, rcfg: RolloutConfig, stats: dict) -> list[Episode]:
-    """Each question G times in one rollout call (today's GRPO groups)."""
+    """Each question G times in one rollout call (today's GRPO groups). With a usefulness judge, every episode's
+    queries are credited (jaxrag.supervision.smartsearch.assess, ONE batched call): the S_t the composite reward
+    reads, as SmartSearch's released reward asks its process-reward model about every trajectory."""
     items = [q for q in questions for _ in range(rc.group_size)]
-    return rollout(gs.policy, gs.retriever, gs.agent, items, rcfg, stats=stats, summarizer=gs.summarizer)
+    episodes = rollout(gs.policy, gs.retriever, gs.agent, items, rcfg, stats=stats, summarizer=gs.summarizer)
+    if gs.judge is not None:
+        from jaxrag.supervision import smartsearch as SS
+
+        tj = time.perf_counter()
+        SS.assess(episodes, gs.judge)
+        stats["judge_s"] = stats.get("judge_s", 0.0) + time.perf_counter() - tj
+    return episodes
 
 
 def round_seed(seed: int, rnd: int, phase: int) -> int:

@@ -135,7 +135,7 @@ def build_batch(episodes: Sequence[Episode], rewards: Sequence[Reward], rc: RLCo
         adv = R.group_advantages(episodes, [r.total for r in rewards], rc.group_size, tc.grpo.adv_eps,
                                  tc.grpo.std_ddof)
         batches = R.grpo_batches(rows, adv, tc.grpo.aggregation, rc.token_budget, buckets, pad_id, row_multiple,
-                                 rc.length_groups)
+                                 rc.length_groups, micro=rc.token_mean_micro)
         info["adv/abs_mean"] = float(np.mean(np.abs(adv)))
     else:
         R.check_groups(episodes, rc.group_size)
@@ -168,6 +168,18 @@ def build_batches(episodes: Sequence[Episode], rewards: Sequence[Reward], rc: RL
                                                                 "sub_batches") if k in infos[0]}
     info.update({k: float(np.mean([x[k] for x in infos])) for k in ("batch_fill", "adv/abs_mean") if k in infos[0]})
     return updates, info
+
+
+def rescore_old_logp(batches: list[list[dict]], rc: RLConfig, loss: str, score) -> None:
+    """rc.rescore_old_logp: the old log-probs at the trainer's scoring temperature, before the step's first update.
+    One GRPO update per step: none needed (the loss takes the current log-probs, stopped: a ratio of exactly 1, as
+    TRL does with one iteration); else the current policy scores every sub-batch (`score(batch) -> (logp, _)`)."""
+    for subs in batches:
+        for b in subs:
+            if loss == "grpo" and rc.updates_per_step == 1:
+                b.pop("old_logp", None)
+            else:
+                b["old_logp"] = (np.asarray(score(b)[0], np.float32) * b["loss_mask"]).astype(np.float32)
 
 
 ADDITIVE = ("loss", "ppo/pg_loss", "ppo/vf_loss")  # Σ w·x with whole-update weights: partial sums add up
@@ -332,6 +344,10 @@ def train_rl(
                 episodes, rewards, rc, tc, pad_id, row_multiple,
                 step_rewards=step_rewards(episodes) if step_rewards is not None else None,
                 score=lambda b: score_jit(state["trainable"], frozen, shd.shard_batch(tr.mesh, b)))
+            if rc.rescore_old_logp:
+                rescore_old_logp(batches, rc, tc.loss, lambda b, st=state: score_jit(
+                    st["trainable"], frozen, shd.shard_batch(tr.mesh, {k: b[k] for k in ("tokens", "positions",
+                                                                                         "segment_ids")})))
             host_s = time.perf_counter() - t_host - info.get("time/scoring_s", 0.0)
             shapes = {(len(subs) > 1, b["tokens"].shape) for subs in batches for b in subs}
             info["train/new_shapes"] = len(shapes - seen_shapes)  # each one compiles the train step once
@@ -354,6 +370,8 @@ def train_rl(
             metrics.update(episode_stats(episodes, rewards, rc.group_size))
             metrics.update(info)
             sampling_s = stats["generate_s"] + stats["summarize_s"]
+            if "judge_s" in stats:
+                metrics["time/judge_s"] = stats["judge_s"]
             if rc.group_rollout != "independent":
                 metrics.update({"time/judge_s": stats.get("judge_s", 0.0),
                                 **{f"refine/{k}": float(stats.get(k, 0)) for k in (

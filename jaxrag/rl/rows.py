@@ -16,7 +16,10 @@ Advantages (GRPO): the B·G episodes of a step come as B contiguous groups of G 
 Aggregation weights: the losses compute Σ_tokens w·objective with `w` fixed here over the whole batch, so an episode
 spread over several rows, and rows spread over microbatches, aggregate exactly as the formula says. A "sequence"
 is a whole trajectory (all action tokens of one episode), never a row:
-- token_mean:              w = 1 / (action tokens of the whole batch)                      (TRL / DAPO / ARENA)
+- token_mean:              w = 1 / (action tokens of the whole batch)                      (TRL / DAPO)
+  with micro = m > 0:      w = 1 / (C · action tokens of e's chunk), the episodes cut into C chunks of m consecutive
+                           ones: the token mean of each chunk, averaged over chunks (ARENA's TRL: a micro-batch of
+                           4 completions per device, averaged over devices and accumulation steps)
 - seq_mean_token_mean:     w = 1 / (E · |o_e|), |o_e| = action tokens of episode e, E = episodes with tokens (GRPO)
 - seq_mean_token_sum_norm: w = 1 / (E · L), L a constant token budget per trajectory (Dr. GRPO; default
                            max_new_tokens · max_steps)
@@ -139,16 +142,24 @@ def group_advantages(episodes: Sequence[Episode], rewards: Sequence[float], grou
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
 
 
-def row_weights(rows: Sequence[Row], aggregation: str, norm_tokens: int) -> np.ndarray:
-    """Per-row weight w (every action token of the row gets w); see the module docstring. [R] float64."""
+def row_weights(rows: Sequence[Row], aggregation: str, norm_tokens: int, micro: int = 0) -> np.ndarray:
+    """Per-row weight w (every action token of the row gets w); see the module docstring. [R] float64.
+    micro > 0 (token_mean only): the token mean within chunks of `micro` consecutive episodes, then their mean."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation={aggregation!r} is not one of {AGGREGATIONS}")
+    if micro and aggregation != "token_mean":
+        raise ValueError(f"micro-batch token means (micro={micro}) need aggregation 'token_mean', got {aggregation!r}")
     if not rows:
         return np.zeros(0)
     per_episode: dict[int, int] = {}
     for r in rows:
         per_episode[r.episode] = per_episode.get(r.episode, 0) + r.generated
     n_ep = len(per_episode)
+    if aggregation == "token_mean" and micro > 0:
+        per_chunk: dict[int, int] = {}
+        for e, n in per_episode.items():
+            per_chunk[e // micro] = per_chunk.get(e // micro, 0) + n
+        return np.asarray([1.0 / (len(per_chunk) * per_chunk[r.episode // micro]) for r in rows])
     if aggregation == "token_mean":
         return np.full(len(rows), 1.0 / sum(per_episode.values()))
     if aggregation == "seq_mean_token_mean":
@@ -208,10 +219,11 @@ def length_groups(rows: Sequence[Row], buckets: Sequence[int], by_length: bool =
 
 
 def grpo_batches(rows: Sequence[Row], advantages: np.ndarray, aggregation: str, norm_tokens: int,
-                 buckets: Sequence[int], pad_id: int = 0, row_multiple: int = 1, by_length: bool = False) -> list[dict]:
+                 buckets: Sequence[int], pad_id: int = 0, row_multiple: int = 1, by_length: bool = False,
+                 micro: int = 0) -> list[dict]:
     """The device batches of one GRPO update (one per length group): pack() + advantages [R] (the episode's A) +
     token_weight [R,T], the weights computed over ALL rows of the update, so the groups' gradients sum to it."""
-    w = row_weights(rows, aggregation, norm_tokens)
+    w = row_weights(rows, aggregation, norm_tokens, micro)
     out = []
     for idx in length_groups(rows, buckets, by_length):
         sub = [rows[i] for i in idx]
@@ -228,9 +240,9 @@ def grpo_batches(rows: Sequence[Row], advantages: np.ndarray, aggregation: str, 
 
 
 def grpo_batch(rows: Sequence[Row], advantages: np.ndarray, aggregation: str, norm_tokens: int,
-               buckets: Sequence[int], pad_id: int = 0, row_multiple: int = 1) -> dict:
+               buckets: Sequence[int], pad_id: int = 0, row_multiple: int = 1, micro: int = 0) -> dict:
     """grpo_batches with every row in one batch."""
-    return grpo_batches(rows, advantages, aggregation, norm_tokens, buckets, pad_id, row_multiple, False)[0]
+    return grpo_batches(rows, advantages, aggregation, norm_tokens, buckets, pad_id, row_multiple, False, micro)[0]
 
 
 def token_rewards(rows: Sequence[Row], outcome: Sequence[float],

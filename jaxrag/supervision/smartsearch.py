@@ -50,6 +50,9 @@ CODE_REDUNDANT_TEXT = ("The agent's query of the current search round is redunda
                        "duplicates information from previous search rounds.")
 
 
+ANSWER_FROM = ("boxed", "parsed")
+
+
 @dataclass(frozen=True)
 class SmartSearchConfig:
     overlap_threshold: int = 1  # K: S_novel = 0 iff O_t > K (code: redundancy > 1)
@@ -61,12 +64,18 @@ class SmartSearchConfig:
     explanations: str = "paper"  # "paper": T_novel ‖ T_useful | "code": only the issues (useless, then redundant)
     pairs: str = "paper"  # "paper": one (best, worst) pair per question | "all": every strictly ordered pair
     require_judged: bool = True  # stage 1 keeps a trajectory only if every S_useful came from the judge
+    # where the scored answer comes from: "boxed" = the released reward's (the last \\boxed in the generated
+    # transcript, its rules in `code_boxed_answer`; none -> ""; in the synthetic world's line format, which has no
+    # tags, the agent's answer); "parsed" = the agent's answer (ep.answer: the <answer> text when it has no \\boxed)
+    answer_from: str = "boxed"
 
     def validate(self) -> "SmartSearchConfig":
         if self.explanations not in ("paper", "code"):
             raise ValueError(f"SmartSearchConfig.explanations must be 'paper' or 'code', got {self.explanations!r}")
         if self.pairs not in ("paper", "all"):
             raise ValueError(f"SmartSearchConfig.pairs must be 'paper' or 'all', got {self.pairs!r}")
+        if self.answer_from not in ANSWER_FROM:
+            raise ValueError(f"SmartSearchConfig.answer_from must be one of {ANSWER_FROM}, got {self.answer_from!r}")
         if self.overlap_threshold < 0:
             raise ValueError(f"SmartSearchConfig.overlap_threshold must be >= 0, got {self.overlap_threshold}")
         return self
@@ -186,13 +195,41 @@ def step_labels(ep: Episode, cfg: SmartSearchConfig = SmartSearchConfig()) -> tu
 
 
 # ------------------------------------------------------------------------------------------- outcome and format
-def answer_score(ep: Episode) -> float:
-    """F1 vs gold (accuracy for multiple choice)."""
-    return answer_reward(ep.answer, ep.gold, "auto", ep.choices)
+def code_boxed_answer(text: str) -> str:
+    """The answer the released reward reads (re_call.py: last_boxed_only_string, then remove_boxed; facts in
+    tests/conformance/test_conformance_smartsearch.py): with "\\boxed " (a space) anywhere, the text after the last
+    one up to a "$"; else the last "\\boxed{…}" (braces balanced, kept inside: "\\text{Paris}" stays); "" when
+    there is none, it is unclosed, or it is "\\fbox{…}"."""
+    text = text or ""
+    if "\\boxed " in text:
+        return text.split("\\boxed ")[-1].split("$")[0]
+    i = text.rfind("\\boxed")
+    if i < 0:
+        return ""   # the code falls back to \\fbox, then fails to strip it: no answer either way
+    depth = 0
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if text[j] == "}" and depth == 0:
+            span = text[i:j + 1]
+            return span[len("\\boxed{"):-1] if span.startswith("\\boxed{") else ""
+    return ""
+
+
+def final_answer(ep: Episode, cfg: SmartSearchConfig = SmartSearchConfig()) -> str | None:
+    """The answer the reward scores: cfg.answer_from "boxed" (released code) or "parsed" (the agent's)."""
+    if cfg.answer_from == "parsed" or not tagged(ep):   # the synthetic world's line format has no \\boxed
+        return ep.answer
+    return code_boxed_answer(transcript(ep))
+
+
+def answer_score(ep: Episode, cfg: SmartSearchConfig = SmartSearchConfig()) -> float:
+    """F1 vs gold (accuracy for multiple choice) of `final_answer`."""
+    answer = final_answer(ep, cfg)
+    return answer_reward(answer, ep.gold, "auto", ep.choices) if answer is not None else 0.0
 
 
 def is_correct(ep: Episode, cfg: SmartSearchConfig = SmartSearchConfig()) -> bool:
-    return ep.answer is not None and answer_score(ep) >= cfg.correct_f1
+    return answer_score(ep, cfg) >= cfg.correct_f1
 
 
 _TAGGED = re.compile(r"<think>|</think>|<search>|</search>|<answer>|</answer>|\\boxed")
@@ -236,12 +273,17 @@ def tag_format(text: str) -> tuple[bool, str]:
     return True, "ok"
 
 
+def tagged(ep: Episode) -> bool:
+    """The policy writes SmartSearch's tags (chat mode), not the synthetic world's line format."""
+    return any(_TAGGED.search(s.action.raw or "") for s in ep.steps)
+
+
 def format_check(ep: Episode) -> tuple[bool, str]:
     """r_format: the tag rules on the transcript when the policy writes SmartSearch tags (chat mode); for the line
     format of the synthetic world ("plain"), the trajectory ended in an answer with no Invalid step."""
     if not ep.steps:
         return False, "no steps"
-    if any(_TAGGED.search(s.action.raw or "") for s in ep.steps):
+    if tagged(ep):
         return tag_format(transcript(ep))
     if ep.done == "answer" and ep.num_invalid == 0:
         return True, "ok"
@@ -271,7 +313,7 @@ def smartsearch_reward(ep: Episode, cfg: SmartSearchConfig = SmartSearchConfig()
     correct = is_correct(ep, cfg)
     r_comp = composite(correct, n_wrong, n_correct, cfg)
     total, fmt = with_format(ep, r_comp, cfg)
-    return Reward(total, {"outcome": float(correct), "f1": answer_score(ep), "composite": r_comp,
+    return Reward(total, {"outcome": float(correct), "f1": answer_score(ep, cfg), "composite": r_comp,
                           "format": float(fmt), "n_wrong": float(n_wrong), "n_correct": float(n_correct),
                           "judged": float(source != "novelty")})
 
@@ -287,7 +329,13 @@ def outcome_reward(ep: Episode, cfg: SmartSearchConfig = SmartSearchConfig()) ->
     and malformed-tag rule as smartsearch_reward (`with_format`)."""
     correct = is_correct(ep, cfg)
     total, fmt = with_format(ep, float(correct), cfg)
-    return Reward(total, {"outcome": float(correct), "f1": answer_score(ep), "format": float(fmt)})
+    return Reward(total, {"outcome": float(correct), "f1": answer_score(ep, cfg), "format": float(fmt)})
+
+
+@register("smartsearch_parsed")
+def _registered_parsed_reward(ep: Episode) -> Reward:
+    """The composite reward scoring the agent's parsed answer (an unboxed <answer> text counts) instead of \\boxed."""
+    return smartsearch_reward(ep, SmartSearchConfig(answer_from="parsed"))
 
 
 @register("smartsearch_outcome")
