@@ -349,7 +349,7 @@ def test_training_row_configs_carry_the_released_settings():
     ("reasonrag/table3", "mcts.mcts.uct", "x", r"config.mcts.mcts: MCTSConfig.uct: must be one of"),
     ("reasonrag/table3", "mcts.mcts.judge_weight", 0.5, r"config.mcts.mcts: MCTSConfig.judge_weight: must be 1.0 when"),
     ("reasonrag/table3", "mcts.judge", None, r"config.mcts.judge: mcts.judge_weight > 0 .* needs a judge"),
-    ("reasonrag/table3", "mcts.mcts.value_scheme", "both", r"config.mcts.mcts: MCTSConfig.value_scheme: must be one of"),
+    ("reasonrag/table3", "mcts.mcts.value_scheme", "both", r"config.mcts.mcts: MCTSConfig.value_scheme: must be one"),
     ("reasonrag/table3", "mcts.trees_per_round", 0, r"config.mcts.trees_per_round: 0: must be >= 1"),
     ("smartsearch/table3", "s2_data.smartsearch.pairs", "some", r"config.s2_data.smartsearch: .*pairs must be"),
     ("smartsearch/table3", "s1_data.rollout.bogus", 1, r"config.s1_data.rollout: .*bogus"),

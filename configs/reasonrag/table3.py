@@ -176,9 +176,9 @@ def smoke_judge(section=None, workdir=None) -> SmokeJudge:
 
 def smoke(c) -> None:
     """A tiny random checkpoint; MCTS with the scripted actor and a constant stand-in judge on 2 shared HotpotQA
-    questions (whose last two words overlap the gold), 8 simulations a tree; 2 steps each of DPO and SFT on its rows (text, tokenized by the tiny
-    checkpoint's tokenizer); 2 outcome-GRPO steps of 1 question x 2 episodes on mcts/questions.jsonl for both ORL rows; every eval on
-    2 HotpotQA questions."""
+    questions (whose last two words overlap the gold), 8 simulations a tree; 2 steps each of DPO and SFT on its rows
+    (text, tokenized by the tiny checkpoint's tokenizer); 2 outcome-GRPO steps of 1 question x 2 episodes on
+    mcts/questions.jsonl for both ORL rows; every eval on 2 HotpotQA questions."""
     from configs.rag_gym import pieces
     from jaxrag.pipelines.rl import tiny_checkpoint_config
 

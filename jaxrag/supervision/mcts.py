@@ -22,7 +22,8 @@ One MCTS iteration, for EVERY active tree at once:
   Selecting a Terminal leaf again re-visits it (N += 1, its exact Q re-backed up), as the released code does.
 
 Budget per tree: `max_rollouts` (64; the code's number of MCTS simulations) counts rollouts, terminal evaluations and
-re-visits (and under "code" with the judge as the only value, every judged node: one simulation of the code each); `max_iterations` caps the rounds; `max_depth` (7; the code's `max_iter`, "iterations" in 002 Table 1) caps
+re-visits (and under "code" with the judge as the only value, every judged node: one simulation of the code each);
+`max_iterations` caps the rounds; `max_depth` (7; the code's `max_iter`, "iterations" in 002 Table 1) caps
 the steps of any trajectory, Reasoning and Grounding steps both counting, as in the code's `node.step`.
 
 Value schemes (`value_scheme`; docs/conformance.md):
