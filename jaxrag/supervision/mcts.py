@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import string
 import time
 from collections import Counter

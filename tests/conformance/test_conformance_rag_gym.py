@@ -16,11 +16,10 @@ jaxrag is checked with the settings of configs/rag_gym/dpo.py (its collect stage
 
 import pytest
 
-from jaxrag.env.mdp import QUERY, Action
+from jaxrag.env.mdp import QUERY, Action, State
 from jaxrag.supervision import prompts as P
-from jaxrag.supervision.judges import plan_calls
 from jaxrag.supervision.judge_protocol import JudgeRequest
-from jaxrag.env.mdp import State
+from jaxrag.supervision.judges import plan_calls
 from jaxrag.supervision.ranking import RankingConfig, ranking_pairs
 from jaxrag.supervision.records import ProcessRecord, ScoredCandidate
 

@@ -23,9 +23,9 @@ jaxrag is checked with the settings of configs/reasonrag/table3.py (its `mcts.mc
 import pytest
 
 from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Action, Step
+from jaxrag.supervision.judge_protocol import JudgeResult
 from jaxrag.supervision.mcts import (REASONING, TERMINAL, Child, MCTSConfig, _make_terminal, backup, code_rewards,
                                      new_tree, run_mcts, select_child, tree_pairs, uct_score)
-from jaxrag.supervision.judge_protocol import JudgeResult
 
 REWARD_CASES = [('r01_answer_beside_invalid', ['Paris'],
   [(0, None, 'root', 0, 1, ''), (1, 0, 'answer', 1, 1, 'Paris'), (2, 0, 'invalid', 1, 1, 'I am not sure')],
