@@ -302,3 +302,33 @@ def test_policy_tree_env_rollouts_through_the_continuous_pool_build_the_same_tre
     assert len({n["Q"] for t in trees[True] for n in t["nodes"]}) > 2   # values that differ between nodes
     assert pol.session.most > 1 and not pol.session.busy             # the last env's rollouts used the pool
     assert all(c["n"] == 2 for c in pol.calls)                       # only expansions called generate
+
+
+def env_revisits(tree) -> int:
+    return sum(n.visits - 1 for n in tree.nodes[1:] if n.stage == TERMINAL)
+
+
+def test_code_scheme_judges_every_new_node_with_the_policy_as_judge():
+    """configs/reasonrag/table3.py's search: value_scheme "code", the judge alone (the policy itself, 0-100 scale):
+    every new node, Terminal answers included, is judged in one batched call per iteration; selection Q is the
+    mean of the scores; the pair value comes from the answered leaves (the root's wrong answer "no": 0)."""
+    from jaxrag.supervision.judges import LocalJudge
+    from jaxrag.supervision.prompts import STEP_SCORE_SYSTEM, PromptOptions
+
+    marker = STEP_SCORE_SYSTEM["code"][:40]
+
+    def respond(prompt, j):
+        return "So the score is 60" if marker in prompt else reasonrag_plain(prompt, j)
+
+    pol = ScriptedPolicy(respond)
+    env = PolicyTreeEnv(pol, OverlapRetriever(PASSAGES), get_agent("reasonrag", mode="plain"), k=2)
+    judge = LocalJudge(pol, options=PromptOptions(step_score_variant="code"))
+    cfg = MCTSConfig(alpha=0.9, max_iterations=3, rollouts_per_node=0, judge_weight=1.0, backup="all")
+    [t] = run_mcts(env, [{"id": "q0", "question": "item 0 ?", "golden_answers": ["a0"]}], cfg, judge=judge)
+    judged = [n for n in t.nodes[1:] if n.judge_score is not None]
+    assert len(judged) == len(t.nodes) - 1 and all(n.judge_score == pytest.approx(0.6) for n in judged)
+    # the code's root N counts its simulations: one per judged node or re-visit, the budget's unit
+    assert t.root.Q == pytest.approx(0.6) and t.root.N == t.used == len(t.nodes) - 1 + env_revisits(t)
+    a, b = t.kids(t.root)
+    assert (b.stage, b.reward) == (TERMINAL, 0.0) and not env.calls["rollout"]
+    assert t.metadata["value_scheme"] == "code" and t.root.reward is not None
