@@ -314,6 +314,10 @@ def test_training_row_configs_carry_the_released_settings():
     assert [q["select"] for q in c.mcts.questions] == ["sample:3000:0"] * 3 and c.mcts.env.k == 3
     assert (c.mcts.mcts.max_depth, c.mcts.mcts.max_children, c.mcts.mcts.max_rollouts, c.mcts.mcts.alpha,
             c.mcts.mcts.min_margin) == (7, 2, 64, 0.9, 0.01)
+    # the released code's values: judge-only selection (the policy as judge, 0-100), pairs from answered leaves
+    m = c.mcts.mcts
+    assert (m.value_scheme, m.rollouts_per_node, m.judge_weight, m.backup) == ("code", 0, 1.0, "all")
+    assert (c.mcts.judge.kind, c.mcts.judge.path, c.mcts.judge.options.step_score_variant) == ("local", "", "code")
     assert (c.dpo.train.dpo.beta, c.dpo.train.optimizer.lr, c.dpo.epochs, c.dpo.train.lora.enabled) == (0.3, 1e-6, 1, False)
     o = c.orl_5k
     assert (o.reward, o.rl.group_size, o.rl.questions_per_step, o.rl.minibatches, o.rl.steps) == ("em", 5, 512, 2, 1005)
@@ -343,7 +347,9 @@ def test_training_row_configs_carry_the_released_settings():
 @pytest.mark.parametrize("name, key, value, message", [
     ("reasonrag/table3", "mcts.env.bogus", 1, r"config.mcts.env: unknown keys \['bogus'\]"),
     ("reasonrag/table3", "mcts.mcts.uct", "x", r"config.mcts.mcts: MCTSConfig.uct: must be one of"),
-    ("reasonrag/table3", "mcts.mcts.judge_weight", 0.5, r"config.mcts.judge: mcts.judge_weight > 0 .* needs a judge"),
+    ("reasonrag/table3", "mcts.mcts.judge_weight", 0.5, r"config.mcts.mcts: MCTSConfig.judge_weight: must be 1.0 when"),
+    ("reasonrag/table3", "mcts.judge", None, r"config.mcts.judge: mcts.judge_weight > 0 .* needs a judge"),
+    ("reasonrag/table3", "mcts.mcts.value_scheme", "both", r"config.mcts.mcts: MCTSConfig.value_scheme: must be one"),
     ("reasonrag/table3", "mcts.trees_per_round", 0, r"config.mcts.trees_per_round: 0: must be >= 1"),
     ("smartsearch/table3", "s2_data.smartsearch.pairs", "some", r"config.s2_data.smartsearch: .*pairs must be"),
     ("smartsearch/table3", "s1_data.rollout.bogus", 1, r"config.s1_data.rollout: .*bogus"),
@@ -368,7 +374,8 @@ def test_training_row_config_errors_name_the_key(name, key, value, message):
 def test_reasonrag_mcts_stage_turns_trees_into_training_rows(tmp_path):
     """reasonrag/table3's smoke mcts stage (its scripted actor: a query, or the question's last two words as the
     answer; questions 6-7 of the shared HotpotQA): Q6's gold "Terry Richardson" is those words, so its root's answer
-    child (F1 1) beats its query sibling (whose rollouts answer the same, discounted by 0.9 per step); Q7's answer
+    child (F1 1) beats its query sibling (whose answered leaves answer the same, discounted by 0.9 per step: the
+    released code's bottom-up reward; selection by the stand-in judge's constant score); Q7's answer
     "metropolitan area" scores 0 like its sibling: no pair."""
     from jaxrag.supervision.mcts import read_trees
 

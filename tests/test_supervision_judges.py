@@ -102,15 +102,22 @@ def test_usefulness_and_refine_prompts_show_the_search_process():
 def test_parse_rank():
     p = P.parse_rank('Here: ```json{"ranked_indices": [2, 0, 1]}```', 3)
     assert p.ok and p.ranks == [1, 2, 0] and p.scores == [0.5, 1 / 3, 1.0]
-    assert P.parse_rank('{"ranked_indices": [1, 0]}', 2).ranks == [1, 0]  # no fence: the JSON object
+    # strict (RAG-Gym's reading, the default): no fence -> a failure (the released code scores every action 0)
+    assert "no ```json" in P.parse_rank('{"ranked_indices": [1, 0]}', 2).failure
+    assert P.parse_rank('{"ranked_indices": [1, 0]}', 2, "lenient").ranks == [1, 0]  # lenient: the JSON object
     for reply, why in [("I prefer action 2", "no {\"ranked_indices\""),
                        ('```json{"ranked_indices": [0, 0, 1]}```', "repeats"),
                        ('```json{"ranked_indices": [0, 3, 1]}```', "out of range 0..2: [3]"),
                        ('```json{"ranked_indices": [0, 1]}```', "misses [2]"),
                        ('```json{"ranked_indices": "0,1,2"}```', "not a list"),
                        ('```json{"ranked_indices": [0, 1.5, 2]}```', "non-integers")]:
-        r = P.parse_rank(reply, 3)
+        r = P.parse_rank(reply, 3, "lenient")
         assert not r.ok and why in r.failure and r.scores is None, (reply, r.failure)
+    assert "ValueError" in P.parse_rank('```json{"ranked_indices": [0, 1]}```', 3).failure  # action 2 missing
+    with pytest.raises(ValueError, match="mode"):
+        P.parse_rank("", 1, "loose")
+    with pytest.raises(ValueError, match="rank_parse"):
+        P.PromptOptions(rank_parse="loose")
 
 
 def test_parse_step_score_usefulness_refine():

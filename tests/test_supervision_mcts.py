@@ -7,7 +7,8 @@ from fakes import OverlapRetriever, Passage, ScriptedPolicy, SlotScripted
 from jaxrag.env.agents import get_agent
 from jaxrag.env.mdp import ANSWER, QUERY, Action
 from jaxrag.supervision.judge_protocol import JudgeResult
-from jaxrag.supervision.mcts import (GROUNDING, REASONING, TERMINAL, Child, MCTSConfig, Outcome, new_tree, read_trees,
+from jaxrag.supervision.mcts import (GROUNDING, REASONING, TERMINAL, Child, MCTSConfig, Outcome, code_rewards, new_tree,
+                                     read_trees,
                                      run_mcts, spre, tree_from_json, tree_pairs, tree_records, tree_to_json, uct_score,
                                      write_trees)
 from jaxrag.supervision.mcts_env import PolicyTreeEnv
@@ -138,12 +139,17 @@ def test_budget_depth_limit_and_judge_mixing():
     t = new_tree({"id": "q", "question": "toy?", "golden_answers": ["b"]})
     run_mcts(env, [t], MCTSConfig(**BASE, max_rollouts=3))
     assert t.used >= 3 and t.iterations <= 3
-    # max_depth 1: the query child A becomes Terminal (no answer: 0), no rollout is asked for
-    env = ToyEnv(CHILDREN, OUTCOMES)
-    t = new_tree({"id": "q", "question": "toy?", "golden_answers": ["b"]})
-    run_mcts(env, [t], MCTSConfig(**BASE, max_depth=1, max_iterations=1))
-    a = t.nodes[1]
-    assert a.stage == TERMINAL and a.Q == 0.0 and a.extra["terminal_reason"] == "max_depth" and not env.rollout_calls
+    # max_depth 1: the query child A becomes Terminal with no answer, no rollout is asked for. The released code
+    # (value_scheme "code") gives it no reward: it counts its visit but the root's value is B's alone, and no pair;
+    # the paper scheme scores it 0 and averages it in (root 0.45) and pairs B over it
+    for scheme, root_q, root_n, n_pairs in (("code", 0.9, 2, 0), ("paper", 0.45, 2, 1)):
+        env = ToyEnv(CHILDREN, OUTCOMES)
+        t = new_tree({"id": "q", "question": "toy?", "golden_answers": ["b"]})
+        run_mcts(env, [t], MCTSConfig(**BASE, max_depth=1, max_iterations=1, value_scheme=scheme))
+        a = t.nodes[1]
+        assert a.stage == TERMINAL and a.extra["terminal_reason"] == "max_depth" and not env.rollout_calls
+        assert (t.root.N, t.root.Q, len(tree_pairs(t))) == (root_n, pytest.approx(root_q), n_pairs), scheme
+        assert a.rewardless == (scheme == "code") and a.reward is None
 
     class FakeJudge:
         name = "fake"
@@ -168,6 +174,8 @@ def test_budget_depth_limit_and_judge_mixing():
         MCTSConfig(rollouts_per_node=0, judge_weight=0.5).validate()
     with pytest.raises(ValueError, match="MCTSConfig.uct"):
         MCTSConfig(uct="ucb").validate()
+    with pytest.raises(ValueError, match="MCTSConfig.value_scheme"):
+        MCTSConfig(value_scheme="both").validate()
 
 
 def test_pair_filter_margin_and_text():
@@ -203,7 +211,12 @@ def test_tree_json_round_trip_and_records(tmp_path):
     assert [r.metadata["node"] for r in recs] == [0, 1]  # root and A (C is not expanded yet)
     root_rec = recs[0]
     assert root_rec.source == "mcts" and [c.raw for c in root_rec.candidates] == ["A", "B"]
-    assert [c.score for c in root_rec.candidates] == pytest.approx([t.nodes[1].Q, 0.9])
+    # value_scheme "code" (default): the pair value; A's only answered leaf is D (F1 0), C is not expanded yet
+    assert [c.score for c in root_rec.candidates] == pytest.approx([0.0, 0.9])
+    assert [c.extra["Q"] for c in root_rec.candidates] == pytest.approx([t.nodes[1].Q, 0.9])
+    _, paper, _ = grow({**BASE, "uct": "code", "value_scheme": "paper"}, 4)
+    scores = [c.score for c in tree_records(paper[0])[0].candidates]
+    assert scores == pytest.approx([paper[0].nodes[1].Q, 0.9])
     (tmp_path / "bad.jsonl").write_text('{"qid": "x", "nodes": [{"id": 3}]}\n')
     with pytest.raises(ValueError, match="bad.jsonl:1"):
         read_trees(tmp_path / "bad.jsonl")
@@ -228,7 +241,8 @@ def test_policy_tree_env_batches_and_builds_grounding_nodes(tmp_path):
     pol = ScriptedPolicy(reasonrag_plain)
     env = PolicyTreeEnv(pol, OverlapRetriever(PASSAGES), get_agent("reasonrag", mode="plain"), k=2)
     stats = {}
-    trees = run_mcts(env, items, MCTSConfig(alpha=0.9, max_iterations=2, rollouts_per_node=2), stats=stats)
+    trees = run_mcts(env, items, MCTSConfig(alpha=0.9, max_iterations=2, rollouts_per_node=2, value_scheme="paper"),
+                     stats=stats)
     # iteration 1: ONE generate call holds all 3 roots x n=2
     assert len(pol.calls[0]["prompts"]) == 3 and pol.calls[0]["n"] == 2
     assert stats["expand_calls"] == 2 and stats["rollout_calls"] == 2 and env.calls["engine"] == 2
@@ -251,6 +265,12 @@ def test_policy_tree_env_batches_and_builds_grounding_nodes(tmp_path):
     assert any(len(c["prompts"]) == 3 and c["n"] == 2 for c in ground_calls)
     pairs = tree_pairs(t)
     assert [(p.chosen, p.rejected) for p in pairs] == [("search: topic1 fact\n", "answer: no\n")]
+    # value_scheme "code" on the same tree: A's subtree holds no answered leaf (its values are rollouts), so A has
+    # no reward and the released script makes no pair
+    code = tree_from_json(tree_to_json(t))
+    code.metadata["value_scheme"] = "code"
+    code_rewards(code, 0.9)
+    assert code.nodes[a.id].reward is None and code.root.reward == 0.0 and tree_pairs(code) == []
     recs = tree_records(t, "reasonrag")
     assert recs[0].history == [] and recs[1].history[-1].action.text == "topic1 fact"
     assert recs[1].candidates[0].action.extra["evidence"] == "ev0"
@@ -282,3 +302,33 @@ def test_policy_tree_env_rollouts_through_the_continuous_pool_build_the_same_tre
     assert len({n["Q"] for t in trees[True] for n in t["nodes"]}) > 2   # values that differ between nodes
     assert pol.session.most > 1 and not pol.session.busy             # the last env's rollouts used the pool
     assert all(c["n"] == 2 for c in pol.calls)                       # only expansions called generate
+
+
+def env_revisits(tree) -> int:
+    return sum(n.visits - 1 for n in tree.nodes[1:] if n.stage == TERMINAL)
+
+
+def test_code_scheme_judges_every_new_node_with_the_policy_as_judge():
+    """configs/reasonrag/table3.py's search: value_scheme "code", the judge alone (the policy itself, 0-100 scale):
+    every new node, Terminal answers included, is judged in one batched call per iteration; selection Q is the
+    mean of the scores; the pair value comes from the answered leaves (the root's wrong answer "no": 0)."""
+    from jaxrag.supervision.judges import LocalJudge
+    from jaxrag.supervision.prompts import STEP_SCORE_SYSTEM, PromptOptions
+
+    marker = STEP_SCORE_SYSTEM["code"][:40]
+
+    def respond(prompt, j):
+        return "So the score is 60" if marker in prompt else reasonrag_plain(prompt, j)
+
+    pol = ScriptedPolicy(respond)
+    env = PolicyTreeEnv(pol, OverlapRetriever(PASSAGES), get_agent("reasonrag", mode="plain"), k=2)
+    judge = LocalJudge(pol, options=PromptOptions(step_score_variant="code"))
+    cfg = MCTSConfig(alpha=0.9, max_iterations=3, rollouts_per_node=0, judge_weight=1.0, backup="all")
+    [t] = run_mcts(env, [{"id": "q0", "question": "item 0 ?", "golden_answers": ["a0"]}], cfg, judge=judge)
+    judged = [n for n in t.nodes[1:] if n.judge_score is not None]
+    assert len(judged) == len(t.nodes) - 1 and all(n.judge_score == pytest.approx(0.6) for n in judged)
+    # the code's root N counts its simulations: one per judged node or re-visit, the budget's unit
+    assert t.root.Q == pytest.approx(0.6) and t.root.N == t.used == len(t.nodes) - 1 + env_revisits(t)
+    a, b = t.kids(t.root)
+    assert (b.stage, b.reward) == (TERMINAL, 0.0) and not env.calls["rollout"]
+    assert t.metadata["value_scheme"] == "code" and t.root.reward is not None

@@ -9,9 +9,11 @@ collection with a GPT-4o ranking judge, DPO on the process-level pairs, then the
 
 Stages:
   collect  the first 1,000 HotpotQA dev questions (the eval takes the last 1,000); at every state N = 10 candidate
-           actions at T = 1.0, ranked by the judge with RAG-Gym's prompt (sufficiency / utility / redundancy), the best
-           executed; 10 steps, 32 documents; trajectories kept iff their answer's F1 > 0.75; reward 1/(1+rank); pairs
-           (reward > 0.75, reward < 0.5) at one state (jaxrag.pipelines.collect).
+           actions at T = 1.0, ranked by the judge (GPT-4o over HTTP, T = 0) with RAG-Gym's prompt (sufficiency /
+           utility / redundancy), the best executed; 10 steps, 32 documents; trajectories kept iff their answer's
+           F1 > 0.75; reward 1/(1+rank), the judge's reply read as the released lm_rerank.py reads it (strict: only a
+           ```json{...}``` block; `judge.options.rank_parse = "lenient"` accepts any JSON object); pairs (reward
+           > 0.75, reward < 0.5) at one state, each text pair once as dpo.py (`ranking.pair_dedup`); pieces.collect.
   dpo      β 0.1, LoRA r 256 / α 512 / dropout 0.05 on q, k, v (reference: the base with adapters off), lr 2e-6, batch
            32 pairs (code: 1 x 32 accumulation), one epoch (the stage's `epochs`: steps = ceil(pairs / 32), logged),
            bf16 with remat, prompts up to 4,096 tokens.
@@ -49,17 +51,7 @@ def get_config(variant: str = ""):
     c = ml_collections.ConfigDict({"paper": "rag_gym", "table": "table2", "model": "Llama-3.1-8B-Instruct"})
     c.base_model = base
     c.stages = ["collect", "dpo", "eval"]
-    c.collect = ml_collections.ConfigDict({
-        "fn": "jaxrag.pipelines.collect:ranking_stage",
-        "policy": {"path": base, "max_prompt_tokens": 4096},
-        "retriever": t2.eval.retriever.to_dict(),
-        "questions": {"path": "data/hotpotqa_dev.jsonl", "select": "first:1000"},
-        "agent": {"name": agent, "opts": {"max_doc_chars": None}},
-        "judge": {"kind": "http", "base_url": "", "model": "gpt-4o", "api_key_env": "OPENAI_API_KEY",
-                  "max_retries": 2, "timeout_s": 120.0, "max_workers": 8},
-        "ranking": {"n_candidates": 10, "temperature": 1.0, "max_steps": 10, "k": 32, "batch_size": 64,
-                    "max_new_tokens": 512, "outcome_metric": "f1", "outcome_threshold": 0.75, "seed": 0},
-    })
+    c.collect = pieces.collect(base, t2, agent)
     if domain == "medqa":
         pieces.medqa_collect(c.collect, t2)
     c.dpo = train_stage("jaxrag.pipelines.train:train_stage", "collect/dpo.jsonl", loss="dpo", steps=100,

@@ -13,6 +13,10 @@ not print the N values on the figure's axis: NS is a guess spanning the paper's 
 when known). MedQA (in the figure) is the argument `medqa` (`fig4.py:medqa`): the collection and critic on RAG-Gym's
 1,000 MedQA training questions over the medical corpus (configs/rag_gym/pieces.py:medqa_collect), the curve on MedQA
 test.
+Process rewards (collect, configs/rag_gym/pieces.py:collect): GPT-4o over HTTP ranks a state's 10 candidates (T 1.0)
+at T = 0, reward 1/(1+rank); the reply read as the released lm_rerank.py reads it (judge.options.rank_parse
+"strict"; "lenient" the option); pairs each (chosen, rejected) text once per state (ranking.pair_dedup, as dpo.py).
+RAG-Gym has no tree value: no value scheme. docs/conformance.md lists what differs from the released code.
 """
 
 from configs.common import paper

@@ -43,17 +43,23 @@ def critic_head(table: str, stages, agent: str = "re2search", variant: str = "")
 
 
 def collect(base, t2, agent: str, judge: dict | None = None) -> ml_collections.ConfigDict:
-    """RAG-Gym's ranking collection on the first 1,000 HotpotQA dev questions (as configs/rag_gym/dpo.py)."""
+    """RAG-Gym's ranking collection on the first 1,000 HotpotQA dev questions, as released (rollout.py, lm_rerank.py,
+    dpo.py): the judge (GPT-4o over HTTP at T = 0 unless `judge` says otherwise) ranks the 10 candidates of a state,
+    reward 1/(1+rank); its reply is read strictly (only a ```json{...}``` block; anything else: no reward for the
+    state, where the code gives every action 0); pairs (reward > 0.75, reward < 0.5) once per text pair."""
+    judge = dict(judge or {"kind": "http", "base_url": "", "model": "gpt-4o", "api_key_env": "OPENAI_API_KEY",
+                           "max_retries": 2, "timeout_s": 120.0, "max_workers": 8})
+    judge.setdefault("options", {"rank_parse": "strict"})   # "lenient": any JSON object, a permutation required
     return ml_collections.ConfigDict({
         "fn": "jaxrag.pipelines.collect:ranking_stage",
         "policy": {"path": base, "max_prompt_tokens": 4096},
         "retriever": t2.eval.retriever.to_dict(),
         "questions": {"path": "data/hotpotqa_dev.jsonl", "select": "first:1000"},
         "agent": {"name": agent, "opts": {"max_doc_chars": None}},
-        "judge": judge or {"kind": "http", "base_url": "", "model": "gpt-4o", "api_key_env": "OPENAI_API_KEY",
-                           "max_retries": 2, "timeout_s": 120.0, "max_workers": 8},
+        "judge": judge,
         "ranking": {"n_candidates": 10, "temperature": 1.0, "max_steps": 10, "k": 32, "batch_size": 64,
-                    "max_new_tokens": 512, "outcome_metric": "f1", "outcome_threshold": 0.75, "seed": 0},
+                    "max_new_tokens": 512, "outcome_metric": "f1", "outcome_threshold": 0.75, "seed": 0,
+                    "pair_dedup": True},   # False: a candidate sampled twice gives its pairs twice
     })
 
 

@@ -15,6 +15,10 @@ hyperparameters: the PPO settings below are OpenRLHF's defaults where it has the
 number this config produces. The design is the config's argument, alone or after the variant: `ppo.py:react`,
 `ppo.py:shared,rag` (default Re²Search); `medqa` makes it the row's MedQA column (`ppo.py:medqa`; as
 configs/rag_gym/dpo.py says; the PPO questions are collect's).
+Process rewards (collect, configs/rag_gym/pieces.py:collect): GPT-4o over HTTP ranks a state's 10 candidates (T 1.0)
+at T = 0, reward 1/(1+rank); the reply read as the released lm_rerank.py reads it (judge.options.rank_parse
+"strict"; "lenient" the option); pairs each (chosen, rejected) text once per state (ranking.pair_dedup, as dpo.py).
+RAG-Gym has no tree value: no value scheme. docs/conformance.md lists what differs from the released code.
 """
 
 from configs.common import paper

@@ -11,6 +11,10 @@ Stages: collect (as configs/rag_gym/dpo.py) -> sft (LoRA r 256 / α 512 / dropou
 Re²Search summaries from the untuned base model). The design is the config's argument,
 alone or after the variant: `sft.py:react`, `sft.py:shared,cot` (RAG-Gym tunes each of its six; default Re²Search);
 `medqa` makes it the row's MedQA column (`sft.py:medqa,cot`; as configs/rag_gym/dpo.py says).
+Process rewards (collect, configs/rag_gym/pieces.py:collect): GPT-4o over HTTP ranks a state's 10 candidates (T 1.0)
+at T = 0, reward 1/(1+rank); the reply read as the released lm_rerank.py reads it (judge.options.rank_parse
+"strict"; "lenient" the option); pairs each (chosen, rejected) text once per state (ranking.pair_dedup, as dpo.py).
+RAG-Gym has no tree value: no value scheme. docs/conformance.md lists what differs from the released code.
 """
 
 import ml_collections

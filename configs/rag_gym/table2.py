@@ -21,6 +21,8 @@ inner product. Build `indexes/medcorp` from MedRAG's chunk files (id, title, con
         --query-encoder $WORKDIR/models/MedCPT-Query-Encoder --query-max-len 64
 Tuned rows (SFT / DPO / PPO) are the same config with `policy.path` at the tuned checkpoint, `summarizer.path` at the
 base model and `tuning` naming the method ("--config.eval.tuning=dpo": rows "react+dpo", ...).
+Zero-shot rows: no process reward, no value scheme; actions at T = 0; the LLM-judge metric (LJ: GPT-4o over HTTP,
+T = 0) only when `judge.base_url` is set.
 """
 
 from configs.common import paper

@@ -13,6 +13,10 @@ the base model at T = 0: Table 2's protocol) -> eval (Re²Search, the DPO actor,
 the critic's argmax: "re2search+dpo+critic"; summaries from the untuned base model). The Qwen-2.5-7B block is the
 same config with both `base_model` and `model` set to Qwen2.5-7B-Instruct (the critic stays Llama-3.1-8B: the paper
 reuses its critic across actors, §3.3).
+Process rewards (collect, configs/rag_gym/pieces.py:collect): GPT-4o over HTTP ranks a state's 10 candidates (T 1.0)
+at T = 0, reward 1/(1+rank); the reply read as the released lm_rerank.py reads it (judge.options.rank_parse
+"strict"; "lenient" the option); pairs each (chosen, rejected) text once per state (ranking.pair_dedup, as dpo.py).
+RAG-Gym has no tree value: no value scheme. docs/conformance.md lists what differs from the released code.
 """
 
 import ml_collections

@@ -20,6 +20,11 @@ questions over the medical corpus (configs/rag_gym/pieces.py:medqa_collect), rol
 (metric acc), the eval on Table 2's MedQA stage. Not here: the ORM row (the paper does not say what its outcome reward
 model is trained on) and the Agree column: agreement with human annotators, whose annotations are not available.
 rollout/agreement.md reports instead the rollout values' pairwise agreement with the GPT-4o ranks on the same states. M (continuations per candidate) is not given in the paper: 4 (RolloutValueConfig).
+Process rewards (collect, configs/rag_gym/pieces.py:collect): GPT-4o over HTTP ranks a state's 10 candidates (T 1.0)
+at T = 0, reward 1/(1+rank); the reply read as the released lm_rerank.py reads it (judge.options.rank_parse
+"strict"; "lenient" the option); pairs each (chosen, rejected) text once per state (ranking.pair_dedup, as dpo.py).
+RAG-Gym has no tree value: no value scheme. docs/conformance.md lists what differs from the released code.
+PRM (Llama)'s judge is the local base model with the same prompt, reply reading and pairs, at T = 0.
 """
 
 import ml_collections

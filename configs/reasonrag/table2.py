@@ -14,6 +14,8 @@ max_iter = 7 counts both kinds, so 3 queries and an answer: 4 engine steps. Rows
 no-retrieval ("direct") and standard RAG ("rag") baselines on the same model; the other published baselines
 (Self-RAG, Search-o1 with its own prompt, ...) are other systems. The "shared" variant's PopQA, 2Wiki and MuSiQue
 gold is mostly not in the shared corpus (see the index-recall table).
+Evaluation only: no value scheme, reward or judge (the MCTS values are configs/reasonrag/table3.py's); actions at
+temperature 0 (the eval stage's).
 """
 
 from configs.common import paper

@@ -17,13 +17,22 @@ Rows (jaxrag.pipelines.published.METHODS) and the stages behind them:
 
 Stages and their settings:
   mcts     RAG-ProGuide's construction (002 §2.2.3; jaxrag.pipelines.collect_mcts:mcts_stage): 3,000 questions sampled from
-           each of PopQA, HotpotQA and 2Wiki train; MCTS with SPRE over the ReasonRAG agent's Reasoning / Grounding
-           steps, the released code's settings (data_generation.py: max_iter 7, max_children 2, max_rollouts 64,
-           c 1.414, retrieval top 3; preference_data_generation.py: SPRE decay 0.9, pairs of siblings with a reward
-           gap >= 0.01 and different content); the policy samples at T = 1.0 (the code leaves the OpenAI default).
-           The paper's policy is GPT-4o: jaxrag samples with a local checkpoint (`mcts.policy.path`, default the base
-           model); no OpenAI-backed Policy exists. Writes dpo.jsonl, sft.jsonl and questions.jsonl (the questions whose
-           trees gave a pair: 4,603 of 9,000 in the paper).
+           each of PopQA, HotpotQA and 2Wiki train; MCTS over the ReasonRAG agent's Reasoning / Grounding steps with
+           the released code's settings and values (data_generation.py + reasonrag_pipeline.py: max_iter 7,
+           max_children 2, 64 simulations, UCT Q + 1.414·sqrt(ln N_parent / N), retrieval top 3;
+           preference_data_generation.py: SPRE decay 0.9, pairs of siblings with a reward gap >= 0.01 and different
+           content). Value scheme "code": selection by the judge's value alone (every new node scored by the
+           policy itself with ReasonRAG's evaluation prompt, 0-100 / 100, at T = 1.0, no rollouts; a node's Q = the
+           mean of every score in its subtree, its own included), and pairs from the separate bottom-up SPRE over
+           the tree's answered leaves (reward F1·0.9^depth; a leaf without a valid answer -- invalid, past max
+           depth, a dead end -- gets no reward and is skipped). The paper's value (Eq. 1: SPRE over rollouts, one
+           Q for selection and pairs, such leaves scored 0) is the named option:
+               --config.mcts.mcts.value_scheme=paper --config.mcts.mcts.rollouts_per_node=1 \
+               --config.mcts.mcts.judge_weight=0.0 --config.mcts.mcts.backup=children
+           The policy samples at T = 1.0 (the code leaves the OpenAI default). The paper's policy and judge are
+           GPT-4o: jaxrag samples and judges with a local checkpoint (`mcts.policy.path`, default the base model);
+           no OpenAI-backed Policy exists. Writes dpo.jsonl, sft.jsonl and questions.jsonl (the questions whose
+           trees gave a pair: 4,603 of 9,000 in the paper). docs/conformance.md lists what differs from the code.
   dpo      the released training_config/qwen_dpo.yaml (LLaMA-Factory): full fine-tuning, sigmoid DPO with β 0.3,
            lr 1e-6 cosine, 1 epoch, bf16, sequences up to 10,000 tokens; its batch is 1 per device x 2 accumulation
            on a device count it does not state: 8 devices assumed (batch 16). Its warmup ratio 0.2 is left out
@@ -61,12 +70,14 @@ def mcts(base, t2) -> ml_collections.ConfigDict:
         "questions": [{"path": p, "select": "sample:3000:0"} for _, p in TRAIN],
         "agent": {"name": "reasonrag", "opts": {"max_doc_chars": None}},
         "mcts": {"uct": "code", "c": 1.414, "max_children": 2, "max_rollouts": 64, "max_iterations": 64,
-                 "max_depth": 7, "rollouts_per_node": 1, "alpha": 0.9, "judge_weight": 0.0, "backup": "children",
-                 "min_margin": 0.01},
+                 "max_depth": 7, "rollouts_per_node": 0, "alpha": 0.9, "judge_weight": 1.0, "backup": "all",
+                 "min_margin": 0.01, "value_scheme": "code"},
         "env": {"k": 3, "temperature": 1.0, "rollout_temperature": 1.0, "max_new_tokens": 512,
                 "summary_max_new_tokens": 512, "batch_size": 64, "seed": 0},
         "trees_per_round": 64,
-        "judge": None,
+        # the code's evaluate_thoughts: the policy's own generator with the evaluation prompt, a 0-100 score
+        "judge": {"kind": "local", "path": "", "name": "policy", "temperature": 1.0, "max_new_tokens": 512,
+                  "options": {"step_score_variant": "code"}},
     })
 
 
@@ -148,11 +159,26 @@ def smoke_actor(section=None, workdir=None):
     return ScriptedPolicy(respond)
 
 
+class SmokeJudge:
+    """The smoke MCTS's judge stand-in (no model): every judged step scores 0.5. Not ReasonRAG's judge."""
+
+    name = "smoke"
+
+    def judge(self, requests):
+        from jaxrag.supervision.judge_protocol import JudgeResult
+
+        return [JudgeResult([0.5] * len(r.candidates)) for r in requests]
+
+
+def smoke_judge(section=None, workdir=None) -> SmokeJudge:
+    return SmokeJudge()
+
+
 def smoke(c) -> None:
-    """A tiny random checkpoint; MCTS with the scripted actor on 2 shared HotpotQA questions (whose last two words
-    overlap the gold), 8 rollouts a tree; 2 steps each of DPO and SFT on its rows (text, tokenized by the tiny
-    checkpoint's tokenizer); 2 outcome-GRPO steps of 1 question x 2 episodes on mcts/questions.jsonl for both ORL rows; every eval on
-    2 HotpotQA questions."""
+    """A tiny random checkpoint; MCTS with the scripted actor and a constant stand-in judge on 2 shared HotpotQA
+    questions (whose last two words overlap the gold), 8 simulations a tree; 2 steps each of DPO and SFT on its rows
+    (text, tokenized by the tiny checkpoint's tokenizer); 2 outcome-GRPO steps of 1 question x 2 episodes on
+    mcts/questions.jsonl for both ORL rows; every eval on 2 HotpotQA questions."""
     from configs.rag_gym import pieces
     from jaxrag.pipelines.rl import tiny_checkpoint_config
 
@@ -162,6 +188,7 @@ def smoke(c) -> None:
     c.base_model = "stage:setup"
     m = c.mcts
     m.policy = {"fn": "configs.reasonrag.table3:smoke_actor"}
+    m.judge = {"kind": "fn", "fn": "configs.reasonrag.table3:smoke_judge"}
     m.retriever.update(dict(index_dir="", corpus=paper.SHARED_CORPUS, max_passages=300, kind="bm25",
                             backend="bm25s"))
     m.questions = [{"path": str(paper.BENCHMARKS / paper.SHARED["HotpotQA"]), "select": "range:6:8"}]

@@ -55,7 +55,8 @@ def get_config(preset: str = "demo"):
                   temperature=c.supervision.temperature,  # the ranking pairs' sampling: equal footing
                   max_new_tokens=c.supervision.max_new_tokens, batch_size=c.supervision.batch_size,
                   mcts=dict(uct="code", c=1.414, max_children=2, max_rollouts=16, max_iterations=16,
-                            max_depth=c.supervision.max_steps, rollouts_per_node=1, alpha=0.9, min_margin=0.01))
+                            max_depth=c.supervision.max_steps, rollouts_per_node=1, alpha=0.9, min_margin=0.01,
+                            value_scheme="paper"))   # SPRE rollouts, one Q: no judge in the synthetic world
     c.dpo_mcts = ml_collections.ConfigDict(c.dpo.to_dict())
     c.dpo_mcts.pairs = "mcts"
     c.grpo_k3 = pipeline.grpo_section(c)

@@ -143,7 +143,7 @@ def mcts_rows(workdir: Path, questions: int, iterations: int, batch: int) -> lis
     from jaxrag.supervision.mcts_env import PolicyTreeEnv
 
     config, tok, retriever, items = sft_world(workdir, questions)
-    mcfg = MCTSConfig(max_iterations=iterations, rollouts_per_node=2)
+    mcfg = MCTSConfig(max_iterations=iterations, rollouts_per_node=2, value_scheme="paper")
     rows = []
     for name, cache, expansions in (("pool + sessions", False, False), ("+ prefix cache", True, False),
                                     ("+ expansions in the pool", True, True)):

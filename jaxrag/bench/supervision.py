@@ -210,7 +210,8 @@ def mcts_rows(s: Setup, repeats: int = 2) -> list[dict]:
     one tree at a time vs all trees at once; warm-up, then alternating timed runs, the fastest kept."""
     from jaxrag.supervision.mcts import MCTSConfig
 
-    cfg = MCTSConfig(max_children=2, max_rollouts=8, max_iterations=8, max_depth=s.cfg.max_steps)
+    cfg = MCTSConfig(max_children=2, max_rollouts=8, max_iterations=8, max_depth=s.cfg.max_steps,
+                     value_scheme="paper")
     rows = []
     for name, pol in s.policies.items():
         best: dict[bool, dict] = {}

@@ -11,7 +11,8 @@ config[name]:
   judge       {kind: "http", base_url, model, api_key_env, max_retries, timeout_s, max_workers}: an OpenAI-compatible
               endpoint with RAG-Gym's ranking prompt (001 App. H Fig. 10) | {kind: "local", path, ...}: a local
               checkpoint with the same prompt (empty path: the policy itself) | {kind: "fn", fn: "module:function"}:
-              fn(judge_section, workdir) -> a judge (e.g. jaxrag.fakes:shortest_judge, the smoke variant's stand-in)
+              fn(judge_section, workdir) -> a judge (e.g. jaxrag.fakes:shortest_judge, the smoke variant's stand-in);
+              http / local: `options` = supervision.prompts.PromptOptions fields (rank_parse "strict" | "lenient")
   ranking     jaxrag.supervision.ranking.RankingConfig fields (N = 10 candidates at T = 1.0, 10 steps, keep a
               trajectory iff F1 > 0.75, ...)
 Outputs under workdir/<name>/: records.jsonl (every state of a kept trajectory, every candidate with its rank, score,
@@ -37,15 +38,17 @@ LOAD_POLICY = "jaxrag.pipelines.common:load_policy"
 def make_judge(jc: dict, workdir, policy):
     """The judge of a `judge` section (see the module doc)."""
     from jaxrag.supervision.judges import HttpJudge, LocalJudge
+    from jaxrag.supervision.prompts import PromptOptions
 
     kind = jc.get("kind")
+    opts = PromptOptions(**(jc.get("options") or {}))  # e.g. {"rank_parse": "lenient", "step_score_variant": "code"}
     if kind == "http":
         kw = {k: jc[k] for k in ("api_key_env", "max_retries", "timeout_s", "max_workers", "max_tokens") if k in jc}
-        return HttpJudge(jc["base_url"], jc["model"], **kw)
+        return HttpJudge(jc["base_url"], jc["model"], options=opts, **kw)
     if kind == "local":
         judge_policy = load_policy(jc, workdir) if jc.get("path") else policy
-        return LocalJudge(judge_policy, name=jc.get("name") or "local",
-                          **{k: jc[k] for k in ("max_retries", "max_new_tokens") if k in jc})
+        return LocalJudge(judge_policy, name=jc.get("name") or "local", options=opts,
+                          **{k: jc[k] for k in ("max_retries", "max_new_tokens", "temperature") if k in jc})
     if kind == "fn":
         from jaxrag.stage_fn import resolve_fn
 
@@ -90,6 +93,12 @@ def check_judge(name: str, jc: dict, http_example: str) -> None:
         config_fail(f"{name}.judge", f"an http judge needs base_url and model ({http_example})")
     if jc["kind"] == "fn" and not jc.get("fn"):
         config_fail(f"{name}.judge.fn", "empty: 'module:function'")
+    try:
+        from jaxrag.supervision.prompts import PromptOptions
+
+        PromptOptions(**(jc.get("options") or {}))
+    except (TypeError, ValueError) as e:
+        config_fail(f"{name}.judge.options", str(e))
 
 
 def check_config(config, name: str) -> None:
@@ -111,8 +120,9 @@ def encode_prompt(policy, prompt: str, max_new_tokens: int) -> list[int] | None:
     return enc(prompt, max_new_tokens) if enc is not None else None
 
 
-def training_rows(records, policy, max_new_tokens: int) -> tuple[list[dict], list[dict], list]:
-    """(dpo rows, sft rows, pairs) from kept records: pairs by RAG-Gym's rule (supervision.ranking.ranking_pairs);
+def training_rows(records, policy, max_new_tokens: int, dedup: bool = True) -> tuple[list[dict], list[dict], list]:
+    """(dpo rows, sft rows, pairs) from kept records: pairs by RAG-Gym's rule (supervision.ranking.ranking_pairs;
+    `dedup`: each text pair once per state);
     ids are the prompt as the policy encoded it and each candidate's sampled ids (text when ids are unknown)."""
     from jaxrag.supervision.ranking import ranking_pairs
 
@@ -120,7 +130,7 @@ def training_rows(records, policy, max_new_tokens: int) -> tuple[list[dict], lis
     for rec in records:
         ids = {c.raw: c.token_ids for c in rec.candidates}
         prompt_ids = encode_prompt(policy, rec.prompt, max_new_tokens)
-        rec_pairs = ranking_pairs([rec])
+        rec_pairs = ranking_pairs([rec], dedup=dedup)
         pairs += rec_pairs
         for p in rec_pairs:
             if prompt_ids is not None and ids.get(p.chosen) and ids.get(p.rejected):
@@ -173,7 +183,7 @@ def ranking_stage(config, workdir, name) -> None:
     rc = RankingConfig(**plain(sc.ranking))
     episodes: list = []
     records, stats = collect_ranking(policy, retriever, agent, judge, questions, rc, episodes=episodes)
-    dpo, sft, pairs = training_rows(records, policy, rc.max_new_tokens)
+    dpo, sft, pairs = training_rows(records, policy, rc.max_new_tokens, dedup=rc.pair_dedup)
     write_records(out / "records.jsonl", records)
     write_pairs(out / "pairs.jsonl", pairs)
     write_rows(out / "dpo.jsonl", dpo)

@@ -116,7 +116,7 @@ def plan_calls(req: JudgeRequest, opts: P.PromptOptions) -> list[Call] | str:
             return []
         n = len(valid)
         return [Call(P.rank_messages(q, req.state.history, [cands[i] for i in valid], opts),
-                     lambda r, n=n: P.parse_rank(r, n), valid)]
+                     lambda r, n=n: P.parse_rank(r, n, opts.rank_parse), valid)]
     hist, judged, known = judged_steps(req)
     if req.kind == "step_score":
         variant = opts.step_score_variant

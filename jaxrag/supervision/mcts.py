@@ -22,12 +22,25 @@ One MCTS iteration, for EVERY active tree at once:
   Selecting a Terminal leaf again re-visits it (N += 1, its exact Q re-backed up), as the released code does.
 
 Budget per tree: `max_rollouts` (64; the code's number of MCTS simulations) counts rollouts, terminal evaluations and
-re-visits; `max_iterations` caps the rounds; `max_depth` (7; the code's `max_iter`, "iterations" in 002 Table 1) caps
+re-visits (and under "code" with the judge as the only value, every judged node: one simulation of the code each);
+`max_iterations` caps the rounds; `max_depth` (7; the code's `max_iter`, "iterations" in 002 Table 1) caps
 the steps of any trajectory, Reasoning and Grounding steps both counting, as in the code's `node.step`.
 
-Outputs: `tree_records` (ProcessRecords, source "mcts", score = Q of each child of every expanded node),
-`tree_pairs` (sibling pairs with |ΔQ| ≥ 0.01 and different content, the chosen one valid: 002 §2.3 and
-preference_data_generation.process_node), and trees as JSON (`tree_to_json` / `tree_from_json`, JSONL files).
+Value schemes (`value_scheme`; docs/conformance.md):
+  code   (default; ReasonRAG's released pipeline + preference script) a leaf without a valid answer (an Invalid action,
+         a step past max_depth, a dead end, an unexpanded node) gets no reward: it counts its visits in N but adds
+         nothing to its parent's value. With the judge as the only value (rollouts_per_node 0) every new node is
+         judged, Terminal ones too, and selection uses the judge's Q. Pairs use a second value computed after the
+         search (`code_rewards`): the bottom-up SPRE over answered leaves, reward = F1·α^depth (`reasonrag_f1`: the
+         preference script's F1, which keeps articles), a parent the visit-weighted mean of its rewarded children.
+  paper  one Q for selection and pairs (SPRE rollouts, optionally judge-mixed); every leaf has a value, one without
+         a valid answer v = 0, and it is averaged into its parent's Q and can be the rejected side of a pair.
+
+Outputs: `tree_records` (ProcessRecords, source "mcts", score = the pair value of each child of every expanded
+node), `tree_pairs` (sibling pairs with a value gap ≥ 0.01 and different content, the chosen one valid: 002 §2.3 and
+preference_data_generation.process_node; under "code" only between rewarded siblings, walking down from the root
+through rewarded nodes with at least two children, as the released script), and trees as JSON (`tree_to_json` /
+`tree_from_json`, JSONL files).
 
 The environment is an interface (`TreeEnv`: expand + rollout over many (tree, node) pairs at once) so tests can use a
 deterministic toy; `jaxrag.supervision.mcts_env.PolicyTreeEnv` is the real one over a policy, a retriever and an agent
@@ -38,12 +51,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import string
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
-from jaxrag.env.mdp import INVALID, QUERY, Action, Episode, State, Step
+from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Action, Episode, State, Step
 from jaxrag.jsonl import iter_jsonl, write_jsonl
 from jaxrag.supervision.judge_protocol import Judge, JudgeRequest
 from jaxrag.supervision.records import Pair, ProcessRecord, ScoredCandidate
@@ -52,6 +67,7 @@ REASONING, GROUNDING, TERMINAL = "Reasoning", "Grounding", "Terminal"
 STAGES = (REASONING, GROUNDING, TERMINAL)
 UCT_VARIANTS = ("paper", "code")
 BACKUPS = ("children", "all")
+VALUE_SCHEMES = ("code", "paper")
 
 
 @dataclass(frozen=True)
@@ -69,6 +85,7 @@ class MCTSConfig:
     judge_weight: float = 0.0  # w in Q = (1-w)·SPRE + w·judge for new non-terminal nodes (0: no judge)
     backup: str = "children"  # "children" (visit-weighted mean of children) | "all" (own rollouts too)
     min_margin: float = 0.01  # sibling pairs need |ΔQ| >= this (002 §2.3)
+    value_scheme: str = "code"  # "code": rewardless leaves skipped, pairs from code_rewards | "paper": one Q
 
     def validate(self) -> "MCTSConfig":
         def bad(key, why):
@@ -78,6 +95,8 @@ class MCTSConfig:
             bad("uct", f"must be one of {UCT_VARIANTS}")
         if self.backup not in BACKUPS:
             bad("backup", f"must be one of {BACKUPS}")
+        if self.value_scheme not in VALUE_SCHEMES:
+            bad("value_scheme", f"must be one of {VALUE_SCHEMES}")
         for key in ("max_children", "max_rollouts", "max_iterations", "max_depth"):
             if getattr(self, key) < 1:
                 bad(key, "must be >= 1")
@@ -138,6 +157,7 @@ class Node:
     samples: list[float] = field(default_factory=list)  # v·α^steps of each own rollout
     judge_score: float | None = None
     judge_failure: str = ""
+    reward: float | None = None  # value_scheme "code": the pair value (code_rewards); None = no reward
     extra: dict = field(default_factory=dict)
 
     @property
@@ -153,6 +173,17 @@ class Node:
     @property
     def valid(self) -> bool:
         return self.kind == "evidence" or (self.action is not None and self.action.kind != INVALID)
+
+    @property
+    def tagged(self) -> bool:
+        """Valid, and an evidence extraction only when its evidence was read (the released script never prefers a
+        response without an <answer>, <query> or <evidence> tag)."""
+        return self.valid and not (self.kind == "evidence" and self.step is not None and self.step.summary is None)
+
+    @property
+    def rewardless(self) -> bool:
+        """A leaf without a valid answer under value_scheme "code" (no reward; its value enters no mean)."""
+        return bool(self.extra.get("no_reward"))
 
 
 @dataclass
@@ -242,24 +273,35 @@ def uct_score(cfg: MCTSConfig, parent: Node, child: Node, siblings: Sequence[Nod
     return child.Q + cfg.c * math.sqrt(math.log(max(parent.N, 1)) / child.N)
 
 
+def select_child(tree: Tree, node: Node, cfg: MCTSConfig) -> Node:
+    """The child of `node` with the highest UCT score (max keeps the first of equal scores)."""
+    kids = tree.kids(node)
+    return max(kids, key=lambda ch: uct_score(cfg, node, ch, kids))
+
+
 def select(tree: Tree, cfg: MCTSConfig) -> Node:
     """Descend by UCT to the first Terminal or unexpanded node."""
     node = tree.root
     while node.stage != TERMINAL and node.expanded:
-        kids = tree.kids(node)
-        if not kids:
+        if not node.children:
             return node
-        node = max(kids, key=lambda ch: uct_score(cfg, node, ch, kids))  # max keeps the first of equal scores
+        node = select_child(tree, node, cfg)
     return node
 
 
+def _valued(node: Node, cfg: MCTSConfig) -> bool:
+    """Whether a visited child's Q enters its parent's mean: under "code" a rewardless leaf only when judged."""
+    return node.N > 0 and not (cfg.value_scheme == "code" and node.rewardless and node.judge_score is None)
+
+
 def backup(tree: Tree, node: Node, cfg: MCTSConfig) -> None:
-    """Recompute N and Q from `node` up to the root."""
+    """Recompute N and Q from `node` up to the root (N counts every visit; Q averages the valued children)."""
     cur: Node | None = node
     while cur is not None:
-        kids = [k for k in tree.kids(cur) if k.N > 0]
+        visited = [k for k in tree.kids(cur) if k.N > 0]
+        kids = [k for k in visited if _valued(k, cfg)]
         n_kids = sum(k.N for k in kids)
-        cur.N = cur.visits + n_kids
+        cur.N = cur.visits + sum(k.N for k in visited)
         if not kids:
             cur.Q = cur.own_q
         elif cfg.backup == "children":
@@ -341,15 +383,22 @@ def run_mcts(env: TreeEnv, items: Iterable, cfg: MCTSConfig = MCTSConfig(), *, j
                 t.used += len(node.samples)
                 st["rollouts"] += len(node.samples)
 
-        if new_open and judge is not None and cfg.judge_weight > 0:
+        judged = list(new_open)
+        if cfg.value_scheme == "code" and cfg.rollouts_per_node == 0:  # the code judges every new node
+            judged += [(t, n) for t, n in touched if n.visits == 1 and n.judge_score is None and n.parent is not None]
+        if judged and judge is not None and cfg.judge_weight > 0:
             t0 = time.perf_counter()
-            _judge_nodes(judge, new_open, cfg, st)
+            _judge_nodes(judge, judged, cfg, st)
             st["judge_s"] += time.perf_counter() - t0
             st["judge_calls"] += 1
 
         for t, node in touched + new_open:
             backup(t, node, cfg)
         st["iterations"] += 1
+    for t in trees:
+        t.metadata["value_scheme"] = cfg.value_scheme
+        if cfg.value_scheme == "code":
+            code_rewards(t, cfg.alpha)
     st["trees"] = len(trees)
     st["nodes"] = sum(len(t.nodes) for t in trees)
     st["total_s"] = time.perf_counter() - t_start
@@ -359,7 +408,9 @@ def run_mcts(env: TreeEnv, items: Iterable, cfg: MCTSConfig = MCTSConfig(), *, j
 
 
 def _make_terminal(tree: Tree, node: Node, value: float | None, cfg: MCTSConfig, reason: str = "") -> None:
-    """An exact leaf: Q = v · α^{depth} (no answer: v = 0), one visit."""
+    """An exact leaf: Q = v · α^{depth} (no answer: v = 0; under "code" it is rewardless), one visit."""
+    if value is None and cfg.value_scheme == "code":
+        node.extra["no_reward"] = True
     node.stage = TERMINAL
     node.value = float(value) if value is not None else 0.0
     node.own_q = node.value * cfg.alpha ** node.depth
@@ -387,6 +438,8 @@ def _judge_nodes(judge: Judge, items: list[tuple[Tree, Node]], cfg: MCTSConfig, 
         raise ValueError(f"judge returned {len(results)} results for {len(reqs)} requests")
     w = cfg.judge_weight
     for (t, n), res in zip(items, results):
+        if cfg.value_scheme == "code" and cfg.rollouts_per_node == 0 and n.stage != TERMINAL:
+            t.used += 1  # the code's budget counts simulations: one judged node each (a Terminal one counted already)
         if res.ok and res.scores:
             n.judge_score = float(res.scores[0])
             if cfg.rollouts_per_node == 0:
@@ -413,20 +466,31 @@ def _as_action(tree: Tree, node: Node) -> Action:
 
 
 # ----------------------------------------------------------------------------------------------------- outputs
+def _code_scheme(tree: Tree) -> bool:
+    return tree.metadata.get("value_scheme", "paper") == "code"
+
+
+def pair_value(tree: Tree, node: Node) -> float | None:
+    """The value pairs compare: "code": the node's reward (code_rewards); "paper": Q (None if never visited or
+    unscored)."""
+    if _code_scheme(tree):
+        return node.reward
+    return node.Q if node.N > 0 and not node.extra.get("unscored") else None
+
+
 def tree_records(tree: Tree, agent: str = "") -> list[ProcessRecord]:
-    """One ProcessRecord per expanded node: its children as candidates, score = child Q (None if never visited)."""
+    """One ProcessRecord per expanded node: its children as candidates, score = the child's pair value."""
     out = []
     for node in tree.nodes:
         kids = tree.kids(node)
         if not kids:
             continue
-        cands = [ScoredCandidate(k.raw, _as_action(tree, k),
-                                 score=k.Q if k.N > 0 and not k.extra.get("unscored") else None,
+        cands = [ScoredCandidate(k.raw, _as_action(tree, k), score=pair_value(tree, k),
                                  failure=k.judge_failure,
                                  token_ids=list(k.step.token_ids) if k.step is not None and k.kind == "action" else [],
                                  logprobs=list(k.step.logprobs) if k.step is not None and k.kind == "action" else [],
                                  extra={"node": k.id, "N": k.N, "stage": k.stage, "kind": k.kind,
-                                        "judge_score": k.judge_score})
+                                        "judge_score": k.judge_score, "Q": k.Q})
                  for k in kids]
         out.append(ProcessRecord(tree.qid, tree.question, list(tree.gold), agent, tree.history(node),
                                  kids[0].prompt, cands, "mcts", step=node.depth,
@@ -435,7 +499,9 @@ def tree_records(tree: Tree, agent: str = "") -> list[ProcessRecord]:
 
 
 def tree_pairs(tree: Tree, min_margin: float = 0.01) -> list[Pair]:
-    """Sibling preference pairs: both visited, |ΔQ| >= min_margin, different content, the chosen one valid."""
+    """Sibling preference pairs (the tree's value scheme, recorded by run_mcts; "paper" when absent)."""
+    if _code_scheme(tree):
+        return _code_pairs(tree, min_margin)
     out = []
     for node in tree.nodes:
         kids = [k for k in tree.kids(node) if k.N > 0 and not k.extra.get("unscored")]
@@ -449,6 +515,80 @@ def tree_pairs(tree: Tree, min_margin: float = 0.01) -> list[Pair]:
                     continue
                 out.append(Pair(hi.prompt, hi.raw, lo.raw, hi.Q - lo.Q, "mcts", tree.qid, node.depth))
     return out
+
+
+def _code_pairs(tree: Tree, min_margin: float) -> list[Pair]:
+    """The released preference script's walk: from a rewarded root down through rewarded children; a node with
+    fewer than two children ends its branch; pairs between rewarded siblings with a reward gap >= min_margin and
+    different content, the preferred one tagged. Pair step = the parent's depth."""
+    out: list[Pair] = []
+    if tree.root.reward is None:
+        return out
+    stack = [tree.root]
+    while stack:
+        node = stack.pop()
+        kids = tree.kids(node)
+        if len(kids) < 2:
+            continue
+        valid = [k for k in kids if k.reward is not None]
+        for i in range(len(valid)):
+            for j in range(i + 1, len(valid)):
+                a, b = valid[i], valid[j]
+                if abs(a.reward - b.reward) < min_margin - 1e-12:
+                    continue
+                hi, lo = (a, b) if a.reward > b.reward else (b, a)
+                if not hi.tagged or hi.content == lo.content:
+                    continue
+                out.append(Pair(hi.prompt, hi.raw, lo.raw, hi.reward - lo.reward, "mcts", tree.qid, node.depth))
+        stack.extend(reversed(valid))  # depth first, children in order (the script's recursion)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- code rewards
+def _normalize_keep_articles(text: str) -> str:
+    """Lowercase, drop ASCII punctuation, collapse whitespace; articles are kept (the preference script's rule)."""
+    text = "".join(ch for ch in text.lower() if ch not in string.punctuation)
+    return " ".join(text.split())
+
+
+def reasonrag_f1(prediction: str, golds) -> float:
+    """The F1 of ReasonRAG's preference script (max over the gold answers): token F1 after
+    `_normalize_keep_articles`; a yes / no / noanswer on either side scores 0 unless both are equal."""
+    best = 0.0
+    pred = _normalize_keep_articles(prediction or "")
+    for gold in golds:
+        g = _normalize_keep_articles(str(gold))
+        if (pred in ("yes", "no", "noanswer") or g in ("yes", "no", "noanswer")) and pred != g:
+            continue
+        p_tok, g_tok = pred.split(), g.split()
+        common = sum((Counter(p_tok) & Counter(g_tok)).values())
+        if common == 0:
+            continue
+        prec, rec = common / len(p_tok), common / len(g_tok)
+        best = max(best, 2 * prec * rec / (prec + rec))
+    return best
+
+
+def _leaf_reward(tree: Tree, node: Node, alpha: float) -> float | None:
+    """An answered leaf: F1 · α^depth (multiple choice: the env's value); anything else: None."""
+    if node.rewardless or node.stage != TERMINAL or node.action is None or node.action.kind != ANSWER:
+        return None
+    v = node.value if tree.choices else reasonrag_f1(node.action.text, tree.gold)
+    return float(v if v is not None else 0.0) * alpha ** node.depth
+
+
+def code_rewards(tree: Tree, alpha: float) -> Tree:
+    """Fill every node's `reward` bottom-up (value_scheme "code"): answered leaves by `_leaf_reward`, every other
+    leaf None, an inner node the visit-weighted mean Σ N_c r_c / Σ N_c of its rewarded children (None if none)."""
+    for node in reversed(tree.nodes):  # children are created after their parent
+        kids = tree.kids(node)
+        if not kids:
+            node.reward = _leaf_reward(tree, node, alpha)
+            continue
+        rated = [k for k in kids if k.reward is not None and k.N > 0]
+        total = sum(k.N for k in rated)
+        node.reward = sum(k.N * k.reward for k in rated) / total if total > 0 else None
+    return tree
 
 
 # -------------------------------------------------------------------------------------------------------- JSON

@@ -22,6 +22,7 @@ caller. Invalid candidate actions are never shown to a judge (judges.py scores t
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import re
@@ -31,6 +32,7 @@ from jaxrag.env.mdp import QUERY, Action, Doc, Step
 from jaxrag.env.parsing import canon, find_tag, loads_lenient
 
 VARIANTS = ("paper", "code")
+RANK_PARSE = ("strict", "lenient")
 
 # ---------------------------------------------------------------------------------------------- RAG-Gym rank
 RANK_SYSTEM = (
@@ -202,11 +204,14 @@ class PromptOptions:
     smartsearch_variant: str = "paper"  # "paper": 004 App. A | "code": process_reward.py / query_refinement.py
     max_docs: int | None = None  # documents per search shown to the judge (None: all; RAG-Gym shows all k)
     max_doc_chars: int | None = None  # per document (None: whole)
+    rank_parse: str = "strict"  # "strict": RAG-Gym's lm_rerank.py reading | "lenient": any JSON object (parse_rank)
 
     def __post_init__(self):
         for key in ("step_score_variant", "smartsearch_variant"):
             if getattr(self, key) not in VARIANTS:
                 raise ValueError(f"PromptOptions.{key}={getattr(self, key)!r}: choose one of {VARIANTS}")
+        if self.rank_parse not in RANK_PARSE:
+            raise ValueError(f"PromptOptions.rank_parse={self.rank_parse!r}: choose one of {RANK_PARSE}")
 
 
 @dataclasses.dataclass
@@ -331,10 +336,35 @@ def refine_messages(question: str, history: Sequence[Step], judged: Step, explan
 _JSON_FENCE = re.compile(r"```json\s*(\{.*?\})\s*`?", re.S)
 
 
-def parse_rank(reply: str, n: int) -> Parsed:
-    """```json{"ranked_indices": [...]}``` -> ranks (0 = best) of the n actions. The list must be a permutation of
-    0..n-1 (the released code gives every action reward 0 otherwise); a failure names what is wrong."""
-    text = reply or ""
+def parse_rank(reply: str, n: int, mode: str = "strict") -> Parsed:
+    """A ranking reply -> ranks (0 = best) and scores 1/(1+rank) of the n actions, or a failure (no scores: the
+    state's candidates then take part in no pair, as the released code's all-zero rewards take part in none).
+
+    strict (RAG-Gym's lm_rerank.py, the default): only the first ```json{...}``` block counts (the object up to its
+    first closing brace), read as a Python literal; action i's rank is the first position of i in its
+    "ranked_indices" (extra or repeated entries are allowed, a missing action is a failure).
+    lenient: the fenced object or else any JSON object in the reply; the list must be a permutation of 0..n-1."""
+    if mode == "strict":
+        return _parse_rank_strict(reply or "", n)
+    if mode != "lenient":
+        raise ValueError(f"parse_rank mode={mode!r}: choose one of {RANK_PARSE}")
+    return _parse_rank_lenient(reply or "", n)
+
+
+def _parse_rank_strict(text: str, n: int) -> Parsed:
+    m = _JSON_FENCE.search(text)
+    if m is None:
+        return Parsed(failure='no ```json{"ranked_indices": [...]}``` block in the reply')
+    try:
+        obj = ast.literal_eval(m.group(1))
+        idx = obj["ranked_indices"]
+        ranks = [idx.index(i) for i in range(n)]
+    except (ValueError, SyntaxError, TypeError, KeyError, AttributeError, MemoryError, RecursionError) as e:
+        return Parsed(failure=f"the fenced ranking cannot be read ({type(e).__name__}: {str(e)[:80]})")
+    return Parsed(scores=[1.0 / (1 + r) for r in ranks], ranks=ranks)
+
+
+def _parse_rank_lenient(text: str, n: int) -> Parsed:
     m = _JSON_FENCE.search(text)
     obj = loads_lenient(m.group(1)) if m else None
     if obj is None or "ranked_indices" not in obj:

@@ -11,7 +11,8 @@ max steps. Then only trajectories whose final answer passes the outcome threshol
 EM for MedQA); the records of dropped trajectories are counted in stats, not returned.
 A state whose judge call failed keeps its candidates with score None and the failure text (they take part in no
 preference pair); the engine then executes the first valid candidate.
-Pairs: `ranking_pairs(records)` = records.preference_pairs on each (reward > 0.75 vs < 0.5, same state).
+Pairs: `ranking_pairs(records)` = records.preference_pairs on each (reward > 0.75 vs < 0.5, same state), each
+(chosen, rejected) text pair once per state as the released dpo.py (`RankingConfig.pair_dedup`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class RankingConfig:
     judge_kind: str = "rank"  # "rank": RAG-Gym's ranking, score 1/(1+rank) | "step_score" / "usefulness": the
     #                           judge's own per-candidate scores (the oracle's tie-aware 0/1), ranks from them
     source: str = ""  # ProcessRecord.source; "" = "<judge_kind>:<judge name>" (e.g. "rank:gpt-4o")
+    pair_dedup: bool = True  # ranking_pairs: each (chosen, rejected) text pair once per state (RAG-Gym's dpo.py)
     continuous: bool = False  # the engine's continuous batching (RolloutConfig.continuous: a policy's slot pool;
     #                           with the policy's pool_sessions, a state's N candidates continue its episode's cache)
 
@@ -157,6 +159,18 @@ def collect_ranking(policy, retriever, agent, judge, questions: Sequence, cfg: R
 
 
 def ranking_pairs(records: Sequence[ProcessRecord], chosen_above: float = CHOSEN_ABOVE,
-                  rejected_below: float = REJECTED_BELOW) -> list[Pair]:
-    """Every (reward > 0.75, reward < 0.5) candidate combination at the same state, over all records."""
-    return [p for r in records for p in preference_pairs(r, chosen_above, rejected_below)]
+                  rejected_below: float = REJECTED_BELOW, dedup: bool = True) -> list[Pair]:
+    """Every (reward > 0.75, reward < 0.5) candidate combination at the same state, over all records.
+
+    dedup (RAG-Gym's dpo.py, the default): each state's chosen and rejected texts are sets, so a candidate sampled
+    twice gives its pairs once; False: one pair per sampled combination (a repeated candidate weighs more).
+    A text that is both above and below (sampled twice, ranked apart) never pairs with itself: the released code
+    pairs it with itself (an identical chosen and rejected, a zero DPO gradient); jaxrag leaves that pair out."""
+    out = []
+    for r in records:
+        pairs = preference_pairs(r, chosen_above, rejected_below)
+        if dedup:
+            seen: set[tuple[str, str]] = set()
+            pairs = [p for p in pairs if (p.chosen, p.rejected) not in seen and not seen.add((p.chosen, p.rejected))]
+        out += pairs
+    return out
