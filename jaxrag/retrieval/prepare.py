@@ -274,6 +274,9 @@ def main(argv: list[str] | None = None) -> None:
     add_encoder_args(p)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from jaxrag.console import quiet
+
+    quiet()  # no bm25s chatter between the phase bars
     try:
         manifest = prepare(a.corpus, a.out, tuple(b for b in a.bm25.split(",") if b),
                            None if a.no_dense else a.encoder,
