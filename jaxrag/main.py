@@ -9,6 +9,8 @@ per stage. Finished stages are skipped on reruns; one whose settings changed is 
 A config file's preset is its get_config argument, applied before any --config.* override, so overrides win.
 Every stage's fn is imported and the config is checked before any stage runs, so a typo fails before compute
 (unknown --config keys and wrong types are rejected by ml_collections). One run per workdir (jaxrag/workdir.py).
+Each stage starts with a `[i/N] name` header (time so far, an estimate where the config has `expected_seconds`);
+the console's text is also appended to <workdir>/log.txt, progress-bar redraws collapsed (jaxrag/console.py).
 """
 
 from __future__ import annotations
