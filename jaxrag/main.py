@@ -9,6 +9,8 @@ per stage. Finished stages are skipped on reruns; one whose settings changed is 
 A config file's preset is its get_config argument, applied before any --config.* override, so overrides win.
 Every stage's fn is imported and the config is checked before any stage runs, so a typo fails before compute
 (unknown --config keys and wrong types are rejected by ml_collections). One run per workdir (jaxrag/workdir.py).
+Each stage starts with a `[i/N] name` header (time so far, an estimate where the config has `expected_seconds`);
+the console's text is also appended to <workdir>/log.txt, progress-bar redraws collapsed (jaxrag/console.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from jaxrag.compilation import compilation
+from jaxrag.console import LogFile, StageClock, quiet
 from jaxrag.settings import changed_keys, flatten
 from jaxrag.stage_fn import StageError, resolve_fn
 from jaxrag.workdir import WorkdirError
@@ -81,6 +84,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
     stages = dict(plan(config, only))
     timings: dict[str, float] = {}  # the stages that ran -> their wall seconds
     lead = jax.process_index() == 0
+    clock = StageClock(list(stages), config.get("expected_seconds"))
     with wd.Lock(workdir) if lead else _Null():
         if lead:
             wd.save_effective_config(workdir, config)
@@ -106,13 +110,15 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
             if done is not None and not (force or invalidated):
                 if done.get("fingerprint", fp) == fp:
                     print(f"[main] {name}: done already ({sdir / 'DONE'}), skipping")
+                    clock.skip(name)
                     continue
                 keys = changed_keys(done.get("settings", {}), settings)
                 if not rerun_changed:
                     raise StageError(f"{name}: finished under other settings (changed: {', '.join(keys) or 'an earlier stage'}); "
                                      "rerun with --rerun_changed (this stage and every later one) or --force")
                 print(f"[main] {name}: settings changed ({', '.join(keys) or 'upstream'}), rerunning")
-            print(f"[main] {name}: running {config[name].fn}")
+            print(clock.header(name))
+            print(f"[main] {name}: running {config[name].fn}", flush=True)
             prev = wd.set_aside(sdir) if lead else None
             sdir.mkdir(parents=True, exist_ok=True)
             t0, c0 = time.perf_counter(), compilation()[1]
@@ -126,6 +132,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
                 raise
             seconds, compiling = round(time.perf_counter() - t0, 1), round(compilation()[1] - c0, 1)
             print(f"[main] {name}: finished in {seconds:.0f} s ({compiling:.0f} s of it tracing and compiling)")
+            clock.done(name, seconds)
             if lead:
                 wd.write_done(sdir / "DONE", {"fingerprint": fp, "settings": settings, "seconds": seconds,
                                               "compile_seconds": compiling})
@@ -170,6 +177,12 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required")
+    quiet()
+    with LogFile(Path(_WORKDIR.value) / "log.txt"):  # the console's text, progress-bar redraws collapsed
+        _main()
+
+
+def _main():
     from jaxrag.train.checkpoint import CheckpointCorrupt
     from jaxrag.train.loop import ConfigChanged, NonFiniteLoss
 

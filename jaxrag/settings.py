@@ -4,9 +4,10 @@ changed settings (train.loop) and the stage fingerprints of a pipeline workdir (
 from __future__ import annotations
 
 # Keys (matched by their last dotted parts) that cannot change what a run writes: progress bars, log and checkpoint
-# cadence, which checkpoint to resume from. Runs are deterministic under resume, so these may differ freely.
+# cadence, which checkpoint to resume from, the reference stage times behind a run's time estimates. Runs are
+# deterministic under resume, so these may differ freely.
 NEUTRAL = ("progress", "log_every", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.async_save",
-           "checkpoint.restore_step")
+           "checkpoint.restore_step", "expected_seconds")
 
 
 def flatten(d, prefix: str = "") -> dict:

@@ -160,8 +160,42 @@ def test_notebook_runs_on_the_fake_runs(rag_gym_runs, tmp_path, monkeypatch):
     assert sorted(p.name for p in out.iterdir()) == ["all.csv", "rag_gym_table2.csv", "rag_gym_table2.md"]
     assert "30.00 / 34.00" in (out / "rag_gym_table2.md").read_text()
     csv_lines = (out / "all.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("paper,table,method,model,paper_row,dataset,metric,ours,published")
-    assert any(ln.startswith("rag_gym,table2,re2search,Llama-3.1-8B-Instruct,Zero-shot Learning / Re²Search,"
-                             "HotpotQA,em,30.0,34.0,100,") for ln in csv_lines)
+    assert csv_lines[0].startswith("paper,table,method,model,paper_row,protocol,corpus,dataset,metric,ours,published")
+    assert any(ln.startswith("rag_gym,table2,re2search,Llama-3.1-8B-Instruct,Zero-shot Learning / Re²Search,paper,"
+                             "–,HotpotQA,em,30.0,34.0,100,") for ln in csv_lines)
     nb = json.loads((REPO / "notebooks" / "paper_tables.ipynb").read_text())
     assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")   # no outputs stored
+
+
+def test_a_smoke_or_shared_run_never_fills_the_published_row(tmp_path):
+    """A 2-question run under the paper's model name sits in a row of its own, labeled with its protocol, n and
+    corpus; only a run of the paper's protocol fills the published row."""
+    from jaxrag.paths import BENCHMARKS
+
+    cfg = {"paper": "rag_gym", "table": "table2", "model": "Llama-3.1-8B-Instruct"}
+    shared = str(BENCHMARKS / "corpus_multihop_contexts.jsonl")
+    eval_section = {"policy": {"path": "stage:setup"}, "retriever": {"corpus": shared, "max_passages": 300,
+                                                                     "kind": "bm25"}}
+    smoke = make_run(tmp_path / "smoke", {**cfg, "eval": eval_section},
+                     {"eval": [{**row("re2search", "HotpotQA", em=0.0, f1=0.0), "n": 2}]})
+    wiki = {"retriever": {"index_dir": "indexes/wiki", "kind": "hybrid"}, "policy": {"path": "/models/llama"}}
+    paper_run = make_run(tmp_path / "paper", {**cfg, "eval": wiki},
+                         {"eval": [{**row("re2search", "HotpotQA", em=0.33, f1=0.4), "n": 1000}]})
+    shared_run = make_run(tmp_path / "shared", {**cfg, "eval": {"retriever": {"corpus": shared, "kind": "bm25"},
+                                                                "policy": {"path": "/models/llama"}}},
+                          {"eval": [{**row("re2search", "HotpotQA", em=0.3, f1=0.4), "n": 500}]})
+    recorded = make_run(tmp_path / "recorded", {**cfg, "variant": "smoke"},
+                        {"eval": [row("direct", "HotpotQA", em=0.1, f1=0.1)]})
+    [t] = compare([smoke, paper_run, shared_run, recorded])
+    lines = [ln for ln in t.markdown.splitlines() if ln.startswith("| re2search |")]
+    published, *others = [dict(zip(["method", "model", "paper_row", "protocol", "n", "corpus"],
+                                    [c.strip() for c in ln.strip("|").split("|")][:6])) | {"line": ln} for ln in lines]
+    assert published["paper_row"] == "Zero-shot Learning / Re²Search" and published["protocol"] == "paper"
+    assert published["n"] == "1000" and published["corpus"] == "indexes/wiki (hybrid)"
+    assert "33.00 / 34.00" in published["line"]
+    by = {r["protocol"]: r for r in others}
+    assert set(by) == {"shared", "smoke"} and all(r["paper_row"] == "–" for r in others)
+    assert by["smoke"]["n"] == "2" and by["smoke"]["corpus"] == "corpus_multihop_contexts.jsonl (bm25, first 300)"
+    assert "0.00 / –" in by["smoke"]["line"] and by["shared"]["n"] == "500"
+    assert any(ln.startswith("| direct | Llama-3.1-8B-Instruct | – | smoke | 100 | – |")   # a recorded variant
+               for ln in t.markdown.splitlines())                                          # wins over the config

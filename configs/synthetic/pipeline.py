@@ -106,6 +106,10 @@ def get_config(preset: str = "demo"):
         ],
     )
     c.report = dict(fn=f"{P}.report:report_stage")
+    # A reference run's wall seconds per stage (2 cores, alone on the machine): the run's stage headers scale them by
+    # this machine's pace into a time estimate. Neutral: they change no output (settings.NEUTRAL).
+    c.expected_seconds = dict(world=5, index=5, teacher=5, tokenizer=5, sft=330, supervision=45, dpo=72, critic=57,
+                              outcome=130, grpo=115, agreement=5, bestofn=43, eval=111, report=5)
     c = ml_collections.ConfigDict(c)
     if preset == "tiny":
         apply_tiny(c)
@@ -174,3 +178,4 @@ def apply_tiny(c) -> None:
     c.grpo.train.optimizer.lr = 5e-5
     c.grpo.train.progress = False
     c.eval.update(dict(max_questions=24, max_steps=4, max_new_tokens=16))
+    c.expected_seconds = {}  # no reference run of tiny: headers show the time so far only

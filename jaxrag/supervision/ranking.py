@@ -48,6 +48,7 @@ class RankingConfig:
     pair_dedup: bool = True  # ranking_pairs: each (chosen, rejected) text pair once per state (RAG-Gym's dpo.py)
     continuous: bool = False  # the engine's continuous batching (RolloutConfig.continuous: a policy's slot pool;
     #                           with the policy's pool_sessions, a state's N candidates continue its episode's cache)
+    progress: bool = False  # the engine's episodes bar (RolloutConfig.progress)
 
     def __post_init__(self):
         for key in ("n_candidates", "max_steps", "k", "batch_size", "max_new_tokens", "max_invalid"):
@@ -128,7 +129,7 @@ def collect_ranking(policy, retriever, agent, judge, questions: Sequence, cfg: R
     rcfg = RolloutConfig(k=cfg.k, max_steps=cfg.max_steps, batch_size=cfg.batch_size, n_candidates=cfg.n_candidates,
                          temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                          summary_max_new_tokens=cfg.summary_max_new_tokens, reward=cfg.outcome_metric,
-                         max_invalid=cfg.max_invalid, seed=cfg.seed, continuous=cfg.continuous)
+                         max_invalid=cfg.max_invalid, seed=cfg.seed, continuous=cfg.continuous, progress=cfg.progress)
     st: dict = {}
     eps = rollout(policy, retriever, agent, list(questions), rcfg, select=sel, summarizer=summarizer, stats=st)
     by_qid = {ep.qid: ep for ep in eps}

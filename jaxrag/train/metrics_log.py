@@ -28,6 +28,16 @@ def flatten_metrics(metrics: dict) -> dict[str, float]:
     return out
 
 
+def postfix(metrics: dict, tokens_per_s: float) -> dict:
+    """The bar's numbers: an RL step's mean reward (its loss hovers near 0 whatever the policy learns), else the
+    loss; then tokens/s."""
+    if "reward/mean" in metrics:
+        shown = {"reward": f"{metrics['reward/mean']:.4g}"}
+    else:
+        shown = {"loss": f"{metrics.get('loss', float('nan')):.4g}"}
+    return {**shown, "tok_s": f"{tokens_per_s:.0f}"}
+
+
 class MetricsWriter:
     def __init__(self, workdir: str | Path | None, total_steps: int, start_step: int = 0, progress: bool = True):
         self.enabled = jax.process_index() == 0
@@ -55,7 +65,7 @@ class MetricsWriter:
         self._record(record, "")
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+            self.bar.set_postfix(postfix(metrics, record["tokens_per_s"]))
 
     def write_eval(self, step: int, split: str, metrics: dict[str, float]) -> None:
         """A periodic evaluation's metrics: a JSONL row {"kind": "eval", "split", "step", ...}, TensorBoard

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from jaxrag.console import num, standard_error
 from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
@@ -36,7 +37,8 @@ def agreement_stage(config, workdir, name) -> None:
     rows = agreement_table(sources, reference="oracle")
     write_agreement(rows, out)
     write_json(out / "agreement.json", rows)
-    log(name, "; ".join(f"{r}" for r in rows))
+    log(name, "; ".join(f"{r['source']} agrees with {r['reference']} on {r['agree']} of {r['pairs']} pairs "
+                        f"({num(r['agreement'])})" for r in rows))
 
 
 def bestofn_stage(config, workdir, name) -> None:
@@ -59,11 +61,12 @@ def bestofn_stage(config, workdir, name) -> None:
         for selector in ("critic", "first_valid"):
             if selector == "first_valid" and n == 1:
                 continue  # the same greedy run as the critic's N = 1
-            eps = rollout(policy, retriever, agent, qs, rc, select=select if selector == "critic" else None)
+            eps = rollout(policy, retriever, agent, qs, dataclasses.replace(rc, progress=True),
+                          select=select if selector == "critic" else None)
             m = score_episodes(eps, qmap)["all"]
             rows.append({"n": n, "selector": selector, "em": m["em"], "f1": m["f1"], "n_questions": m["n"],
                          "searches_mean": m["searches_mean"]})
-            log(name, f"N={n} {selector}: EM {m['em']:.3f}")
+            log(name, f"N={n} {selector}: EM {num(m['em'])} ± {num(standard_error(m['em'], m['n']))} (n {m['n']})")
     out = stage_dir(workdir, name)
     write_json(out / "bestofn.json", {"split": s.split, "temperature": s.temperature, "rows": rows})
     plot_bestofn(rows, out / "bestofn.png", s.split)

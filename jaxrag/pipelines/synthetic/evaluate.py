@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import time
 
+from jaxrag.console import num, standard_error
 from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
@@ -102,9 +103,9 @@ def eval_stage(config, workdir, name) -> None:
             scored["seconds"] = round(time.perf_counter() - t0, 2)
             results["systems"][system["name"]]["splits"][split] = scored
             a = scored["all"]
-            log(name, f"{system['name']} {split}: EM {a['em']:.3f} (2hop "
-                      f"{scored['by_type'].get('2hop', {}).get('em', 0):.3f}) searches {a['searches_mean']:.2f} "
-                      f"invalid {a['invalid_rate']:.3f} in {scored['seconds']}s")
+            log(name, f"{system['name']} {split}: EM {num(a['em'])} ± {num(standard_error(a['em'], a['n']))} "
+                      f"(n {a['n']}), F1 {num(a['f1'])}, searches {num(a['searches_mean'])}, "
+                      f"invalid {num(a['invalid_rate'])}, {scored['seconds']:.0f} s")
     write_json(out / "results.json", results)
 
 

@@ -29,7 +29,8 @@ def outcome_stage(config, workdir, name) -> None:
     episodes, sampled, rounds = [], 0, 0
     while sampled < budget and rounds < 100:
         rc = RolloutConfig(k=config.index.k, max_steps=s.max_steps, batch_size=s.batch_size, temperature=s.temperature,
-                           max_new_tokens=s.max_new_tokens, reward="em", seed=config.seed + 7919 * (rounds + 1))
+                           max_new_tokens=s.max_new_tokens, reward="em", seed=config.seed + 7919 * (rounds + 1),
+                           progress=True)
         for ep in rollout(policy, retriever, agent, questions, rc):
             if sampled >= budget:
                 break

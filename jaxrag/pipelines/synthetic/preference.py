@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jaxrag.console import summary
 from jaxrag.pipelines.common import load_checkpoint, log, model_dir, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.world import load_tokenizer, tokenizer_path
@@ -47,12 +48,14 @@ def preference_stage(config, workdir, name) -> None:
         with tc.unlocked():
             tc.batch_size = info["batch_size"]
     mcfg, params = load_checkpoint(model_dir(workdir, s.init))
-    log(name, f"loss={tc.loss} {info} steps={tc.steps}")
+    log(name, f"{tc.loss} on " + summary(info) + f", {tc.steps} steps")
     result = fit(mcfg, params, stream, train_config=tc, workdir=stage_dir(workdir, name))
     from jaxrag.pipelines.common import save_checkpoint
 
     save_checkpoint(model_dir(workdir, name), mcfg, result.params, tokenizer_path(workdir), head=result.head)
     write_json(stage_dir(workdir, name) / "summary.json", {**info, "steps": result.step, "final": result.metrics})
+    log(name, f"{result.step} steps, last batch: " + summary(result.metrics, (
+        "loss", f"{tc.loss}/accuracy", "dpo/reward_margin", "bt/margin")))
 
 
 def critic_scorer(workdir, stage: str, agent=None, shapes=None):

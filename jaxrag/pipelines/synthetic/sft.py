@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxrag.data.synthetic import sft_data
+from jaxrag.console import num, summary as fmt_summary
 from jaxrag.jsonl import write_jsonl
 from jaxrag.pipelines.common import load_checkpoint, log, model_dir, save_checkpoint, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
@@ -105,8 +106,9 @@ def sft_stage(config, workdir, name) -> None:
         mcfg = model_config(config, tok)
         params = init_params(mcfg, jax.random.PRNGKey(config.seed))
     n_params = int(sum(np.size(x) for x in jax.tree.leaves(params)))
-    log(name, f"agent={s.agent} params={n_params} train={train_info} steps={tc.steps} "
-              f"(train questions kept out for later stages: {len(held)})")
+    data = fmt_summary(train_info, ("sequences", "rows", "fill"))
+    log(name, f"{s.agent}, {n_params:,} parameters, {tc.steps} steps on {data} "
+              f"({len(held)} train questions kept out for later stages)")
     buckets = tuple(tc.seq_buckets)
     eval_fn = make_eval_fn(mcfg.replace(dtype=tc.compute_dtype))
     result = fit(
@@ -123,7 +125,14 @@ def sft_stage(config, workdir, name) -> None:
                "steps": result.step,
                "final_loss": result.metrics.get("loss"), "final_teacher_forced": last}
     write_json(stage_dir(workdir, name) / "summary.json", summary)
-    log(name, str(summary))
+    log(name, summary_line(summary))
+
+
+def summary_line(s: dict) -> str:
+    """The SFT stage's result in one line: steps, last loss, and the teacher-forced score per eval split."""
+    evals = "; ".join(f"{split} all actions right {num(r.get('all_actions_right'))}, action tokens "
+                      f"{num(r.get('action_token_acc'))}" for split, r in s.get("final_teacher_forced", {}).items())
+    return f"{s['steps']} steps, loss {num(s['final_loss'])}" + (f"; teacher-forced {evals}" if evals else "")
 
 
 def sft_on_episodes(workdir, name: str, episodes, agent, init: str, max_len: int, train, info: dict | None = None):
@@ -136,12 +145,13 @@ def sft_on_episodes(workdir, name: str, episodes, agent, init: str, max_len: int
     arrays, data = sft_arrays(episodes, agent, load_tokenizer(workdir), max_len, pack=True)
     summary = {**(info or {}), **data, "episodes": len(episodes)}
     mcfg, params = load_checkpoint(model_dir(workdir, init))
-    log(name, str(summary))
+    log(name, f"SFT on {len(episodes)} episodes: " + fmt_summary(data, ("sequences", "rows", "fill")))
     result = fit(mcfg, params, RandomRows(arrays, tc.batch_size, tuple(tc.seq_buckets), tc.seed), train_config=tc,
                  workdir=stage_dir(workdir, name))
     save_checkpoint(model_dir(workdir, name), mcfg, result.params, tokenizer_path(workdir))
     summary.update({"steps": result.step, "final_loss": result.metrics.get("loss")})
     write_json(stage_dir(workdir, name) / "summary.json", summary)
+    log(name, fmt_summary(summary, ("steps", "final_loss", *(info or {}))))
     return summary
 
 

@@ -54,7 +54,7 @@ def supervision_stage(config, workdir, name) -> None:
     rc = RankingConfig(n_candidates=s.n_candidates, temperature=s.temperature, max_steps=s.max_steps,
                        k=config.index.k, batch_size=s.batch_size, max_new_tokens=s.max_new_tokens,
                        outcome_metric="f1", outcome_threshold=s.outcome_threshold, seed=config.seed,
-                       judge_kind="step_score")
+                       judge_kind="step_score", progress=True)
     episodes: list = []
     records, stats = collect_ranking(policy, retriever, agent, judge, questions, rc, episodes=episodes)
     write_records(out / "records_oracle.jsonl", records)

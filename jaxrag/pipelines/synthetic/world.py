@@ -11,6 +11,7 @@ import numpy as np
 from jaxrag.data.synthetic import export, questions as Q, sft_data, teacher as T
 from jaxrag.data.synthetic.world import generate_world
 from jaxrag.jsonl import read_jsonl
+from jaxrag.console import num, summary
 from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
 
@@ -119,7 +120,8 @@ def world_stage(config, workdir, name) -> None:
     stats = {"passages": len(w.passages), "entities": len(w.entities), "questions": dict(sorted(counts.items())),
              "paths": paths}
     write_json(stage_dir(workdir, name) / "stats.json", stats)
-    log(name, f"{len(w.passages)} passages, {len(qs)} questions: {dict(sorted(counts.items()))}")
+    by_split = collections.Counter(q["split"] for q in qs)
+    log(name, f"{len(w.passages)} passages, {len(qs)} questions ({summary(dict(sorted(by_split.items())))})")
 
 
 def index_stage(config, workdir, name) -> None:
@@ -132,7 +134,8 @@ def index_stage(config, workdir, name) -> None:
     stats = {"backend": config.index.backend, "k": k, "dev_hops": len(hops),
              "gold_recall_at_k_first_template": float(np.mean(found)) if found else 0.0}
     write_json(stage_dir(workdir, name) / "stats.json", stats)
-    log(name, str(stats))
+    log(name, f"{stats['backend']}, k {k}: gold recall {num(stats['gold_recall_at_k_first_template'])} over "
+              f"{len(hops)} dev hops (each hop's first query template)")
 
 
 def teacher_stage(config, workdir, name) -> None:
@@ -161,7 +164,7 @@ def teacher_stage(config, workdir, name) -> None:
             "actions": dict(flaws),
             "seconds": round(time.perf_counter() - t0, 2),
         }
-        log(name, f"{split}: {stats[split]}")
+        log(name, f"{split}: " + summary(stats[split], ("episodes", "em", "mean_searches", "seconds")))
     write_json(out / "stats.json", stats)
 
 
