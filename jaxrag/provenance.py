@@ -45,16 +45,22 @@ def result_files(root: str | Path) -> list[Path]:
     return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file() and not _skipped(p.relative_to(root)))
 
 
-def _drop_timing(obj):
+def _drop_timing(obj, workdir: str = ""):
+    """obj without timing keys, and with the run's workdir in strings written as $WORKDIR (stats name their files)."""
     if isinstance(obj, dict):
-        return {k: _drop_timing(v) for k, v in obj.items() if k not in TIMING_KEYS}
+        return {k: _drop_timing(v, workdir) for k, v in obj.items() if k not in TIMING_KEYS}
     if isinstance(obj, list):
-        return [_drop_timing(v) for v in obj]
+        return [_drop_timing(v, workdir) for v in obj]
+    if workdir and isinstance(obj, str) and workdir in obj:
+        return obj.replace(workdir, "$WORKDIR")
     return obj
 
 
+_WORKDIR = [""]  # the workdir of the stage being hashed (set by stage_hash)
+
+
 def _canonical_json(obj) -> bytes:
-    return json.dumps(_drop_timing(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return json.dumps(_drop_timing(obj, _WORKDIR[0]), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def _array_digest(h, name: str, dtype: str, shape, data: bytes) -> None:
@@ -117,8 +123,13 @@ def file_hash(path: str | Path) -> str:
 
 
 def stage_hash(root: str | Path) -> dict:
-    """{"sha256": hash of the whole stage, "files": {relative path: hash}} over `result_files(root)`."""
-    files = {str(rel): file_hash(Path(root) / rel) for rel in result_files(root)}
+    """{"sha256": hash of the whole stage, "files": {relative path: hash}} over `result_files(root)`; paths into the
+    run's workdir (root's parent) count as the same in any workdir."""
+    _WORKDIR[0] = str(Path(root).resolve().parent)
+    try:
+        files = {str(rel): file_hash(Path(root) / rel) for rel in result_files(root)}
+    finally:
+        _WORKDIR[0] = ""
     h = hashlib.sha256()
     for rel, digest in files.items():  # sorted by result_files
         h.update(f"{rel}\0{digest}\n".encode())

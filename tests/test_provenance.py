@@ -20,7 +20,8 @@ def timed_stage(config, workdir, name):
         for i in range(3):
             f.write(json.dumps({"i": i, "x": float(rng.normal()), "seconds": os.urandom(2).hex()}) + "\n")
     with open(os.path.join(out, "stats.json"), "w") as f:
-        json.dump({"n": 3, "value": config[name].value, "seconds": os.times().elapsed, "tok_s": os.getpid()}, f)
+        json.dump({"n": 3, "value": config[name].value, "seconds": os.times().elapsed, "tok_s": os.getpid(),
+                   "rows": os.path.join(os.path.abspath(workdir), name, "rows.jsonl")}, f)  # another path per workdir
     with open(os.path.join(out, "run.log"), "w") as f:
         f.write(os.urandom(8).hex())
     os.makedirs(os.path.join(out, "tb"))
