@@ -220,3 +220,58 @@ def results_table(results: dict[str, dict[str, dict]], datasets: Sequence[str] |
     for r in rows:
         w.writerow(["" if v is None else (round(float(v), 4) if not isinstance(v, str) else v) for v in r])
     return "\n".join(md) + "\n", buf.getvalue()
+
+
+# --- intervals: how far a score or a difference of scores is from noise ------------------------------------------
+
+
+def binomial_se(p: float, n: int) -> float:
+    """Standard error of a share p measured on n independent questions (one seed): sqrt(p (1 - p) / n)."""
+    return float(np.sqrt(p * (1.0 - p) / n)) if n > 0 else float("nan")
+
+
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, standard error of the mean) over seeds: sample standard deviation (ddof 1) / sqrt(n); SE is nan for
+    one value (no spread to measure)."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        raise ValueError("mean_se: no values")
+    se = float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else float("nan")
+    return float(v.mean()), se
+
+
+def paired_bootstrap(a, b, *, n_boot: int = 10_000, level: float = 0.95, seed: int = 0) -> dict:
+    """Percentile bootstrap interval of mean(a - b) for two systems scored on the same questions under the same seeds.
+
+    a, b: per-question scores, shape [seeds, questions] (or [questions] for one seed), row s of both from seed s and
+    column q from question q. Each replicate resamples seeds and, independently, questions with replacement (the
+    two-way bootstrap: both the training noise across seeds and the sampling of questions), keeping every pair
+    together; its statistic is the mean difference over the resampled cells. Returns {"diff", "lo", "hi", "level",
+    "n_seeds", "n_questions", "share_le_0"} (share_le_0: the share of replicates <= 0, a one-sided bootstrap p for
+    "a is better")."""
+    a, b = np.atleast_2d(np.asarray(a, np.float64)), np.atleast_2d(np.asarray(b, np.float64))
+    if a.shape != b.shape:
+        raise ValueError(f"paired_bootstrap: a is {a.shape}, b is {b.shape}; the two systems must be scored on the "
+                         "same seeds x questions")
+    if a.size == 0:
+        raise ValueError("paired_bootstrap: no questions")
+    d = a - b
+    s, q = d.shape
+    rng = np.random.default_rng(seed)
+    ws = rng.multinomial(s, np.full(s, 1.0 / s), size=n_boot).astype(np.float64)   # [B, S] seed counts
+    wq = rng.multinomial(q, np.full(q, 1.0 / q), size=n_boot).astype(np.float64)   # [B, Q] question counts
+    reps = np.einsum("bs,sq,bq->b", ws, d, wq) / (s * q)
+    lo, hi = np.quantile(reps, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return {"diff": float(d.mean()), "lo": float(lo), "hi": float(hi), "level": level, "n_seeds": s,
+            "n_questions": q, "share_le_0": float(np.mean(reps <= 0))}
+
+
+def describe_difference(name_a: str, name_b: str, r: dict) -> str:
+    """One line worded by the interval: a difference only where the interval excludes 0."""
+    span = f"{r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}]"
+    n = f"n = {r['n_seeds']} seeds x {r['n_questions']} questions"
+    if r["lo"] > 0:
+        return f"{name_a} above {name_b}: {span} ({n})"
+    if r["hi"] < 0:
+        return f"{name_a} below {name_b}: {span} ({n})"
+    return f"{name_a} vs {name_b}: no difference detectable, {span} ({n})"

@@ -3,9 +3,10 @@
 
 Runs `config.stages` in order (ARCHITECTURE.md "Stages"): for each name, `config[name].fn = "module:function"` is
 called as fn(config, workdir, name) and `workdir/<name>/DONE` (with the stage's settings fingerprint, its wall
-time and the part of it spent tracing and compiling) is written when it returns; the run ends with the wall time
-per stage. Finished stages are skipped on reruns; one whose settings changed is refused with the keys named
-(--rerun_changed reruns it and everything after it; --force reruns the planned stages). --stages picks a subset.
+time, the part of it spent tracing and compiling, and a content hash of what it wrote: jaxrag/provenance.py) is
+written when it returns; the run ends with the wall time per stage. Finished stages are skipped on reruns; one
+whose settings changed is refused with the keys named (--rerun_changed reruns it and everything after it; --force
+reruns the planned stages). --stages picks a subset.
 A config file's preset is its get_config argument, applied before any --config.* override, so overrides win.
 Every stage's fn is imported and the config is checked before any stage runs, so a typo fails before compute
 (unknown --config keys and wrong types are rejected by ml_collections). One run per workdir (jaxrag/workdir.py).
@@ -23,6 +24,7 @@ from ml_collections import config_flags
 
 from jaxrag.compilation import compilation
 from jaxrag.console import LogFile, StageClock, quiet
+from jaxrag.provenance import stage_hash
 from jaxrag.settings import changed_keys, flatten
 from jaxrag.stage_fn import StageError, resolve_fn
 from jaxrag.workdir import WorkdirError
@@ -135,7 +137,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
             clock.done(name, seconds)
             if lead:
                 wd.write_done(sdir / "DONE", {"fingerprint": fp, "settings": settings, "seconds": seconds,
-                                              "compile_seconds": compiling})
+                                              "compile_seconds": compiling, "provenance": stage_hash(sdir)})
                 if prev is not None:
                     shutil.rmtree(prev, ignore_errors=True)
             invalidated = True

@@ -37,14 +37,14 @@ def test_the_portable_flags_join_the_users_own_and_never_override_them():
     assert portable_flags({}, "aarch64") == PDM                                         # no x86 ISA on ARM
     assert portable_flags({"JAXRAG_NATIVE_CPU_MATH": "1", "XLA_FLAGS": "--a=1"}, "x86_64") == "--a=1"  # opted out
     assert portable_flags({"JAXRAG_NATIVE_CPU_MATH": "0"}, "x86_64") == f"{PDM} {ISA}"
-    assert in_effect({"XLA_FLAGS": f"{PDM} {ISA}", "ONEDNN_MAX_CPU_ISA": "AVX2"}) == PORTABLE
+    assert in_effect({"XLA_FLAGS": f"{PDM} {ISA}", "ONEDNN_MAX_CPU_ISA": "AVX2", "PJRT_NPROC": "2"}) == PORTABLE
     assert in_effect({}) == {k: "default" for k in PORTABLE}
 
 
 def test_this_process_runs_with_the_portable_settings():
     """The suite imports jaxrag before JAX computes anything, as every entry point does."""
     want = dict(PORTABLE) if platform.machine().lower() in ("x86_64", "amd64") else \
-        {**{k: "default" for k in PORTABLE}, "xla_cpu_enable_platform_dependent_math": "false"}
+        {**{k: "default" for k in PORTABLE}, "xla_cpu_enable_platform_dependent_math": "false", "PJRT_NPROC": "2"}
     if os.environ.get("JAXRAG_NATIVE_CPU_MATH", "") not in ("", "0"):
         pytest.skip("the suite was started with JAXRAG_NATIVE_CPU_MATH set")
     assert in_effect() == want
@@ -86,7 +86,7 @@ def _run(code: str, *, under: tuple = (), **env_vars) -> str:
     """The last word `code` prints in a fresh process (run `under` a command such as qemu's), whose environment has
     none of the numerics settings but `env_vars`."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRAG_NATIVE_CPU_MATH", "ONEDNN_MAX_CPU_ISA",
-                                                            "DNNL_MAX_CPU_ISA")}
+                                                            "DNNL_MAX_CPU_ISA", "PJRT_NPROC", "NPROC")}
     env.update(JAX_PLATFORMS="cpu", **env_vars)
     return subprocess.run([*under, sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                           timeout=1800).stdout.split()[-1]
@@ -101,6 +101,32 @@ def test_importing_jaxrag_pins_onednns_matmul_kernels_to_avx2():
     assert pinned == _run(_LM_HEAD_GRAD, JAXRAG_NATIVE_CPU_MATH="1", ONEDNN_MAX_CPU_ISA="AVX2")
     if "avx512f" in cpu()["vector"]:
         assert pinned != _run(_LM_HEAD_GRAD, JAXRAG_NATIVE_CPU_MATH="1"), "is ONEDNN_MAX_CPU_ISA still read?"
+
+
+def test_xla_cpu_thread_count_is_pinned_unless_the_user_chose():
+    env = {}
+    pin(env, "aarch64")
+    assert env["PJRT_NPROC"] == "2" and in_effect(env)["PJRT_NPROC"] == "2"
+    for mine in ({"PJRT_NPROC": "16"}, {"NPROC": "16"}):
+        env = dict(mine)
+        pin(env, "x86_64")
+        assert in_effect(env)["PJRT_NPROC"] == "16"
+    env = {"JAXRAG_NATIVE_CPU_MATH": "1"}
+    pin(env, "x86_64")
+    assert "PJRT_NPROC" not in env and in_effect(env)["PJRT_NPROC"] == "default"
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs taskset and 2 schedulable CPUs")
+def test_the_bits_do_not_depend_on_how_many_cores_the_machine_has():
+    """XLA:CPU splits the LM head's gradient dot by its thread pool's size, which is the schedulable CPUs unless
+    PJRT_NPROC says otherwise: natively, 1 CPU (taskset -c 0) gives other bits than 2 threads. Importing jaxrag
+    pins the pool's size, so the bits are the same on 1 CPU as on all of them."""
+    one_cpu = ("taskset", "-c", "0")
+    assert _run(_LM_HEAD_GRAD, under=one_cpu) == _run(_LM_HEAD_GRAD)
+    native = {"JAXRAG_NATIVE_CPU_MATH": "1", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert _run(_LM_HEAD_GRAD, under=one_cpu, **native) != _run(_LM_HEAD_GRAD, PJRT_NPROC="2", **native), \
+        "the thread count no longer changes the bits: is PJRT_NPROC still read, or the split gone?"
 
 
 _TRAIN_STEPS = """

@@ -172,6 +172,21 @@ def test_report_files(run):
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_lists_every_stages_content_hash(run):
+    from jaxrag.provenance import stage_hash
+
+    config, workdir, _ = run
+    out = os.path.join(workdir, "report")
+    prov = next(s for s in open(os.path.join(out, "results.md")).read().split("\n## ") if s.startswith("Provenance"))
+    recorded = json.load(open(os.path.join(out, "provenance.json")))
+    assert list(recorded) == list(config.stages)[:-1]  # every stage before the report itself
+    for name, rec in recorded.items():
+        assert rec == json.load(open(os.path.join(workdir, name, "DONE")))["provenance"]
+        assert rec == stage_hash(os.path.join(workdir, name)), f"{name}: its outputs changed after its DONE"
+        assert f"| {name} | `{rec['sha256'][:16]}` |" in prov
+    assert "sft" in recorded and any(f.endswith(".safetensors") for f in recorded["sft"]["files"])
+
+
 def test_supervision_records_pairs_and_budget_agree(run):
     from jaxrag.supervision.records import read_pairs, read_records
 

@@ -209,6 +209,8 @@ def report_stage(config, workdir, name) -> None:
         extra.append(f"## PRM-guided best-of-N ({b['split']}, T = {b['temperature']})\n\n" + "\n".join(lines) + "\n")
         shutil.copy(os.path.join(wd, "bestofn", "bestofn.png"), os.path.join(out, "bestofn.png"))
         files.append(os.path.join(out, "bestofn.png"))
+    extra.append(provenance_section(config, workdir, out))
+    files.append(os.path.join(out, "provenance.json"))
     host = cpu()
     xla = ", ".join(f"{k}={v}" for k, v in host["xla_cpu"].items())
     pinned = host["xla_cpu"] == PORTABLE
@@ -219,6 +221,21 @@ def report_stage(config, workdir, name) -> None:
     with open(files[0], "a") as f:
         f.write("\n" + "\n".join(extra))
     log(name, ", ".join(files))
+
+
+def provenance_section(config, workdir, out: str) -> str:
+    """The content hash of every finished stage (from its DONE record; jaxrag/provenance.py) as a markdown table,
+    and all of them (with the per-file hashes) in out/provenance.json: two runs part at the first differing row."""
+    from jaxrag.pipelines.common import write_json
+    from jaxrag.provenance import collect, short
+
+    stages = collect(workdir, config.stages)
+    write_json(os.path.join(out, "provenance.json"), stages)
+    lines = ["| stage | content hash | files |", "|---|---|---|"]
+    lines += [f"| {n} | `{short(r['sha256'], 16)}` | {len(r['files'])} |" for n, r in stages.items()]
+    return ("## Provenance\n\nSHA-256 of what each stage wrote (its result files' content, without timings or logs; "
+            "`python -m jaxrag.provenance WORKDIR OTHER` names the first stage where two runs part; "
+            "docs/reproducibility_provenance.md).\n\n" + "\n".join(lines) + "\n")
 
 
 # jaxrag.main checks the config before any stage runs
