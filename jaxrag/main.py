@@ -78,7 +78,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
     import jax
 
     from jaxrag import workdir as wd
-    from jaxrag.train.distributed import maybe_initialize
+    from jaxrag.train.distributed import barrier, maybe_initialize
 
     maybe_initialize()
     compilation()
@@ -98,10 +98,12 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
             sdir = workdir / name
             if lead:
                 wd.recover(sdir)
+            barrier(f"main:recover:{name}")  # multi-host: every process reads the DONE process 0 left
             done = wd.read_done(sdir / "DONE")
             if name not in stages:
-                if invalidated and done is not None and lead:  # its inputs were just rebuilt
-                    (sdir / "DONE").unlink()
+                if invalidated and done is not None:  # its inputs were just rebuilt
+                    if lead:
+                        (sdir / "DONE").unlink()
                 elif done is not None and done.get("fingerprint", fp) != fp and stale is None:
                     stale = (name, changed_keys(done.get("settings", {}), settings))
                 continue
@@ -123,6 +125,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
             print(f"[main] {name}: running {config[name].fn}", flush=True)
             prev = wd.set_aside(sdir) if lead else None
             sdir.mkdir(parents=True, exist_ok=True)
+            barrier(f"main:start:{name}")
             t0, c0 = time.perf_counter(), compilation()[1]
             try:
                 stages[name](config, str(workdir), name)
@@ -140,6 +143,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
                                               "compile_seconds": compiling, "provenance": stage_hash(sdir)})
                 if prev is not None:
                     shutil.rmtree(prev, ignore_errors=True)
+            barrier(f"main:done:{name}")
             invalidated = True
             timings[name] = seconds
     if len(timings) > 1:
@@ -188,6 +192,10 @@ def _main():
     from jaxrag.train.checkpoint import CheckpointCorrupt
     from jaxrag.train.loop import ConfigChanged, NonFiniteLoss
 
+    if "://" in _WORKDIR.value:  # pathlib would read gs://b/x as the local folder gs:/b/x
+        print(f"error: --workdir={_WORKDIR.value}: object-storage workdirs are not supported (stages write through "
+              "local paths); give a local or shared-filesystem (NFS, GCS FUSE mount) path", file=sys.stderr)
+        sys.exit(2)
     config = _CONFIG.value
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
     print(f"[main] config {config_flags.get_config_filename(flags.FLAGS['config'])}"

@@ -1,9 +1,12 @@
-"""Local multi-process launcher: N processes on this machine joined by jax.distributed (CPU: one device each).
+"""Local multi-process launcher: N processes on this machine joined by jax.distributed (CPU: one device each, or
+XLA_FLAGS=--xla_force_host_platform_device_count=D for D fake devices each).
 
     python launch/local.py --num_processes=2 -- -m jaxrag.main --config=configs/train_sft.py --workdir=runs/x
 
 Each child gets JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID (read by
-jaxrag.train.distributed.maybe_initialize). Exits non-zero if any child fails; output of process i is prefixed [i].
+jaxrag.train.distributed.maybe_initialize). Output of process i is prefixed [i]. When a child fails the others are
+ended (they would wait for it at the next collective), as `srun --kill-on-bad-exit` does; exits non-zero if any
+child fails. See docs/multihost.md.
 """
 
 import argparse
@@ -12,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 
 def free_port() -> int:
@@ -36,6 +40,12 @@ def launch(num_processes: int, args: list[str], env: dict | None = None) -> list
     threads = [threading.Thread(target=pump, args=(i, p)) for i, p in enumerate(procs)]
     for t in threads:
         t.start()
+    while any(p.poll() is None for p in procs):
+        if any(p.poll() not in (None, 0) for p in procs):  # one failed: the rest would hang at a collective
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        time.sleep(0.2)
     codes = [p.wait() for p in procs]
     for t in threads:
         t.join()

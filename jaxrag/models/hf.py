@@ -11,6 +11,7 @@ import json
 import re
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError
@@ -159,8 +160,46 @@ def load_hf(path: str | Path, dtype: str | None = None) -> tuple[ModelConfig, Pa
     return cfg, params
 
 
-def save_hf(cfg: ModelConfig, params: Params, path: str | Path, max_shard_bytes: int = 4 << 30) -> Path:
-    """Write config.json + safetensors (sharded with an index when over max_shard_bytes) that transformers loads."""
+def stored_dtype(path: str | Path) -> str | None:
+    """The dtype a Hugging Face checkpoint's weights are stored in, from its config.json ("torch_dtype", or 5.x's
+    "dtype"); None when it names none."""
+    try:
+        d = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    dt = d.get("torch_dtype") or d.get("dtype")
+    return str(dt) if dt in SAVE_DTYPES else None
+
+
+SAVE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def params_dtype(params: Params) -> str:
+    """The dtype the weights are held in: the widest floating dtype among the arrays (float32 if any is)."""
+    kinds = {str(np.dtype(getattr(a, "dtype", np.float32))) for a in jax.tree.leaves(params)}
+    for dt in SAVE_DTYPES:
+        if dt in kinds:
+            return dt
+    return "float32"
+
+
+def generation_config(cfg: ModelConfig) -> dict:
+    """A minimal generation_config.json (the special ids transformers' generate stops and pads with)."""
+    eos = list(cfg.eos_ids)
+    return {"bos_token_id": cfg.bos_id, "eos_token_id": (eos if len(eos) != 1 else eos[0]) or None,
+            "pad_token_id": cfg.pad_id}
+
+
+def save_hf(cfg: ModelConfig, params: Params, path: str | Path, max_shard_bytes: int = 4 << 30,
+            dtype: str | None = None) -> Path:
+    """Write config.json + safetensors (sharded with an index when over max_shard_bytes) + generation_config.json
+    that transformers loads. dtype: the stored dtype ("float32" | "bfloat16" | "float16"); None = the dtype the
+    weights are held in (`params_dtype`: weights loaded as bf16 are written as bf16, fp32 ones as fp32).
+    `params` must be addressable here (pipelines.common.save_checkpoint gathers sharded ones first)."""
+    dtype = dtype or params_dtype(params)
+    if dtype not in SAVE_DTYPES:
+        raise ValueError(f"save_hf: dtype {dtype!r}: one of {SAVE_DTYPES}")
+    np_dtype = jnp.dtype(dtype)  # bfloat16 via ml_dtypes, which safetensors' numpy writer stores as BF16
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     inv_top = {v: k for k, v in _TOP_MAP.items()}
@@ -169,14 +208,15 @@ def save_hf(cfg: ModelConfig, params: Params, path: str | Path, max_shard_bytes:
     for name, a in params.items():
         if name == "layers":
             continue
-        tensors[inv_top[name]] = np.ascontiguousarray(_ours_to_hf(name, np.asarray(a, np.float32), cfg))
+        tensors[inv_top[name]] = np.ascontiguousarray(_ours_to_hf(name, np.asarray(a).astype(np_dtype), cfg))
     for name, stacked in params["layers"].items():
-        stacked = np.asarray(stacked, np.float32)
+        stacked = np.asarray(stacked).astype(np_dtype)
         for i in range(cfg.n_layers):
             tensors[f"model.layers.{i}.{inv_layer[name]}"] = np.ascontiguousarray(_ours_to_hf(name, stacked[i], cfg))
     hf_cfg = cfg.to_hf_dict()
-    hf_cfg["torch_dtype"] = "float32"
+    hf_cfg["torch_dtype"] = dtype
     (path / "config.json").write_text(json.dumps(hf_cfg, indent=2))
+    (path / "generation_config.json").write_text(json.dumps(generation_config(cfg), indent=2))
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for name in sorted(tensors):

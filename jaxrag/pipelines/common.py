@@ -67,31 +67,51 @@ def model_dir(workdir, stage: str) -> Path:
     return Path(workdir) / stage / "model"
 
 
-def save_checkpoint(path, mcfg, params, tokenizer_file: str | Path | None = None, head=None) -> Path:
-    """save_hf(mcfg, params) into `path` (written beside and renamed into place), plus the tokenizer file
-    (a sentencepiece *.model is copied as tokenizer.model) and a critic/value head (head.npz)."""
-    import jax
+# Files of a tokenizer directory that travel with every saved model: the tokenizer itself, its special tokens and chat
+# template (without it a tuned chat model silently falls back to plain prompts), and the model's generation defaults.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "generation_config.json")
+
+
+def tokenizer_files(src: Path) -> list[Path]:
+    """The files of tokenizer dir `src` a saved model carries (TOKENIZER_FILES, tokenizer*, sentencepiece *.model)."""
+    return sorted(f for f in src.iterdir() if f.is_file() and (
+        f.name in TOKENIZER_FILES or f.name.startswith("tokenizer") or f.name.endswith(".model")))
+
+
+def save_checkpoint(path, mcfg, params, tokenizer_file: str | Path | None = None, head=None,
+                    dtype: str | None = None) -> Path:
+    """save_hf(mcfg, params, dtype) into `path` (written beside and renamed into place), plus the tokenizer
+    (a dir: `tokenizer_files`, its chat template and generation_config.json included; a sentencepiece *.model is
+    copied as tokenizer.model) and a critic/value head (head.npz). dtype: None = the weights' own (save_hf).
+
+    Every process calls it (multi-host: params sharded over other processes' devices are gathered, a collective);
+    process 0 writes, and all wait at a barrier until the directory is in place, so no process reads a half-written
+    model."""
     import numpy as np
 
     from jaxrag.models import save_hf
+    from jaxrag.train.distributed import barrier, is_lead, to_host
 
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_hf(mcfg, jax.device_get(params), tmp)
-    if tokenizer_file is not None:
-        src = Path(tokenizer_file)
-        if src.is_dir():
-            for f in src.iterdir():
-                if f.name.startswith("tokenizer") or f.name.endswith(".model"):
+    host_params, host_head = to_host(params), (to_host(head) if head is not None else None)
+    if is_lead():
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_hf(mcfg, host_params, tmp, dtype=dtype)
+        if tokenizer_file is not None:
+            src = Path(tokenizer_file)
+            if src.is_dir():
+                for f in tokenizer_files(src):
                     shutil.copy(f, tmp / f.name)
-        else:
-            shutil.copy(src, tmp / ("tokenizer.model" if src.suffix == ".model" else src.name))
-    if head is not None:
-        np.savez(tmp / "head.npz", **{k: np.asarray(v) for k, v in jax.device_get(head).items()})
-    if path.exists():
-        shutil.rmtree(path)
-    os.replace(tmp, path)
+            else:
+                shutil.copy(src, tmp / ("tokenizer.model" if src.suffix == ".model" else src.name))
+        if host_head is not None:
+            np.savez(tmp / "head.npz", **{k: np.asarray(v) for k, v in host_head.items()})
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    barrier(f"save_checkpoint:{path}")
     return path
 
 

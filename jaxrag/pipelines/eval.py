@@ -30,9 +30,12 @@ from pathlib import Path
 
 from jaxrag.env.agents import get_agent
 from jaxrag.env.rollout import RolloutConfig
-from jaxrag.evaluate import evaluate, results_table
+from jaxrag.env.mdp import write_episodes
+from jaxrag.evaluate import episode_metrics, evaluate, results_table
 from jaxrag.judge import judge_from_config
 from jaxrag.pipelines.common import config_fail, plain, write_json
+from jaxrag.train.distributed import allgather_objects, barrier, gather_shares, is_lead, process_count, \
+    process_index, share
 
 
 log = logging.getLogger(__name__)
@@ -268,12 +271,14 @@ def eval_stage(config, workdir: str | Path, name: str) -> dict:
     rc = RolloutConfig(**plain(ec.get("rollout", {})))
     results: dict[str, dict[str, dict]] = {}
     metrics_path = out_dir / "metrics.jsonl"
-    metrics_path.write_text("")
+    lead = is_lead()
+    if lead:
+        metrics_path.write_text("")
     # The index's own recall per dataset (the question as the query, no policy): beside EM in table.md
     examples = {d.get("name", Path(d["path"]).stem): load_qa(d["path"], d.get("select"), limit=d.get("limit"))
                 for d in datasets}  # read once: every agent and the index recall use the same questions
     recall: dict[str, dict] = {}
-    if ec.get("index_recall", True):
+    if ec.get("index_recall", True) and lead:
         titles = corpus_titles(rcfg, workdir)
         recall = {dname: index_recall(retriever, exs, rc.k, titles) for dname, exs in examples.items()}
         write_json(out_dir / "index_recall.json", recall)
@@ -299,8 +304,10 @@ def eval_stage(config, workdir: str | Path, name: str) -> dict:
             arc = dataclasses.replace(rc, n_candidates=a.get("n", 10), temperature=float(a.get("temperature", 1.0)))
         for dname, exs in examples.items():
             log.info("eval %s on %s (%d questions)", method, dname, len(exs))
-            _, m = evaluate(policy, retriever, agent, exs, cfg=arc, judge=judge, summarizer=summarizer,
-                            select=selects.get(i), out_path=out_dir / f"{method}__{dname}.episodes.jsonl")
+            m = _evaluate(policy, retriever, agent, exs, arc, judge, summarizer, selects.get(i),
+                          out_dir / f"{method}__{dname}.episodes.jsonl")
+            if not lead:
+                continue
             if i in selects:
                 m.update(n_candidates=arc.n_candidates, temperature=arc.temperature)
             if dname in recall:
@@ -308,13 +315,49 @@ def eval_stage(config, workdir: str | Path, name: str) -> dict:
             results.setdefault(method, {})[dname] = m
             with metrics_path.open("a") as f:
                 f.write(json.dumps({"method": method, "dataset": dname, **m}) + "\n")
-    md, csv_text = results_table(results)
-    if recall:
-        md += ("\nRetrieval, with no policy in the loop (each question itself as the query): how much of the gold "
-               "the index holds and finds. A low value is a retrieval gap, not a policy gap.\n\n" + recall_table(recall))
-    (out_dir / "table.md").write_text(md)
-    (out_dir / "table.csv").write_text(csv_text)
+    if lead:
+        md, csv_text = results_table(results)
+        if recall:
+            md += ("\nRetrieval, with no policy in the loop (each question itself as the query): how much of the gold "
+                   "the index holds and finds. A low value is a retrieval gap, not a policy gap.\n\n"
+                   + recall_table(recall))
+        (out_dir / "table.md").write_text(md)
+        (out_dir / "table.csv").write_text(csv_text)
+    barrier(f"eval:{out_dir}")
     return results
+
+
+SEED_STRIDE = 1_000_003  # multi-host eval: process p samples with seed + p * SEED_STRIDE (its own row keys)
+
+
+def _evaluate(policy, retriever, agent, exs, rc: RolloutConfig, judge, summarizer, select, out_path: Path) -> dict:
+    """evaluate() on one process; on several, each rolls out its contiguous share of the questions (`share`) with
+    its own sampler, the episodes are gathered in question order, and process 0 judges, scores and writes them
+    (the metrics and the file are those of one process's run over the same questions: exactly so at temperature 0;
+    at T > 0 each process's rows draw from keys of their own). Returns the metrics (process 0) or {}."""
+    if process_count() == 1:
+        return evaluate(policy, retriever, agent, exs, cfg=rc, judge=judge, summarizer=summarizer, select=select,
+                        out_path=out_path)[1]
+    mine = share(exs)
+    rc = dataclasses.replace(rc, seed=rc.seed + process_index() * SEED_STRIDE)
+    eps, m = evaluate(policy, retriever, agent, mine, cfg=rc, summarizer=summarizer, select=select) if mine \
+        else ([], {"timing": {}})
+    episodes = gather_shares(eps)
+    timings = allgather_objects(m["timing"])
+    if not is_lead():
+        return {}
+    out = episode_metrics(episodes, judge=judge)
+    timing: dict = {}
+    for t in timings:  # the processes ran side by side: seconds are the slowest's, counts add up
+        for k, v in t.items():
+            if isinstance(v, (int, float)):
+                timing[k] = max(timing.get(k, 0), v) if k.endswith("_s") else timing.get(k, 0) + v
+    out["timing"] = timing
+    if timing.get("total_s"):
+        out["episodes_per_s"] = len(episodes) / timing["total_s"]
+    out["processes"] = process_count()
+    write_episodes(out_path, episodes)
+    return out
 
 
 eval_stage.check_config = check_config

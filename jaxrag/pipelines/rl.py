@@ -194,10 +194,14 @@ def rl_stage(config, workdir: str, name: str | None = None) -> None:
         step_rewards = load_prm(sc.prm, f"config.{name}.prm", workdir, sc.agent)
     result = train_rl(policy, retriever, agent, questions, reward_fn(reward, answer_judge=answer_judge(sc)), rc,
                       sc.train, out, step_rewards=step_rewards, judge=judge, refiner=judge)
-    if jax.process_index() != 0:
-        return
+    from jaxrag.models.hf import stored_dtype
+    from jaxrag.train.distributed import is_lead
+
+    # every process (sharded params are gathered; process 0 writes), in the dtype the policy checkpoint is stored in
     common.save_checkpoint(common.model_dir(workdir, name), policy.cfg, result.params, policy.tokenizer_path,
-                           head=result.head)
+                           head=result.head, dtype=stored_dtype(common.resolve(sc.policy.path, workdir)))
+    if not is_lead():
+        return
     history = result.history
     summary = {"stage": name, "rl_steps": result.step, "optimizer_steps": result.step * rc.updates_per_step,
                "loss": sc.train.loss, "agent": sc.agent.name, "reward": reward, "questions": len(questions),
@@ -229,13 +233,21 @@ def train_byte_bpe(texts: list[str], vocab_size: int, out_dir: Path):
 
 def tiny_checkpoint_stage(config, workdir: str, name: str | None = None) -> None:
     """config.<name>: arch (ModelConfig fields), corpus (JSONL), corpus_lines, vocab_size, seed."""
-    from jaxrag.env.agents import arena, smartsearch
-    from jaxrag.models import ModelConfig, init_params, save_hf
-    from jaxrag.retrieval import load_corpus
+    from jaxrag.train.distributed import barrier, is_lead
 
     name = stage_name(config, "tiny_checkpoint_stage", name)
     sc = config[name]
     out = common.model_dir(workdir, name)
+    if is_lead():  # one writer; the others wait for the finished checkpoint
+        _tiny_checkpoint(sc, workdir, out)
+    barrier(f"tiny_checkpoint:{out}")
+
+
+def _tiny_checkpoint(sc, workdir: str, out: Path) -> None:
+    from jaxrag.env.agents import arena, smartsearch
+    from jaxrag.models import ModelConfig, init_params, save_hf
+    from jaxrag.retrieval import load_corpus
+
     out.mkdir(parents=True, exist_ok=True)
     texts = [p.title + "\n" + p.text for p in load_corpus(common.resolve(sc.corpus, workdir), sc.corpus_lines)]
     texts += [arena.SYSTEM, smartsearch.SYSTEM]

@@ -29,9 +29,11 @@ import numpy as np
 
 from jaxrag.jsonl import iter_jsonl
 from jaxrag.models import ModelConfig, init_params
+from jaxrag.models.hf import stored_dtype
 from jaxrag.pipelines.common import load_checkpoint, model_dir, resolve, save_checkpoint, write_json
 from jaxrag.train import config as tconfig
 from jaxrag.train.batching import BatchStream, Group, PreferencePair, SFTExample, group_batch, pair_batch, sft_batch
+from jaxrag.train.distributed import barrier, is_lead
 from jaxrag.train.loop import fit, save_summary
 from jaxrag.train.objectives import OBJECTIVES
 
@@ -99,6 +101,13 @@ def load_model(config, stage: str, workdir: str):
     return load_checkpoint(resolve(init, workdir))  # absolute, relative to the workdir, or stage:<name>
 
 
+def source_dtype(config, stage: str, workdir: str) -> str | None:
+    """The dtype the stage's init checkpoint is stored in (a bf16 model is saved back as bf16); None for a random
+    init (the weights' own dtype)."""
+    init = config[stage].init
+    return None if init == "random" else stored_dtype(resolve(init, workdir))
+
+
 def _tokenizer(config, stage, workdir):
     path = config[stage].get("tokenizer", "")
     if not path:
@@ -135,9 +144,11 @@ def train_stage(config, workdir: str, name: str) -> None:
     stream = BatchStream(examples, per_batch, lambda ex: make(ex, tuple(tc.seq_buckets), pad), seed=tc.seed)
     out = Path(workdir) / name
     result = fit(cfg, params, stream, None, tc, out)
-    if jax.process_index() == 0:
-        tok_file = resolve(sc.tokenizer, workdir) if sc.get("tokenizer") else None
-        save_checkpoint(model_dir(workdir, name), cfg, result.params, tok_file, head=result.head)
+    tok_file = resolve(sc.tokenizer, workdir) if sc.get("tokenizer") else None
+    # every process: sharded params are gathered, process 0 writes; the model keeps its source checkpoint's dtype
+    save_checkpoint(model_dir(workdir, name), cfg, result.params, tok_file, head=result.head,
+                    dtype=source_dtype(config, name, workdir))
+    if is_lead():
         save_summary(out / "summary.json", result)
         if sc.get("epochs"):
             summary = json.loads((out / "summary.json").read_text())
@@ -187,5 +198,7 @@ def toy_data_stage(config, workdir: str, name: str) -> None:
         pairs.append({"prompt_ids": prompt, "chosen_ids": good, "rejected_ids": bad})
         comps = [good] + [[int(t) for t in rng.integers(3, vocab, len(x))] for _ in range(sc.group_size - 1)]
         groups.append({"prompt_ids": prompt, "completions_ids": comps, "rewards": [1.0] + [0.0] * (sc.group_size - 1)})
-    for name, recs in (("sft", sft), ("pairs", pairs), ("groups", groups)):
-        (out / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    if is_lead():  # one writer; the others wait until the files are complete
+        for kind, recs in (("sft", sft), ("pairs", pairs), ("groups", groups)):
+            (out / f"{kind}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    barrier(f"toy_data:{out}")

@@ -53,6 +53,8 @@ from jaxrag.rl.group_rollout import GroupSampler, sample_groups
 from jaxrag.supervision.rewards import Reward, prepare, reward_fn
 from jaxrag.train.batching import BatchStream
 from jaxrag.train.checkpoint import Checkpointer
+from jaxrag.train.distributed import allgather_objects, barrier, gather_shares, process_count, process_index, share, \
+    to_local
 from jaxrag.train.loop import RESUMABLE as RESUMABLE_TRAIN
 from jaxrag.train.loop import ConfigChanged, NonFiniteLoss, build, changed_keys
 from jaxrag.train.metrics_log import MetricsWriter, flatten_metrics
@@ -101,6 +103,40 @@ def score_episodes(episodes: Sequence[Episode], reward) -> list[Reward]:
         ep.metadata["reward_components"] = {k: float(v) for k, v in r.components.items()}
         out.append(r)
     return out
+
+
+SEED_STRIDE = 1_000_003  # multi-host: process p samples its groups with seed + p * SEED_STRIDE (its own row keys)
+
+
+def sample_and_score(sampler, questions: Sequence, rc: RLConfig, rcfg: RolloutConfig, reward, stats: dict
+                     ) -> tuple[list[Episode], list[Reward], float]:
+    """The step's episodes (B contiguous groups of G) and their rewards, and the reward seconds. On several
+    processes each samples, retrieves and scores its contiguous share of the questions (whole groups: advantages
+    stay within a group) with its own sampler, at seed + p * SEED_STRIDE; the episodes and rewards are gathered in
+    question order on every process, so each builds the same global batch as one process would (the update is
+    then split over the mesh by sharding.shard_batch); `stats` gets the slowest process's seconds."""
+    if process_count() == 1:
+        episodes = sample_groups(sampler, questions, rc, rcfg, stats)
+        t0 = time.perf_counter()
+        rewards = score_episodes(episodes, reward)  # a judged reward's LLM calls happen here
+        return episodes, rewards, time.perf_counter() - t0
+    mine = share(list(questions))
+    local: dict = {}
+    episodes, rewards, reward_s = [], [], 0.0
+    if mine:
+        rcfg = dataclasses.replace(rcfg, seed=rcfg.seed + process_index() * SEED_STRIDE,
+                                   batch_size=rc.rollout_batch or len(mine) * rc.group_size)
+        episodes = sample_groups(sampler, mine, rc, rcfg, local)
+        t0 = time.perf_counter()
+        rewards = score_episodes(episodes, reward)
+        reward_s = time.perf_counter() - t0
+    for part in allgather_objects({**{k: v for k, v in local.items() if isinstance(v, (int, float))},
+                                   "reward_s": reward_s}):
+        for k, v in part.items():  # side by side: seconds are the slowest process's, counts add up
+            stats[k] = max(stats.get(k, 0.0), v) if k.endswith("_s") else stats.get(k, 0) + v
+    for k in ("generate_s", "summarize_s", "retrieve_s", "total_s"):
+        stats.setdefault(k, 0.0)
+    return gather_shares(episodes), gather_shares(rewards), stats.pop("reward_s")
 
 
 def episode_stats(episodes: Sequence[Episode], rewards: Sequence[Reward], group_size: int) -> dict:
@@ -259,6 +295,9 @@ def train_rl(
     """
     rc.validate()
     tc = rl_train_config(rc, train_config)
+    if process_count() > 1 and rc.group_rollout != "independent":
+        raise ValueError(f"rl.group_rollout={rc.group_rollout!r} runs on one process only (its query scorer is the "
+                         "trainer's sharded step); use group_rollout 'independent' or one process")
     check_row_budget(policy, rc, tc)
     if hasattr(reward, "to_dict"):  # a ConfigDict of weights
         reward = reward.to_dict()
@@ -315,6 +354,7 @@ def train_rl(
             target = abstract_state(tr.tx, shd.abstract(tr.trainable), tr.state_sh, tc.seed)
             state, meta = ckpt.restore(target)
             start = int(meta["data_position"])
+        barrier(f"rl:settings_read:{workdir}")  # every process compared them before process 0 rewrites them
         if jax.process_index() == 0:
             (workdir / "train_config.json").write_text(tc.to_json(indent=2))
             (workdir / "rl_settings.json").write_text(json.dumps(settings, indent=1))
@@ -325,7 +365,7 @@ def train_rl(
     last: dict = {}
     step = start
     try:
-        policy.params, _ = policy_params(state, frozen, tc)
+        policy.params = to_local(policy_params(state, frozen, tc)[0])
         for step in range(start + 1, rc.steps + 1):
             t_step = time.perf_counter()
             questions_t = stream.batch_at(step - 1)
@@ -335,10 +375,7 @@ def train_rl(
                                  summary_max_new_tokens=rc.summary_max_new_tokens, max_invalid=rc.max_invalid,
                                  seed=rollout_seed(rc.seed, step), continuous=rc.continuous)
             stats: dict = {}
-            episodes = sample_groups(sampler, questions_t, rc, rcfg, stats)
-            t_reward = time.perf_counter()
-            rewards = score_episodes(episodes, score_reward)   # a judged reward's LLM calls happen here
-            reward_s = time.perf_counter() - t_reward
+            episodes, rewards, reward_s = sample_and_score(sampler, questions_t, rc, rcfg, score_reward, stats)
             t_host = time.perf_counter()
             batches, info = build_batches(
                 episodes, rewards, rc, tc, pad_id, row_multiple,
@@ -361,7 +398,8 @@ def train_rl(
                     inner.append(m)
             train_s = time.perf_counter() - t_train
             t_sync = time.perf_counter()
-            policy.params, sync = policy_params(state, frozen, tc)
+            params_now, sync = policy_params(state, frozen, tc)
+            policy.params = to_local(params_now)  # multi-host: each process's sampler holds the weights whole
             sync_s = time.perf_counter() - t_sync
 
             metrics = dict(inner[0])

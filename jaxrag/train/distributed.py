@@ -32,3 +32,91 @@ def maybe_initialize() -> bool:
         return False
     _done = True
     return True
+
+
+# ------------------------------------------------------------------------------ who writes, who waits, who holds what
+def process_index() -> int:
+    import jax
+
+    return jax.process_index()
+
+
+def process_count() -> int:
+    import jax
+
+    return jax.process_count()
+
+
+def is_lead() -> bool:
+    """Process 0: the one process that writes a run's shared files (metrics, episodes, tables, models, DONE)."""
+    return process_index() == 0
+
+
+def barrier(name: str) -> None:
+    """Every process waits here until all have arrived (no-op on one process): after process 0 writes a file the
+    others will read, and before anyone reads it. `name` must be the same string on every process."""
+    if process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def to_host(tree):
+    """A pytree of (possibly sharded, multi-process) jax arrays -> numpy on this process. An array that spans other
+    processes' devices is gathered (process_allgather: a collective, so every process must call this together);
+    process-local arrays are simply copied."""
+    import jax
+    import numpy as np
+
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(jax.device_get(x))
+
+    return jax.tree.map(one, tree)
+
+
+def to_local(tree):
+    """A pytree of global (multi-process) arrays -> the same values on this process's first device (gathered:
+    collective). Process-local code (each process's own sampler) needs arrays it holds whole; on one process the
+    arrays are returned as they are."""
+    import jax
+
+    if process_count() == 1:
+        return tree
+    dev = jax.local_devices()[0]
+    return jax.tree.map(lambda a: jax.device_put(a, dev), to_host(tree))
+
+
+def share(items: list, index: int | None = None, count: int | None = None) -> list:
+    """This process's contiguous share of `items` (the first len % count processes get one more): process order
+    = item order, so gathering the shares in process order restores the list."""
+    index = process_index() if index is None else index
+    count = process_count() if count is None else count
+    n, extra = divmod(len(items), count)
+    start = index * n + min(index, extra)
+    return list(items[start:start + n + (index < extra)])
+
+
+def allgather_objects(obj) -> list:
+    """Every process's picklable `obj`, in process order, on every process (collective; [obj] on one process)."""
+    if process_count() == 1:
+        return [obj]
+    import pickle
+
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    blob = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray([blob.size], np.int64))).reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[:blob.size] = blob
+    blobs = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+    return [pickle.loads(blobs[i, :int(s)].tobytes()) for i, s in enumerate(sizes)]
+
+
+def gather_shares(items: list) -> list:
+    """The inverse of `share`: every process's list, concatenated in process order, on every process."""
+    return [x for part in allgather_objects(list(items)) for x in part]

@@ -34,6 +34,7 @@ from jaxrag.models.lora import merge
 from jaxrag.train import config as tconfig
 from jaxrag.train.batching import batch_tokens
 from jaxrag.train.checkpoint import Checkpointer
+from jaxrag.train.distributed import barrier
 from jaxrag.train.metrics_log import MetricsWriter, flatten_metrics
 from jaxrag.train.state import abstract_state, init_state, put, split_params, state_shardings
 from jaxrag.settings import NEUTRAL
@@ -153,6 +154,9 @@ def fit(
                     if moved:
                         print(f"[fit] resuming from step {restore_step}; later steps moved aside: "
                               f"{', '.join(p.name for p in moved)}")
+                if jax.process_count() > 1:  # the others see the steps process 0 moved aside
+                    barrier(f"fit:set_aside:{ckpt.directory}")
+                    ckpt.manager.reload()
             state, meta = ckpt.restore(target, restore_step)
             start = int(meta["data_position"])
         if jax.process_index() == 0:
