@@ -193,3 +193,17 @@ def load_retriever(rc, workdir):
         passages = retrieval.load_corpus(resolve(rc["corpus"], workdir), rc.get("max_passages") or None)
         return retrieval.build_bm25(passages, backend=rc.get("backend") or "bm25s")
     raise ValueError("retriever needs 'index_dir' (a built index) or 'corpus' (a JSONL)")
+
+
+def load_agent(ac, tokenizer):
+    """The agent design of a stage's `agent` section (name, mode, max_docs, max_doc_chars); in chat mode it renders
+    prompts with `tokenizer`'s chat template."""
+    from jaxrag.env.agents import get_agent
+
+    mode = ac.get("mode", "chat")
+    opts = {"mode": mode, "max_doc_chars": ac.get("max_doc_chars") or None}  # 0 = no cut (the papers)
+    if ac.get("max_docs"):
+        opts["max_docs"] = ac.max_docs
+    if mode == "chat":
+        opts["tokenizer"] = tokenizer
+    return get_agent(ac.name, **opts)

@@ -33,7 +33,7 @@ from jaxrag.env.rollout import RolloutConfig
 from jaxrag.env.mdp import write_episodes
 from jaxrag.evaluate import episode_metrics, evaluate, results_table
 from jaxrag.judge import judge_from_config
-from jaxrag.pipelines.common import config_fail, plain, write_json
+from jaxrag.pipelines.common import config_fail, load_agent, plain, write_json
 from jaxrag.train.distributed import allgather_objects, barrier, gather_shares, is_lead, process_count, \
     process_index, share
 
@@ -142,7 +142,6 @@ def load_prm(spec, key: str, workdir, agent_section):
     generated actions"): episodes -> per-step rewards r_φ(s_t, a_t) from a critic checkpoint, each state rendered
     by the agent design in the critic's own chat template, one batched pass over every step of every episode.
     agent_section: the rl stage's agent section (name, mode, max_docs, max_doc_chars)."""
-    from jaxrag.pipelines.rl import load_agent
     from jaxrag.supervision.critic import CriticScorer
 
     mcfg, params, head, tok = _critic_checkpoint(_critic_dir(spec), key, workdir)

@@ -153,18 +153,6 @@ def answer_judge(sc):
     return judge_from_config(common.plain(sc.answer_judge)) if sc.get("answer_judge") else None
 
 
-def load_agent(ac, tokenizer):
-    from jaxrag.env.agents import get_agent
-
-    mode = ac.get("mode", "chat")
-    opts = {"mode": mode, "max_doc_chars": ac.get("max_doc_chars") or None}  # 0 = no cut (the papers)
-    if ac.get("max_docs"):
-        opts["max_docs"] = ac.max_docs
-    if mode == "chat":
-        opts["tokenizer"] = tokenizer
-    return get_agent(ac.name, **opts)
-
-
 def rl_stage(config, workdir: str, name: str | None = None) -> None:
     from jaxrag.data.qa import load_qa
     from jaxrag.rl import RLConfig, train_rl
@@ -176,7 +164,7 @@ def rl_stage(config, workdir: str, name: str | None = None) -> None:
     out = common.stage_dir(workdir, name)
     policy = common.load_policy(sc.policy, workdir)
     retriever = common.load_retriever(sc.retriever, workdir)
-    agent = load_agent(sc.agent, policy.tokenizer)
+    agent = common.load_agent(sc.agent, policy.tokenizer)
     questions = load_qa(common.resolve(sc.questions.path, workdir), sc.questions.get("select") or None,
                         limit=sc.questions.get("limit") or None)
     rc = RLConfig.from_dict(sc.rl.to_dict())
