@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 
 from jaxrag.env.mdp import Action, Episode, Step
-from jaxrag.models import ModelConfig, forward_hidden, init_params
+from jaxrag.models import ModelConfig, critic_init, forward_hidden, init_params
 from jaxrag.models.transformer import tree_mask
 from jaxrag.rl import rows as R
 from jaxrag.train import config as tconfig
 from jaxrag.train import prefix_tree as PT
+from jaxrag.train.batching import PreferencePair, pair_batch
+from jaxrag.train.objectives import make_score_fn
 from jaxrag.train.steps import make_grad_fn
 
 CFG = ModelConfig(model_type="llama", vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16,
@@ -164,3 +166,86 @@ def test_grpo_tree_equals_merged_rows_append_only():
     g_t, m_t = fn(*args, R.grpo_tree_batch(per_action, adv, "seq_mean_token_mean", 16, tree), jax.random.PRNGKey(0))
     np.testing.assert_allclose(float(m_t["loss"]), float(m_r["loss"]), rtol=1e-5)
     assert_same(g_t, g_r)
+
+
+# ------------------------------------------------------------------------------------------------ DPO
+def dpo_pairs(rng, states=3, per_state=2):
+    """Pairs whose chosen and rejected share the state prompt; each state has several pairs, and a chosen and its
+    rejected share their first completion tokens."""
+    out = []
+    for _ in range(states):
+        prompt = ids(rng, 12)
+        for _ in range(per_state):
+            head = ids(rng, 2)
+            out.append(PreferencePair(prompt, head + ids(rng, 3), head + ids(rng, int(rng.integers(1, 5)))))
+    return out
+
+
+@functools.lru_cache
+def dpo_grads(accum):
+    tc = tconfig.resolve({"loss": "dpo", "batch_size": 6, "grad_accum": accum,
+                          "dpo": {"beta": 0.5, "label_smoothing": 0.1}})
+    return jax.jit(make_grad_fn(CFG, tc))
+
+
+def test_dpo_pairs_tree_equals_rows():
+    """DPO pairs sharing the state prompt: the same loss, metrics and gradient in one pack and in several packs
+    split over 2 microbatches (pair_weight keeps the mean over all pairs exact)."""
+    pairs = dpo_pairs(np.random.default_rng(5))
+    args = model_args()
+    g_r, m_r = dpo_grads(1)(*args, pair_batch(pairs, (32,)), jax.random.PRNGKey(0))
+    for accum, length, multiple in ((1, 128, 1), (2, 32, 2)):
+        b = PT.pair_batch_auto(pairs, (length,), CFG, "tree", pack_multiple=multiple)
+        assert "tree_exit" in b and (b["tokens"].shape[0] > 1) == (accum == 2)
+        g_t, m_t = dpo_grads(accum)(*args, b, jax.random.PRNGKey(0))
+        for k in ("loss", "dpo/reward_margin", "dpo/accuracy"):
+            np.testing.assert_allclose(float(m_t[k]), float(m_r[k]), rtol=1e-5, atol=1e-7)
+        assert_same(g_t, g_r)
+    assert PT.pair_batch_auto(pairs, (32,), CFG, "rows")["tokens"].shape == (6, 2, 32)
+
+
+# ------------------------------------------------------------------------------------------------ PPO
+def test_ppo_tree_equals_rows():
+    """PPO over RAG-Gym episodes: the value head read at the tree's reads equals the per-row values; GAE, whitening
+    and the loss's gradient (policy and value head) are the per-row layout's."""
+    eps = rag_gym_episodes(np.random.default_rng(6))
+    rows = R.action_rows(eps)
+    outcome = [1.0, 0.0, 0.5, 2.0, -1.0, 0.3]
+    tc = tconfig.resolve({"loss": "ppo", "batch_size": 6, "sampling_temperature": 0.9})
+    params = init_params(CFG, jax.random.PRNGKey(0), std=0.3)
+    trainable = {"model": params, "head": critic_init(CFG, jax.random.PRNGKey(1))}
+    score = jax.jit(make_score_fn(CFG, tc))
+    packed = R.pack(rows, (64,))
+    v_rows = np.asarray(score(trainable, {}, {k: packed[k] for k in ("tokens", "positions", "segment_ids")})[1])
+    b_rows = R.ppo_batch(rows, packed, v_rows, outcome, None, 1.0, 0.95, True)
+    tree = PT.pack_tree(R.tree_inputs(rows), 128)
+    v_tree = np.asarray(score(trainable, {}, tree.arrays())[1])
+    for r, v in enumerate(tree.gather(v_tree)):
+        p = len(rows[r].prompt)
+        np.testing.assert_allclose(v, v_rows[r, p:p + len(v)], atol=1e-5, rtol=1e-4)
+    b_tree = R.ppo_tree_batch(rows, tree, v_tree, outcome, None, 1.0, 0.95, True)
+    fn = jax.jit(make_grad_fn(CFG, tc))
+    g_r, m_r = fn(trainable, {}, b_rows, jax.random.PRNGKey(0))
+    g_t, m_t = fn(trainable, {}, b_tree, jax.random.PRNGKey(0))
+    for k in ("loss", "ppo/pg_loss", "ppo/vf_loss", "kl/k3"):
+        np.testing.assert_allclose(float(m_t[k]), float(m_r[k]), rtol=1e-4, atol=1e-6)
+    assert_same(g_t, g_r, rtol=1e-4, atol=2e-5)
+
+
+# ------------------------------------------------------------------------------------------------ choice
+def test_auto_picks_the_tree_where_it_saves_work():
+    """G = 8 episodes sharing a long first prompt with short actions: the tree; rows that share nothing: the rows
+    (the tree would only add packing); forced modes are obeyed; the RL loop's choice records its numbers."""
+    rng = np.random.default_rng(7)
+    prompt = ids(rng, 100)
+    shared = [R.Row(e, 0, prompt, ids(rng, 8), [0.0] * 8) for e in range(8)]
+    apart = [R.Row(e, 0, ids(rng, 100), ids(rng, 8), [0.0] * 8) for e in range(8)]
+    for rows, want in ((shared, "tree"), (apart, "rows")):
+        tree = R.row_tree(rows, (128, 256, 1024), CFG)
+        rw, tw = PT.rows_work(R.rows_shapes(rows, (128, 256, 1024))), PT.tree_work(tree)
+        assert PT.choose_layout("auto", rw, tw, CFG)[0] == want
+        assert PT.choose_layout("rows", rw, tw, CFG)[0] == "rows" and PT.choose_layout("tree", rw, tw, CFG)[0] == "tree"
+    assert PT.distinct_tokens([r.prompt + r.completion for r in shared]) == 100 + 8 * 8
+    assert PT.tree_work(R.row_tree(shared, (256,), CFG)).tokens == 256 < PT.rows_work([(8, 128)]).tokens
+    with pytest.raises(ValueError, match="train_layout: 'trie' is not one of"):
+        PT.choose_layout("trie", rw, tw, CFG)

@@ -39,6 +39,10 @@ class RLConfig:
     # GRPO: an episode's consecutive actions as one row wherever the next prompt's ids continue the last row's ids
     # (rows.merge_turns: the same objective, each prompt scored once); False = one row per action
     merge_turns: bool = True
+    # the update's batch layout (jaxrag.train.prefix_tree): "tree" packs the rows as a prefix tree (each shared
+    # prefix, a group's first prompt, a turn's history, computed once; the same objective), "rows" one padded row
+    # each, "auto" the tree where the cost model says it saves work and the attention path takes its mask
+    train_layout: str = "auto"
     seed: int = 0  # question order (epoch permutations) and rollout sampling keys derive from (seed, step)
     shuffle: bool = True
     save_episodes: bool = True  # append every step's episodes to <workdir>/episodes.jsonl (prompt ids dropped)
@@ -74,6 +78,8 @@ class RLConfig:
             raise ValueError(f"rl config: temperature: must be >= 0, got {self.temperature}")
         if self.rollout_batch < 0 or self.norm_tokens < 0:
             raise ValueError("rl config: rollout_batch and norm_tokens must be >= 0")
+        if self.train_layout not in ("auto", "rows", "tree"):
+            raise ValueError(f"rl config: train_layout: {self.train_layout!r} is not one of ('auto', 'rows', 'tree')")
         if self.group_rollout not in GROUP_ROLLOUTS:
             raise ValueError(f"rl config: group_rollout: {self.group_rollout!r} is not one of {GROUP_ROLLOUTS}")
         if int(self.refine_keep_m) < 1:

@@ -317,12 +317,7 @@ def ppo_batches(rows: Sequence[Row], groups: Sequence[Sequence[int]], packed: Se
         for j, i in enumerate(idx):
             p = len(rows[i].prompt)
             vals[i] = np.asarray(ov[j, p:p + len(rows[i].completion)], np.float32)
-    adv, ret = trajectory_gae(rows, vals, token_rewards(rows, outcome, step_rewards), gamma, lam)
-    flat = np.concatenate(adv) if adv else np.zeros(0)
-    if whiten and flat.size > 1:
-        mean, std = flat.mean(), flat.std()
-        adv = [(a - mean) / np.sqrt(std * std + 1e-8) for a in adv]
-    total = max(float(sum(r.generated for r in rows)), 1.0)
+    adv, ret, total = ppo_targets(rows, vals, outcome, step_rewards, gamma, lam, whiten)
     out = []
     for idx, pk in zip(groups, packed):
         b = {k: v for k, v in pk.items() if k != "row_episode"}
@@ -337,6 +332,34 @@ def ppo_batches(rows: Sequence[Row], groups: Sequence[Sequence[int]], packed: Se
         b["token_weight"] = (b["loss_mask"] / total).astype(np.float32)
         out.append(b)
     return out
+
+
+def ppo_targets(rows: Sequence[Row], vals: Sequence[np.ndarray], outcome: Sequence[float],
+                step_rewards: Sequence[Sequence[float]] | None, gamma: float, lam: float,
+                whiten: bool) -> tuple[list, list, float]:
+    """Per-row advantages and returns from per-row old values (one per generated id): GAE along each trajectory,
+    advantages whitened over all rows; and the action-token count the token_mean weights divide by."""
+    adv, ret = trajectory_gae(rows, vals, token_rewards(rows, outcome, step_rewards), gamma, lam)
+    flat = np.concatenate(adv) if adv else np.zeros(0)
+    if whiten and flat.size > 1:
+        mean, std = flat.mean(), flat.std()
+        adv = [(a - mean) / np.sqrt(std * std + 1e-8) for a in adv]
+    return adv, ret, max(float(sum(r.generated for r in rows)), 1.0)
+
+
+def ppo_tree_batch(rows: Sequence[Row], tree: PT.Tree, old_values: np.ndarray, outcome: Sequence[float],
+                   step_rewards: Sequence[Sequence[float]] | None, gamma: float, lam: float, whiten: bool) -> dict:
+    """The PPO update as one prefix-tree batch: old_values [P,M] the value head at the tree's reads (the score
+    function on tree.arrays()); GAE, whitening and token_mean weights as ppo_batches, placed at the reads."""
+    vals = tree.gather(np.asarray(old_values, np.float32))
+    adv, ret, total = ppo_targets(rows, vals, outcome, step_rewards, gamma, lam, whiten)
+    b = tree.arrays()
+    b["old_logp"] = tree.scatter([r.logprobs for r in rows])
+    b["old_values"] = tree.scatter(vals)
+    b["advantages"] = tree.scatter(adv)
+    b["returns"] = tree.scatter(ret)
+    b["token_weight"] = (b["loss_mask"] / total).astype(np.float32)
+    return b
 
 
 def ppo_batch(rows: Sequence[Row], packed: dict, old_values: np.ndarray, outcome: Sequence[float],

@@ -54,7 +54,7 @@ def pick_bucket(length: int, buckets: Sequence[int], what: str = "example") -> i
 def bucket_size(n: int, multiple: int = 1) -> int:
     """A count (rows, packs, reads) padded to a power of two up to 8, then to one of 4 sizes per octave (10, 12, 14,
     16, 20, 24, 28, 32, 40, ...: under 25% padding, few compiled shapes), then up to a multiple of `multiple`."""
-    n = max(n, 1)
+    n = max(int(n), 1)
     if n <= 8:
         b = 1 << (n - 1).bit_length()
     else:

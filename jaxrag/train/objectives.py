@@ -224,9 +224,20 @@ def sft_objective(mcfg, tc):
 def dpo_objective(mcfg, tc):
     logp_of = _logp(mcfg, tc)
 
+    def tree_seq(p, batch):   # [P*Q, 2] sequence log-probs: per-pack segment sums of the reads
+        logp = read_logprobs(mcfg, p, tree_hidden(mcfg, tc, p, batch), batch) * batch["loss_mask"]
+        Q = batch["pair_weight"].shape[1]
+        sums = jax.vmap(lambda x, i: jax.ops.segment_sum(x, i, 2 * Q))(logp, batch["read_seq"])
+        return sums.reshape(-1, 2)
+
     def dpo(trainable, frozen, batch, rng):
-        tok, pos, seg, mask = _flat(batch)
         p = policy_params(trainable, frozen, tc, rng)
+        if is_tree(batch):
+            seq = tree_seq(p, batch)
+            ref = tree_seq(reference_params(trainable, frozen), batch)
+            return losses.dpo_loss(seq[:, 0], seq[:, 1], ref[:, 0], ref[:, 1], tc.dpo.beta, tc.dpo.label_smoothing,
+                                   tc.dpo.loss_type, batch["pair_weight"].reshape(-1))
+        tok, pos, seg, mask = _flat(batch)
         seq = losses.sequence_logprobs(logp_of(p, tok, pos, seg), mask).reshape(-1, 2)
         if "ref_logps" in batch:
             ref = batch["ref_logps"]
@@ -370,8 +381,9 @@ def make_prepare(tc) -> Callable:
 
     def prepare(batch):
         batch, m = obj.prepare(tc, batch) if obj.prepare is not None else (batch, {})
-        if "token_weight" in batch and accum > 1:
-            batch = {**batch, "token_weight": batch["token_weight"] * accum}
+        for key in ("token_weight", "pair_weight"):   # whole-batch weights (pair_weight: prefix-tree DPO)
+            if key in batch and accum > 1:
+                batch = {**batch, key: batch[key] * accum}
         return batch, m
 
     return prepare

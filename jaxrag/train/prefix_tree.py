@@ -98,37 +98,53 @@ def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def assign_packs(seqs: Sequence[Sequence[int]], length: int, where: str = "row") -> tuple[list[int], list[int],
-                                                                                          list[int]]:
-    """The sorted row order, each row's pack and the prefix it shares with the row before it in its pack (0 for a
-    pack's first row). Greedy: a row opens a new pack when its new tokens do not fit."""
-    order = sorted(range(len(seqs)), key=lambda i: list(seqs[i]))
-    pack_of, shared = [0] * len(seqs), [0] * len(seqs)
+def assign_packs(seqs: Sequence[Sequence[int]], length: int, where: str = "row",
+                 units: Sequence[Sequence[int]] | None = None) -> tuple[list[int], list[int], list[int]]:
+    """The row order, each row's pack and the prefix it shares with the row before it in its pack (0 for a pack's
+    first row). units: groups of rows that go into one pack together (a DPO pair); default each row alone. Rows are
+    sorted within a unit and units by their first row; greedy: a unit opens a new pack when its new tokens do not
+    fit. Sharing only with the previous row keeps the layout a pre-order whatever the order; sorting makes that
+    the longest prefix shared with any earlier row."""
+    units = [[i] for i in range(len(seqs))] if units is None else units
+    units = sorted((sorted(u, key=lambda i: list(seqs[i])) for u in units), key=lambda u: list(seqs[u[0]]))
+    order, pack_of, shared = [], [0] * len(seqs), [0] * len(seqs)
     n_packs, used, prev = 0, length + 1, None
-    for i in order:
-        s = seqs[i]
-        if len(s) > length:
-            raise ValueError(f"{where} {i} has {len(s)} tokens, more than the pack length {length}")
-        k = _lcp(seqs[prev], s) if prev is not None else 0
-        if used + len(s) - k > length:
-            n_packs, used, k = n_packs + 1, 0, 0
-        pack_of[i], shared[i] = n_packs - 1, k
-        used += len(s) - k
-        prev = i
+
+    def chain(u, before):
+        ks = []
+        for i in u:
+            ks.append(_lcp(seqs[before], seqs[i]) if before is not None else 0)
+            before = i
+        return ks, sum(len(seqs[i]) - k for i, k in zip(u, ks))
+
+    for u in units:
+        ks, cost = chain(u, prev)
+        if used + cost > length:
+            ks, cost = chain(u, None)
+            n_packs, used = n_packs + 1, 0
+            if cost > length:
+                what = f"{where} {u[0]}" if len(u) == 1 else f"{where}s {sorted(u)} (packed together)"
+                raise ValueError(f"{what} has {cost} tokens, more than the pack length {length}")
+        for i, k in zip(u, ks):
+            pack_of[i], shared[i] = n_packs - 1, k
+            order.append(i)
+        used += cost
+        prev = u[-1]
     return order, pack_of, shared
 
 
 def pack_tree(rows: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int] | None]], length: int,
-              pad_id: int = 0, pack_multiple: int = 1, where: str = "row") -> Tree:
+              pad_id: int = 0, pack_multiple: int = 1, where: str = "row",
+              units: Sequence[Sequence[int]] | None = None) -> Tree:
     """rows: (prompt ids, completion ids, completion mask or None = all read) -> a Tree of packs of `length`.
-    P = bucket_size(packs, pack_multiple), M = bucket_size(most reads in a pack)."""
+    P = bucket_size(packs, pack_multiple), M = bucket_size(most reads in a pack). units: see assign_packs."""
     if not rows:
         raise ValueError("no rows to pack")
     seqs = [list(p) + list(c) for p, c, _ in rows]
     for i, (p, c, _) in enumerate(rows):
         if not p:
             raise ValueError(f"{where} {i}: no prompt ids (nothing predicts its first token)")
-    order, pack_of, shared = assign_packs(seqs, length, where)
+    order, pack_of, shared = assign_packs(seqs, length, where, units)
     n_packs = max(pack_of) + 1
     P = bucket_size(n_packs, pack_multiple)
     tokens = np.full((P, length), pad_id, np.int32)
@@ -224,13 +240,13 @@ def tree_work(tree: Tree) -> Work:
 
 
 def best_tree(rows, buckets: Sequence[int], mcfg, pad_id: int = 0, pack_multiple: int = 1,
-              where: str = "row") -> Tree:
+              where: str = "row", units=None) -> Tree:
     """pack_tree at the pack length (a bucket holding the longest row) whose work costs the fewest FLOPs."""
     longest = max(len(p) + len(c) for p, c, _ in rows)
     pick_bucket(longest, buckets, f"{where} (prompt + completion ids)")
     best, cost = None, None
     for length in sorted(b for b in buckets if b >= longest):
-        t = pack_tree(rows, length, pad_id, pack_multiple, where)
+        t = pack_tree(rows, length, pad_id, pack_multiple, where, units)
         c = tree_work(t).flops(mcfg)
         if cost is None or c < cost:
             best, cost = t, c
@@ -252,3 +268,53 @@ def choose_layout(mode: str, rows: Work, tree: Work | None, mcfg) -> tuple[str, 
     if ratio <= AUTO_MARGIN:
         return "tree", f"tree costs {ratio:.2f} of the rows' FLOPs"
     return "rows", f"tree would cost {ratio:.2f} of the rows' FLOPs (> {AUTO_MARGIN})"
+
+
+# ----------------------------------------------------------------------------------------------- DPO pairs
+def pair_tree_batch(pairs, tree: Tree) -> dict:
+    """DPO pairs as one prefix-tree batch; `tree` packs their rows (pair i: row 2i chosen, 2i+1 rejected; built by
+    pair_tree with each pair in one pack). Adds read_seq [P,M] (2 * the pair's slot in its pack + side) and
+    pair_weight [P,Q] (1 / pairs on each pair slot): the sequence log-probs are per-pack segment sums, the DPO mean
+    a weighted sum, exact under microbatches of whole packs."""
+    n = len(pairs)
+    slot = np.zeros(n, np.int64)
+    per_pack: dict[int, int] = {}
+    for i in range(n):
+        p = int(tree.row_pack[2 * i])
+        slot[i] = per_pack.get(p, 0)
+        per_pack[p] = int(slot[i]) + 1
+    Q = bucket_size(max(per_pack.values()), 1)
+    b = tree.arrays()
+    b["read_seq"] = tree.scatter([np.full(len(tree.row_reads[r]), 2 * slot[r // 2] + r % 2) for r in range(2 * n)],
+                                 np.int32)
+    w = np.zeros((tree.tokens.shape[0], Q), np.float32)
+    for i in range(n):
+        w[tree.row_pack[2 * i], slot[i]] = 1.0 / n
+    b["pair_weight"] = w
+    return b
+
+
+def pair_rows(pairs) -> list[tuple]:
+    """PreferencePairs -> pack_tree rows (2i chosen, 2i+1 rejected) and their units (each pair in one pack)."""
+    rows = [(p.prompt, c, None) for p in pairs for c in (p.chosen, p.rejected)]
+    return rows, [[2 * i, 2 * i + 1] for i in range(len(pairs))]
+
+
+def pair_batch_auto(pairs, buckets: Sequence[int], mcfg, mode: str = "auto", pad_id: int = 0,
+                    pack_multiple: int = 1) -> dict:
+    """The batch of DPO pairs in the layout `mode` picks (choose_layout): batching.pair_batch or pair_tree_batch."""
+    from jaxrag.train.batching import pair_batch
+
+    check_layout(mode, "train_layout")
+    rows_b = None
+    if mode != "tree":
+        rows_b = pair_batch(pairs, buckets, pad_id)
+        if mode == "rows":
+            return rows_b
+    rows, units = pair_rows(pairs)
+    tree = best_tree(rows, buckets, mcfg, pad_id, pack_multiple, "pair row", units)
+    if mode == "auto":
+        B, _, T = rows_b["tokens"].shape
+        if choose_layout("auto", rows_work([(2 * B, T)]), tree_work(tree), mcfg)[0] == "rows":
+            return rows_b
+    return pair_tree_batch(pairs, tree)
