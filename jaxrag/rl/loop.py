@@ -13,7 +13,9 @@ Each RL step t (1-based):
    the assignment refreshes its per-layer decode copy (JaxPolicy.params; time/sync_s) — never a stale copy;
 3. rewards: the named reward function (jaxrag.supervision.rewards.reward_fn) per episode, total + components;
 4. rows (jaxrag.rl.rows): one row per generated action from exactly the ids the sampler saw (GRPO, rc.merge_turns:
-   an episode's consecutive actions share one row wherever the ids continue); GRPO: group-normalized
+   an episode's consecutive actions share one row wherever the ids continue), in the layout rc.train_layout picks
+   (jaxrag.train.prefix_tree: padded rows, or the rows as a prefix tree; logged: layout/tree,
+   layout/tree_flops_ratio, update_tokens, distinct_tokens); GRPO: group-normalized
    advantages per question + aggregation weights; PPO: the value head scores the rows, GAE along each trajectory;
 5. `inner_steps` epochs of `minibatches` optimizer steps on those rows (each minibatch = whole groups; the trainer's
    jitted step: jaxrag.train.steps, with gradient accumulation; with rc.length_groups the rows of one update are
