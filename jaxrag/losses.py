@@ -74,10 +74,13 @@ def dpo_loss(
     beta: float,
     label_smoothing: float = 0.0,
     loss_type: str = "sigmoid",
+    weights: jax.Array | None = None,
 ) -> tuple[jax.Array, dict]:
     """DPO over sequence log-probs [B].
     sigmoid: -(1-ls)·log σ(β h) - ls·log σ(-β h), h = (π⁺ - ref⁺) - (π⁻ - ref⁻)  (ls > 0: conservative DPO);
-    ipo: (h - 1/(2β))². The reference log-probs are treated as constants."""
+    ipo: (h - 1/(2β))². The reference log-probs are treated as constants. weights [B] (optional, constants, summing
+    to 1 over a whole batch): the loss and the metrics are Σ w·x instead of means (the prefix-tree layout: 1/pairs
+    on real pair slots, 0 on padding slots; exact over microbatches of unequal pair counts)."""
     _check("loss_type", loss_type, DPO_LOSS_TYPES)
     ref_chosen_logps = jax.lax.stop_gradient(ref_chosen_logps)
     ref_rejected_logps = jax.lax.stop_gradient(ref_rejected_logps)
@@ -88,15 +91,20 @@ def dpo_loss(
         losses = -(1.0 - label_smoothing) * jax.nn.log_sigmoid(beta * h) - label_smoothing * jax.nn.log_sigmoid(-beta * h)
     else:
         losses = (h - 1.0 / (2.0 * beta)) ** 2
-    loss = jnp.mean(losses)
+    if weights is None:
+        loss, mean = jnp.mean(losses), jnp.mean
+    else:
+        w = jax.lax.stop_gradient(weights)
+        loss = jnp.sum(w * losses)
+        mean = lambda x: jnp.sum(w * x)
     chosen_reward = beta * chosen_ratio
     rejected_reward = beta * rejected_ratio
     metrics = {
         "loss": loss,
-        "dpo/chosen_reward": jnp.mean(chosen_reward),
-        "dpo/rejected_reward": jnp.mean(rejected_reward),
-        "dpo/reward_margin": jnp.mean(chosen_reward - rejected_reward),
-        "dpo/accuracy": jnp.mean((chosen_reward > rejected_reward).astype(jnp.float32)),
+        "dpo/chosen_reward": mean(chosen_reward),
+        "dpo/rejected_reward": mean(rejected_reward),
+        "dpo/reward_margin": mean(chosen_reward - rejected_reward),
+        "dpo/accuracy": mean((chosen_reward > rejected_reward).astype(jnp.float32)),
     }
     return loss, metrics
 

@@ -8,7 +8,7 @@ import pytest
 from jaxrag import losses
 from jaxrag.rl import rows as R
 from jaxrag.rl.config import RLConfig, rl_train_config
-from jaxrag.rl.loop import rescore_old_logp
+from jaxrag.rl.loop import choose_layout, rescore_old_logp
 from jaxrag.train.config import default_train_config
 
 
@@ -96,3 +96,19 @@ def test_old_logprobs_follow_the_scoring_temperature():
     rescore_old_logp(two, RLConfig(temperature=0.9, logprob_temperature=1.0, inner_steps=2), "grpo",
                      score=lambda b: (np.full(b["tokens"].shape, -0.5), None))
     np.testing.assert_array_equal(two[0][0]["old_logp"], -0.5 * two[0][0]["loss_mask"])
+
+
+def test_arena_trainer_settings_train_on_rows_not_the_prefix_tree():
+    """The tree layout has no per-micro-batch token mean and no rescoring of old log-probs: "auto" keeps such a
+    config on rows, an explicit "tree" is refused naming why."""
+    tc = default_train_config()
+    tc.loss = "grpo"
+    tc.grpo.aggregation = "token_mean"
+    with pytest.raises(ValueError, match="train_layout: 'tree' cannot train with token_mean_micro"):
+        rl_train_config(RLConfig(temperature=0.9, logprob_temperature=1.0, token_mean_micro=4, train_layout="tree"), tc)
+    with pytest.raises(ValueError, match="train_layout: 'tree' cannot train with old log-probs rescored"):
+        rl_train_config(RLConfig(temperature=0.9, logprob_temperature=1.0, inner_steps=2, train_layout="tree"), tc)
+    assert rl_train_config(RLConfig(temperature=0.9, logprob_temperature=1.0, train_layout="tree"), tc)  # 1 update
+    rc = RLConfig(temperature=0.9, logprob_temperature=1.0, token_mean_micro=4)
+    info = {}
+    assert choose_layout([], rc, tc, (16,), 0, 1, object(), info) == ("rows", None) and info["layout/tree"] == 0.0

@@ -45,7 +45,7 @@ def test_first_step_loss_and_advantages_match_hand_values(tmp_path, continuous):
     policy, retriever, agent = world(seed=2)
     policy.pool_sessions = continuous
     rc = RLConfig(steps=1, questions_per_step=2, group_size=3, inner_steps=2, temperature=0.7, max_new_tokens=6,
-                  max_steps=2, k=1, seed=3, length_groups=True, continuous=continuous)
+                  max_steps=2, k=1, seed=3, length_groups=True, continuous=continuous, train_layout="rows")
     tc = {"loss": "grpo", "seq_buckets": (64, 256), "optimizer": {"lr": 1e-2}, "progress": False,
           "grpo": {"beta": 0.04, "aggregation": "token_mean"}, "checkpoint": {"async_save": False}}
     res = train_rl(policy, retriever, agent, QUESTIONS, "test_ascii", rc, tc, tmp_path)

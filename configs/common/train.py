@@ -14,11 +14,13 @@ def tiny_model() -> ml_collections.ConfigDict:
 
 
 def train_stage(fn: str, data: str, init: str = "random", **train_overrides) -> ml_collections.ConfigDict:
-    """A stage section: fn, data (JSONL under the workdir), init, tokenizer, train (locked trainer config)."""
+    """A stage section: fn, data (JSONL under the workdir), init, tokenizer, train (locked trainer config),
+    train_layout ("auto" | "rows" | "tree": DPO pairs as a prefix tree, jaxrag.train.prefix_tree)."""
     t = default_train_config()
     for k, v in train_overrides.items():
         t[k] = v
-    return ml_collections.ConfigDict({"fn": fn, "data": data, "init": init, "tokenizer": "", "train": t})
+    return ml_collections.ConfigDict({"fn": fn, "data": data, "init": init, "tokenizer": "", "train": t,
+                                      "train_layout": "auto"})
 
 
 def toy_data(n: int = 64, vocab_size: int = 128, max_len: int = 8, group_size: int = 4) -> ml_collections.ConfigDict:

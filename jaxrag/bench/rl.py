@@ -11,6 +11,9 @@ Modes (same world, model and update rule):
            padded to the longest;
 - batched_groups: the same with rl.length_groups (one sub-batch per sequence bucket, gradients summed): less
            padding, more compiled shapes (new_shapes_timed counts the train-step compiles inside the timed steps);
+- batched_rows / batched_tree: batched with the update's layout forced (rl.train_layout; batched is "auto"):
+           update_per_trained = token slots the update computes per trained token, distinct_per_trained = the
+           step's distinct tokens (shared prefixes once) per trained token (jaxrag.train.prefix_tree);
 - continuous: batched, sampled through the policy's continuous slot pool (rl.continuous: a finished turn's slot
            takes the next waiting one after every decode chunk; a group's G identical first prompts prefilled once).
 World: plain ReAct over BM25 (bm25s) on the multihop contexts corpus (11k passages), k = 5, a random Llama with the
@@ -124,7 +127,8 @@ def run_mode(mode: str, args, retriever, agent, questions) -> dict:
     n_ep = b * g
     rc = RLConfig(steps=args.warmup + args.steps, questions_per_step=b, group_size=g, temperature=1.0,
                   max_new_tokens=args.new_tokens, max_steps=SEARCHES + 1, k=5,
-                  length_groups=mode == "batched_groups", continuous=mode == "continuous")
+                  length_groups=mode == "batched_groups", continuous=mode == "continuous",
+                  train_layout={"batched_rows": "rows", "batched_tree": "tree"}.get(mode, "auto"))
     big = args.preset == "1b"
     tc = {"loss": "grpo", "seq_buckets": (128, 256, args.max_prompt_tokens + args.new_tokens), "progress": False,
           "compute_dtype": "bfloat16" if big else "float32", "remat": big, "optimizer": {"lr": 1e-5},
@@ -139,7 +143,9 @@ def run_mode(mode: str, args, retriever, agent, questions) -> dict:
            "train_tokens_per_s": med("trained_tokens_per_s"), "step_s": step,
            "first_steps_s": sum(m["time/step_s"] for m in res.history[:args.warmup]),
            "new_shapes_timed": sum(m["train/new_shapes"] for m in timed), "padding%": 100 * (1 - med("batch_fill")),
-           "total_s": time.perf_counter() - t0}
+           "total_s": time.perf_counter() - t0, "layout_tree": med("layout/tree"),
+           "update_per_trained": med("update_tokens") / med("row_tokens"),
+           "distinct_per_trained": med("distinct_tokens") / med("row_tokens")}
     for part in ("sampling", "retrieval", "training", "host", "sync"):
         row[f"{part}%"] = 100 * med(f"time/{part}_s") / step
     return row
@@ -176,7 +182,8 @@ def main(argv=None):
         for r in rows:
             r["speedup"] = r["episodes_per_s"] / rows[0]["episodes_per_s"]
     cols = ["mode", "episodes", "rows", "trained_tokens", "episodes_per_s", "trained_tokens_per_s", "speedup",
-            "step_s", "sampling%", "retrieval%", "training%", "host%", "sync%", "padding%", "new_shapes_timed", "first_steps_s"]
+            "step_s", "sampling%", "retrieval%", "training%", "host%", "sync%", "padding%", "new_shapes_timed", "first_steps_s",
+            "layout_tree", "update_per_trained", "distinct_per_trained"]
     print(table(rows, cols))
     out = write_result("rl", {"preset": args.preset, "model": PRESETS[args.preset], "questions": args.questions,
                               "group": args.group, "new_tokens": args.new_tokens, "agent": "react/plain (scripted)",

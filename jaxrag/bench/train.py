@@ -1,6 +1,9 @@
 """Train-step speed on CPU for a small Llama: jaxrag SFT / DPO / GRPO steps vs a PyTorch DPO step.
 
-    python -m jaxrag.bench.train [--steps=5]
+    python -m jaxrag.bench.train [--steps=5] [--only steps|layouts]
+
+`layouts` (jaxrag.bench.train_layout): the update's tokens per trained token and its time, per-row vs prefix-tree
+layout, for RAG-Gym ReAct rows, append-only (merged) rows and DPO pairs; written under "layouts".
 
 Peer: a hand-written DPO step (policy + frozen reference forward, sigmoid loss, AdamW) on transformers'
 LlamaForCausalLM of the same size, measured in the same run (TRL is not installed in this environment);
@@ -90,7 +93,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--torch-threads", type=int, default=os.cpu_count())
+    ap.add_argument("--only", choices=("steps", "layouts"), default=None)
     a = ap.parse_args()
+    if a.only == "layouts":
+        from jaxrag.bench import train_layout
+
+        out = write_result("train_layout", train_layout.main(a.steps))
+        print(f"wrote {out}")
+        return
     b = batches(np.random.default_rng(0))
     rows = [time_jax(loss, b[loss], a.steps) for loss in ("sft", "dpo", "grpo")]
     peer = time_torch_dpo(b["dpo"], a.steps, a.torch_threads)
@@ -104,7 +114,12 @@ def main():
     shape = f"L={CFG.n_layers} D={CFG.d_model} V={CFG.vocab_size}; {PAIRS} pairs / 8 rows x {SEQ} tokens"
     print(f"CPU train steps, {shape}, {jax.device_count()} device(s)")
     print(table(rows, ["impl", "loss", "step_s", "tokens_per_s", "first_step_s", "vs torch DPO (speedup)"]))
-    write_result("train", {"model": CFG.__dict__ | {"rope_scaling": None}, "seq": SEQ, "pairs": PAIRS, "rows": rows})
+    payload = {"model": CFG.__dict__ | {"rope_scaling": None}, "seq": SEQ, "pairs": PAIRS, "rows": rows}
+    if a.only is None:
+        from jaxrag.bench import train_layout
+
+        payload["layouts"] = train_layout.main(a.steps)
+    write_result("train", payload)
 
 
 if __name__ == "__main__":

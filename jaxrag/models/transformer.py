@@ -357,6 +357,29 @@ def attention_mask(segment_ids: jax.Array) -> jax.Array:
     return causal[None] & same & (segment_ids[:, None, :] != 0)
 
 
+def tree_mask(tree_exit: jax.Array) -> jax.Array:
+    """[B,T] DFS interval ends of a prefix-tree pack (jaxrag.train.prefix_tree: a token's interval is [its index,
+    tree_exit]) -> [B,T,T]: key j is visible to query i iff j <= i and i <= tree_exit[j] (j is i or an ancestor of
+    i; the same as enter[j] <= enter[i] and exit[i] <= exit[j] with enter = index). A subset of the causal mask, so
+    `block_causal_attention` still skips the upper triangle. Padding (exit = its own index) sees only itself."""
+    T = tree_exit.shape[1]
+    idx = jnp.arange(T, dtype=tree_exit.dtype)
+    causal = idx[None, :] <= idx[:, None]
+    return causal[None] & (idx[None, :, None] <= tree_exit[:, None, :])
+
+
+def tree_attention_unsupported(cfg: ModelConfig) -> str | None:
+    """Why the prefix-tree layout falls back to per-row batches on this backend, or None where it runs. The one
+    place that says it: the XLA path (CPU, TPU, GPU without cuDNN) takes the tree mask in its blocks. cuDNN flash
+    attention would take it as the [B,1,T,T] mask it already takes for segments (added as a bias), but that path
+    has not been run on a GPU with a tree mask here, so "auto" keeps per-row batches under cuDNN; a forced tree
+    runs the XLA path there (correct, without the flash kernel)."""
+    if resolve_attention_impl(cfg) == "xla":
+        return None
+    return ("attention runs cuDNN flash attention, whose tree-mask path (a [B,1,T,T] bias) is untested on a GPU "
+            "here: per-row batches")
+
+
 def resolve_attention_impl(cfg: ModelConfig) -> str:
     """cfg.attention_impl with "auto" decided for this backend: "cudnn" on a GPU when the compute dtype is
     bf16/fp16 and head_dim is a multiple of 8 up to 128 (what cuDNN flash attention takes), else "xla"."""
@@ -409,9 +432,14 @@ def block_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.A
                                    mask[:, i * b:(i + 1) * b, :(i + 1) * b], precision) for i in range(n)], axis=1)
 
 
-def self_attention(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
+def self_attention(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None,
+                   tree_exit: jax.Array | None = None) -> jax.Array:
     """Full-sequence causal attention by `resolve_attention_impl(cfg)`; segment_ids None = one unpadded segment.
-    The "xla" implementation skips the upper triangle's key blocks (`block_causal_attention`)."""
+    The "xla" implementation skips the upper triangle's key blocks (`block_causal_attention`). With `tree_exit`
+    (a prefix-tree pack) each token attends to its ancestors only (`tree_mask`), on the XLA path on every backend
+    (`tree_attention_unsupported`)."""
+    if tree_exit is not None:
+        return block_causal_attention(q, k, v, tree_mask(tree_exit), cfg.matmul_precision)
     impl = resolve_attention_impl(cfg)
     if impl == "xla":
         if segment_ids is None:
@@ -479,13 +507,16 @@ def _run_layers(params: Params, x: jax.Array, body, remat: bool = False, scan: b
     return x, (None if ys[0] is None else jax.tree.map(lambda *a: jnp.stack(a), *ys))
 
 
-def forward_hidden(cfg: ModelConfig, params: Params, tokens, positions=None, segment_ids=None, *, remat=False):
-    """tokens [B,T] -> final-normed hidden states [B,T,D] in the compute dtype."""
-    hidden, _ = _forward_kv(cfg, params, tokens, positions, segment_ids, remat=remat)
+def forward_hidden(cfg: ModelConfig, params: Params, tokens, positions=None, segment_ids=None, *, remat=False,
+                   tree_exit=None):
+    """tokens [B,T] -> final-normed hidden states [B,T,D] in the compute dtype. tree_exit [B,T]: the rows are
+    prefix-tree packs (jaxrag.train.prefix_tree), each token attending to its ancestors (`tree_mask`)."""
+    hidden, _ = _forward_kv(cfg, params, tokens, positions, segment_ids, remat=remat, tree_exit=tree_exit)
     return hidden
 
 
-def _forward_kv(cfg, params, tokens, positions=None, segment_ids=None, *, remat=False, kv_dtype=None):
+def _forward_kv(cfg, params, tokens, positions=None, segment_ids=None, *, remat=False, kv_dtype=None,
+                tree_exit=None):
     """forward_hidden, and with kv_dtype each layer's keys/values [L,B,K,T,Dh] (head-major, in kv_dtype)."""
     B, T = tokens.shape
     if positions is None:
@@ -496,7 +527,7 @@ def _forward_kv(cfg, params, tokens, positions=None, segment_ids=None, *, remat=
         lp = _cast_layer(cfg, lp)
         h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
         q, k, v = _project_qkv(cfg, lp, h, positions, inv_freq)
-        x = _attn_out_and_mlp(cfg, lp, x, self_attention(cfg, q, k, v, segment_ids))
+        x = _attn_out_and_mlp(cfg, lp, x, self_attention(cfg, q, k, v, segment_ids, tree_exit))
         if kv_dtype is None:
             return x, None
         return x, (k.transpose(0, 2, 1, 3).astype(kv_dtype), v.transpose(0, 2, 1, 3).astype(kv_dtype))

@@ -7,6 +7,9 @@ config[name] (see configs/common/train.py: train_stage()):
   tokenizer  "" (records hold token ids) or a tokenizer path (records hold text; also copied beside the model):
              absolute, relative to the workdir, or "stage:<name>" (that stage's model dir)
   train   the trainer config (jaxrag.train.config.default_train_config()); its `loss` picks the record layout
+  train_layout  optional, "auto" (default) | "rows" | "tree": DPO pairs whose chosen and rejected share the prompt
+          packed as a prefix tree (jaxrag.train.prefix_tree; auto: where its cost model says it saves work); the
+          other losses train on per-row batches
   epochs  optional, 0 = off: train for this many passes over the data instead of `train.steps`:
           steps = ceil(epochs * rows / batch) (batch = train.batch_size examples; groups: batch_size / group_size),
           logged and written to summary.json (the released RAG-Gym code trains by epochs: TRL num_train_epochs)
@@ -36,6 +39,7 @@ from jaxrag.train.batching import BatchStream, Group, PreferencePair, SFTExample
 from jaxrag.train.distributed import barrier, is_lead
 from jaxrag.train.loop import fit, save_summary
 from jaxrag.train.objectives import OBJECTIVES
+from jaxrag.train.prefix_tree import check_layout, pair_batch_auto
 
 
 class DataError(ValueError):
@@ -141,6 +145,11 @@ def train_stage(config, workdir: str, name: str) -> None:
         tc.steps = steps
         tc.optimizer.warmup_steps = min(tc.optimizer.warmup_steps, steps)
         tconfig.validate(tc)
+    layout = sc.get("train_layout", "auto")
+    check_layout(layout, f"config.{name}.train_layout")
+    if tc.loss == "dpo" and layout != "rows":   # packs split whole over devices x microbatches
+        multiple = int(tc.grad_accum) * jax.device_count()
+        make = lambda ex, buckets, pad: pair_batch_auto(ex, buckets, cfg, layout, pad, multiple)
     stream = BatchStream(examples, per_batch, lambda ex: make(ex, tuple(tc.seq_buckets), pad), seed=tc.seed)
     out = Path(workdir) / name
     result = fit(cfg, params, stream, None, tc, out)

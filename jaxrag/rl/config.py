@@ -46,6 +46,10 @@ class RLConfig:
     # GRPO: an episode's consecutive actions as one row wherever the next prompt's ids continue the last row's ids
     # (rows.merge_turns: the same objective, each prompt scored once); False = one row per action
     merge_turns: bool = True
+    # the update's batch layout (jaxrag.train.prefix_tree): "tree" packs the rows as a prefix tree (each shared
+    # prefix, a group's first prompt, a turn's history, computed once; the same objective), "rows" one padded row
+    # each, "auto" the tree where the cost model says it saves work and the attention path takes its mask
+    train_layout: str = "auto"
     seed: int = 0  # question order (epoch permutations) and rollout sampling keys derive from (seed, step)
     shuffle: bool = True
     save_episodes: bool = True  # append every step's episodes to <workdir>/episodes.jsonl (prompt ids dropped)
@@ -96,6 +100,8 @@ class RLConfig:
                              f"{self.logprob_temperature} and {self.token_mean_micro}")
         if self.rollout_batch < 0 or self.norm_tokens < 0:
             raise ValueError("rl config: rollout_batch and norm_tokens must be >= 0")
+        if self.train_layout not in ("auto", "rows", "tree"):
+            raise ValueError(f"rl config: train_layout: {self.train_layout!r} is not one of ('auto', 'rows', 'tree')")
         if self.group_rollout not in GROUP_ROLLOUTS:
             raise ValueError(f"rl config: group_rollout: {self.group_rollout!r} is not one of {GROUP_ROLLOUTS}")
         if int(self.refine_keep_m) < 1:
@@ -136,4 +142,17 @@ def rl_train_config(rc: RLConfig, train_config=None) -> ml_collections.ConfigDic
     if rc.token_mean_micro and (tc.loss != "grpo" or tc.grpo.aggregation != "token_mean"):
         raise ValueError(f"rl config: token_mean_micro: {rc.token_mean_micro} needs train.loss 'grpo' with "
                          f"grpo.aggregation 'token_mean' (got {tc.loss!r}, {tc.grpo.aggregation!r})")
+    if rc.train_layout == "tree" and (why := tree_unsupported(rc, tc)):
+        raise ValueError(f"rl config: train_layout: 'tree' cannot train with {why}; use 'auto' or 'rows'")
     return tc
+
+
+def tree_unsupported(rc: RLConfig, tc) -> str:
+    """Why the prefix-tree layout cannot train this RL config ("" where it can): ARENA's token mean per micro-batch
+    of completions (rows.row_weights' `micro`) and old log-probs rescored before the update are built for the
+    per-row layout only."""
+    if rc.token_mean_micro:
+        return "token_mean_micro (a token mean per micro-batch of rows)"
+    if rc.rescore_old_logp and not (tc.loss == "grpo" and rc.updates_per_step == 1):
+        return "old log-probs rescored at rl.logprob_temperature"
+    return ""

@@ -13,7 +13,9 @@ Each RL step t (1-based):
    the assignment refreshes its per-layer decode copy (JaxPolicy.params; time/sync_s) — never a stale copy;
 3. rewards: the named reward function (jaxrag.supervision.rewards.reward_fn) per episode, total + components;
 4. rows (jaxrag.rl.rows): one row per generated action from exactly the ids the sampler saw (GRPO, rc.merge_turns:
-   an episode's consecutive actions share one row wherever the ids continue); GRPO: group-normalized
+   an episode's consecutive actions share one row wherever the ids continue), in the layout rc.train_layout picks
+   (jaxrag.train.prefix_tree: padded rows, or the rows as a prefix tree; logged: layout/tree,
+   layout/tree_flops_ratio, update_tokens, distinct_tokens); GRPO: group-normalized
    advantages per question + aggregation weights; PPO: the value head scores the rows, GAE along each trajectory;
 5. `inner_steps` epochs of `minibatches` optimizer steps on those rows (each minibatch = whole groups; the trainer's
    jitted step: jaxrag.train.steps, with gradient accumulation; with rc.length_groups the rows of one update are
@@ -48,10 +50,11 @@ from jaxrag.env.mdp import INVALID, Episode, write_episodes
 from jaxrag.env.rollout import RolloutConfig
 from jaxrag.models.lora import merge
 from jaxrag.rl import rows as R
-from jaxrag.rl.config import RLConfig, rl_train_config
+from jaxrag.rl.config import RLConfig, rl_train_config, tree_unsupported
 from jaxrag.rl.group_rollout import GroupSampler, sample_groups
 from jaxrag.supervision.rewards import Reward, prepare, reward_fn
 from jaxrag.train.batching import BatchStream
+from jaxrag.train import prefix_tree as PT
 from jaxrag.train.checkpoint import Checkpointer
 from jaxrag.train.distributed import allgather_objects, barrier, gather_shares, process_count, process_index, share, \
     to_local
@@ -158,51 +161,87 @@ def episode_stats(episodes: Sequence[Episode], rewards: Sequence[Reward], group_
 
 
 def build_batch(episodes: Sequence[Episode], rewards: Sequence[Reward], rc: RLConfig, tc, pad_id: int,
-                row_multiple: int, score=None, step_rewards: list | None = None) -> tuple[list[dict], dict]:
-    """The host batches of one update over whole groups (one per length group) + info. `score(batch) -> (logp,
-    values)`: PPO's old values; step_rewards[e][s]: PPO per-step rewards (None: the outcome at the last token)."""
+                row_multiple: int, score=None, step_rewards: list | None = None, mcfg=None) -> tuple[list[dict], dict]:
+    """The host batches of one update over whole groups (one per length group, or one prefix-tree batch) + info.
+    `score(batch) -> (logp, values)`: PPO's old values; step_rewards[e][s]: PPO per-step rewards (None: the outcome
+    at the last token); mcfg: the model config the layout's cost model weighs (rc.train_layout; None = rows)."""
     rows = R.action_rows(episodes)
     buckets = tuple(tc.seq_buckets)
     info = {"rows": len(rows)}
+    if tc.loss == "grpo" and rc.merge_turns:
+        rows = R.merge_turns(rows)
+        info["rows_merged"] = len(rows)
+    layout, tree = choose_layout(rows, rc, tc, buckets, pad_id, row_multiple, mcfg, info)
     if tc.loss == "grpo":
-        if rc.merge_turns:
-            rows = R.merge_turns(rows)
-            info["rows_merged"] = len(rows)
         adv = R.group_advantages(episodes, [r.total for r in rewards], rc.group_size, tc.grpo.adv_eps,
                                  tc.grpo.std_ddof)
-        batches = R.grpo_batches(rows, adv, tc.grpo.aggregation, rc.token_budget, buckets, pad_id, row_multiple,
-                                 rc.length_groups, micro=rc.token_mean_micro)
+        if layout == "tree":
+            batches = [R.grpo_tree_batch(rows, adv, tc.grpo.aggregation, rc.token_budget, tree)]
+        else:
+            batches = R.grpo_batches(rows, adv, tc.grpo.aggregation, rc.token_budget, buckets, pad_id, row_multiple,
+                                     rc.length_groups, micro=rc.token_mean_micro)
         info["adv/abs_mean"] = float(np.mean(np.abs(adv)))
     else:
         R.check_groups(episodes, rc.group_size)
-        groups = R.length_groups(rows, buckets, rc.length_groups)
-        packed = [R.pack([rows[i] for i in idx], buckets, pad_id, row_multiple) for idx in groups]
-        t0 = time.perf_counter()
-        values = [np.asarray(score({k: p[k] for k in ("tokens", "positions", "segment_ids")})[1]) for p in packed]
-        info["time/scoring_s"] = time.perf_counter() - t0
-        batches = R.ppo_batches(rows, groups, packed, values, [r.total for r in rewards], step_rewards, tc.ppo.gamma,
-                                tc.ppo.lam, tc.ppo.whiten)
+        if layout == "tree":
+            t0 = time.perf_counter()
+            values = np.asarray(score({k: v for k, v in tree.arrays().items() if k != "loss_mask"})[1])
+            info["time/scoring_s"] = time.perf_counter() - t0
+            batches = [R.ppo_tree_batch(rows, tree, values, [r.total for r in rewards], step_rewards, tc.ppo.gamma,
+                                        tc.ppo.lam, tc.ppo.whiten)]
+        else:
+            groups = R.length_groups(rows, buckets, rc.length_groups)
+            packed = [R.pack([rows[i] for i in idx], buckets, pad_id, row_multiple) for idx in groups]
+            t0 = time.perf_counter()
+            values = [np.asarray(score({k: p[k] for k in ("tokens", "positions", "segment_ids")})[1]) for p in packed]
+            info["time/scoring_s"] = time.perf_counter() - t0
+            batches = R.ppo_batches(rows, groups, packed, values, [r.total for r in rewards], step_rewards,
+                                    tc.ppo.gamma, tc.ppo.lam, tc.ppo.whiten)
     info["row_tokens"] = int(sum(b["loss_mask"].sum() for b in batches))
     info["batch_fill"] = float(sum((b["segment_ids"] > 0).sum() for b in batches) /
                                sum(b["segment_ids"].size for b in batches))
+    info["update_tokens"] = int(sum(b["segment_ids"].size for b in batches))
     info["sub_batches"] = len(batches)
     return batches, info
 
 
+def choose_layout(rows, rc: RLConfig, tc, buckets, pad_id: int, row_multiple: int, mcfg,
+                  info: dict) -> tuple[str, object]:
+    """(layout, prefix tree or None) for rc.train_layout (jaxrag.train.prefix_tree.choose_layout: "auto" weighs
+    the rows' and the tree's work for this model); info gains layout/tree (1 = tree), distinct_tokens (the
+    step's tokens with every shared prefix counted once) and layout/tree_flops_ratio."""
+    info["distinct_tokens"] = PT.distinct_tokens([r.prompt + r.completion for r in rows])
+    mode = rc.train_layout if mcfg is not None else "rows"
+    if tree_unsupported(rc, tc):
+        mode = "rows"   # RLConfig.validate refuses an explicit "tree" here
+    tree = None
+    if mode != "rows":
+        tree = R.row_tree(rows, buckets, mcfg, pad_id, row_multiple)
+        shapes = R.rows_shapes(rows, buckets, row_multiple, rc.length_groups and tc.loss == "grpo")
+        rw, tw = PT.rows_work(shapes), PT.tree_work(tree)
+        info["layout/tree_flops_ratio"] = tw.flops(mcfg) / max(rw.flops(mcfg), 1.0)
+        mode = PT.choose_layout(mode, rw, tw, mcfg)[0]
+    info["layout/tree"] = float(mode == "tree")
+    return mode, (tree if mode == "tree" else None)
+
+
 def build_batches(episodes: Sequence[Episode], rewards: Sequence[Reward], rc: RLConfig, tc, pad_id: int,
-                  row_multiple: int, score=None, step_rewards: list | None = None) -> tuple[list[list[dict]], dict]:
+                  row_multiple: int, score=None, step_rewards: list | None = None,
+                  mcfg=None) -> tuple[list[list[dict]], dict]:
     """The sub-batches of every minibatch (contiguous whole groups), all built (and, PPO, scored) before any update."""
     n = len(episodes) // rc.minibatches
     updates, infos = [], []
     for i in range(rc.minibatches):
         sl = slice(i * n, (i + 1) * n)
         sub = step_rewards[sl] if step_rewards is not None else None
-        b, info = build_batch(episodes[sl], rewards[sl], rc, tc, pad_id, row_multiple, score, sub)
+        b, info = build_batch(episodes[sl], rewards[sl], rc, tc, pad_id, row_multiple, score, sub, mcfg)
         updates.append(b)
         infos.append(info)
     info = {k: float(np.sum([x[k] for x in infos])) for k in ("rows", "rows_merged", "row_tokens", "time/scoring_s",
-                                                                "sub_batches") if k in infos[0]}
-    info.update({k: float(np.mean([x[k] for x in infos])) for k in ("batch_fill", "adv/abs_mean") if k in infos[0]})
+                                                                "sub_batches", "update_tokens", "distinct_tokens")
+            if k in infos[0]}
+    info.update({k: float(np.mean([x[k] for x in infos])) for k in ("batch_fill", "adv/abs_mean", "layout/tree",
+                                                                     "layout/tree_flops_ratio") if k in infos[0]})
     return updates, info
 
 
@@ -380,7 +419,7 @@ def train_rl(
             batches, info = build_batches(
                 episodes, rewards, rc, tc, pad_id, row_multiple,
                 step_rewards=step_rewards(episodes) if step_rewards is not None else None,
-                score=lambda b: score_jit(state["trainable"], frozen, shd.shard_batch(tr.mesh, b)))
+                score=lambda b: score_jit(state["trainable"], frozen, shd.shard_batch(tr.mesh, b)), mcfg=tr.mcfg)
             if rc.rescore_old_logp:
                 rescore_old_logp(batches, rc, tc.loss, lambda b, st=state: score_jit(
                     st["trainable"], frozen, shd.shard_batch(tr.mesh, {k: b[k] for k in ("tokens", "positions",

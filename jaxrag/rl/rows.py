@@ -42,7 +42,8 @@ from typing import Sequence
 import numpy as np
 
 from jaxrag.env.mdp import Episode
-from jaxrag.train.batching import pick_bucket
+from jaxrag.train import prefix_tree as PT
+from jaxrag.train.batching import bucket_size, pick_bucket
 
 
 class GroupError(ValueError):
@@ -172,14 +173,8 @@ def row_weights(rows: Sequence[Row], aggregation: str, norm_tokens: int, micro: 
 def row_bucket(n: int, multiple: int) -> int:
     """Rows padded to a power of two up to 8, then to one of 4 sizes per octave (10, 12, 14, 16, 20, 24, 28, 32,
     40, ...: under 25% padding rows, few compiled shapes), then up to a multiple of `multiple` (data x fsdp x
-    grad_accum)."""
-    n = max(n, 1)
-    if n <= 8:
-        b = 1 << (n - 1).bit_length()
-    else:
-        step = 1 << ((n - 1).bit_length() - 3)
-        b = -(-n // step) * step
-    return -(-b // multiple) * multiple
+    grad_accum): jaxrag.train.batching.bucket_size."""
+    return bucket_size(n, multiple)
 
 
 def pack(rows: Sequence[Row], buckets: Sequence[int], pad_id: int = 0, row_multiple: int = 1) -> dict:
@@ -245,6 +240,39 @@ def grpo_batch(rows: Sequence[Row], advantages: np.ndarray, aggregation: str, no
     return grpo_batches(rows, advantages, aggregation, norm_tokens, buckets, pad_id, row_multiple, False, micro)[0]
 
 
+def tree_inputs(rows: Sequence[Row]) -> list[tuple]:
+    """Rows as prefix_tree.pack_tree's (prompt, completion, completion mask) triples: reads at the generated ids."""
+    return [(r.prompt, r.completion, r.gen_mask) for r in rows]
+
+
+def row_tree(rows: Sequence[Row], buckets: Sequence[int], mcfg, pad_id: int = 0, row_multiple: int = 1) -> PT.Tree:
+    """The rows packed as a prefix tree at the pack length (a bucket) of least work (prefix_tree.best_tree)."""
+    return PT.best_tree(tree_inputs(rows), buckets, mcfg, pad_id, row_multiple, "RL row")
+
+
+def grpo_tree_batch(rows: Sequence[Row], advantages: np.ndarray, aggregation: str, norm_tokens: int,
+                    tree: PT.Tree) -> dict:
+    """The GRPO update as one prefix-tree batch (jaxrag.train.prefix_tree): the packs [P,L] and, per read [P,M]
+    (one per generated id of every row), old_logp, the episode's advantage and the row's aggregation weight: the
+    same objective and gradient as grpo_batches, every shared prefix computed once."""
+    w = row_weights(rows, aggregation, norm_tokens)
+    b = tree.arrays()
+    b["old_logp"] = tree.scatter([r.logprobs for r in rows])
+    b["advantages"] = tree.scatter([np.full(len(r.completion), advantages[r.episode]) for r in rows])
+    b["token_weight"] = tree.scatter([np.full(len(r.completion), w[i]) for i, r in enumerate(rows)])
+    return b
+
+
+def rows_shapes(rows: Sequence[Row], buckets: Sequence[int], row_multiple: int = 1,
+                by_length: bool = False) -> list[tuple[int, int]]:
+    """The [R, T] shapes grpo_batches / pack give these rows (for the layout's cost model)."""
+    out = []
+    for idx in length_groups(rows, buckets, by_length):
+        longest = max(len(rows[i].prompt) + len(rows[i].completion) for i in idx)
+        out.append((row_bucket(len(idx), row_multiple), pick_bucket(longest, buckets, "RL row")))
+    return out
+
+
 def token_rewards(rows: Sequence[Row], outcome: Sequence[float],
                   step_rewards: Sequence[Sequence[float]] | None = None) -> list[np.ndarray]:
     """Per-row rewards on the generated ids: the episode's outcome reward at the last generated id of its last row,
@@ -301,12 +329,7 @@ def ppo_batches(rows: Sequence[Row], groups: Sequence[Sequence[int]], packed: Se
         for j, i in enumerate(idx):
             p = len(rows[i].prompt)
             vals[i] = np.asarray(ov[j, p:p + len(rows[i].completion)], np.float32)
-    adv, ret = trajectory_gae(rows, vals, token_rewards(rows, outcome, step_rewards), gamma, lam)
-    flat = np.concatenate(adv) if adv else np.zeros(0)
-    if whiten and flat.size > 1:
-        mean, std = flat.mean(), flat.std()
-        adv = [(a - mean) / np.sqrt(std * std + 1e-8) for a in adv]
-    total = max(float(sum(r.generated for r in rows)), 1.0)
+    adv, ret, total = ppo_targets(rows, vals, outcome, step_rewards, gamma, lam, whiten)
     out = []
     for idx, pk in zip(groups, packed):
         b = {k: v for k, v in pk.items() if k != "row_episode"}
@@ -321,6 +344,34 @@ def ppo_batches(rows: Sequence[Row], groups: Sequence[Sequence[int]], packed: Se
         b["token_weight"] = (b["loss_mask"] / total).astype(np.float32)
         out.append(b)
     return out
+
+
+def ppo_targets(rows: Sequence[Row], vals: Sequence[np.ndarray], outcome: Sequence[float],
+                step_rewards: Sequence[Sequence[float]] | None, gamma: float, lam: float,
+                whiten: bool) -> tuple[list, list, float]:
+    """Per-row advantages and returns from per-row old values (one per generated id): GAE along each trajectory,
+    advantages whitened over all rows; and the action-token count the token_mean weights divide by."""
+    adv, ret = trajectory_gae(rows, vals, token_rewards(rows, outcome, step_rewards), gamma, lam)
+    flat = np.concatenate(adv) if adv else np.zeros(0)
+    if whiten and flat.size > 1:
+        mean, std = flat.mean(), flat.std()
+        adv = [(a - mean) / np.sqrt(std * std + 1e-8) for a in adv]
+    return adv, ret, max(float(sum(r.generated for r in rows)), 1.0)
+
+
+def ppo_tree_batch(rows: Sequence[Row], tree: PT.Tree, old_values: np.ndarray, outcome: Sequence[float],
+                   step_rewards: Sequence[Sequence[float]] | None, gamma: float, lam: float, whiten: bool) -> dict:
+    """The PPO update as one prefix-tree batch: old_values [P,M] the value head at the tree's reads (the score
+    function on tree.arrays()); GAE, whitening and token_mean weights as ppo_batches, placed at the reads."""
+    vals = tree.gather(np.asarray(old_values, np.float32))
+    adv, ret, total = ppo_targets(rows, vals, outcome, step_rewards, gamma, lam, whiten)
+    b = tree.arrays()
+    b["old_logp"] = tree.scatter([r.logprobs for r in rows])
+    b["old_values"] = tree.scatter(vals)
+    b["advantages"] = tree.scatter(adv)
+    b["returns"] = tree.scatter(ret)
+    b["token_weight"] = (b["loss_mask"] / total).astype(np.float32)
+    return b
 
 
 def ppo_batch(rows: Sequence[Row], packed: dict, old_values: np.ndarray, outcome: Sequence[float],

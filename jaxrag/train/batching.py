@@ -51,6 +51,18 @@ def pick_bucket(length: int, buckets: Sequence[int], what: str = "example") -> i
                      f"raise train.seq_buckets or shorten the input")
 
 
+def bucket_size(n: int, multiple: int = 1) -> int:
+    """A count (rows, packs, reads) padded to a power of two up to 8, then to one of 4 sizes per octave (10, 12, 14,
+    16, 20, 24, 28, 32, 40, ...: under 25% padding, few compiled shapes), then up to a multiple of `multiple`."""
+    n = max(int(n), 1)
+    if n <= 8:
+        b = 1 << (n - 1).bit_length()
+    else:
+        step = 1 << ((n - 1).bit_length() - 3)
+        b = -(-n // step) * step
+    return -(-b // multiple) * multiple
+
+
 def _rows(seqs: list[tuple[list[int], list[int]]], buckets: Sequence[int], pad_id: int, where: str):
     """[(prompt, completion)] -> tokens, positions, segment_ids, loss_mask, read_index, all [R,T]."""
     lengths = [len(p) + len(c) for p, c in seqs]

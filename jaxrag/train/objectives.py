@@ -67,16 +67,57 @@ def head_logprobs(mcfg, params, hidden, tokens, temperature: float = 1.0, max_lo
     B, T, D = hidden.shape
     if B * T * mcfg.vocab_size <= max_logits:
         return sampled_logprobs(logits_from_hidden(mcfg, params, hidden), tokens, temperature)
+    logp = picked_head_logprobs(mcfg, params, hidden[:, :-1].reshape(-1, D), tokens[:, 1:].reshape(-1), temperature,
+                                max_logits)
+    return jnp.pad(logp.reshape(B, T - 1), ((0, 0), (1, 0)))
+
+
+def picked_head_logprobs(mcfg, params, h, targets, temperature: float = 1.0, max_logits: int = MAX_LOGITS):
+    """log softmax(head(h) / temperature)[target] for h [N,D], targets [N] -> float32 [N]; past `max_logits`
+    entries chunk by chunk of rows (`chunked_head_logprobs`)."""
+    N, D = h.shape
+    if N * mcfg.vocab_size <= max_logits:
+        logits = logits_from_hidden(mcfg, params, h)
+        return losses.picked_logprobs(logits if temperature == 1.0 else logits / temperature, targets)
     rows = max(1, max_logits // mcfg.vocab_size)
     dt = jnp.dtype(mcfg.dtype)
-    h, tgt = hidden[:, :-1].astype(dt).reshape(-1, D), tokens[:, 1:].reshape(-1)
-    n = -(-h.shape[0] // rows)
-    pad = n * rows - h.shape[0]
-    h = jnp.pad(h, ((0, pad), (0, 0))).reshape(n, rows, D)
-    tgt = jnp.pad(tgt, (0, pad)).reshape(n, rows)
+    n = -(-N // rows)
+    pad = n * rows - N
+    hc = jnp.pad(h.astype(dt), ((0, pad), (0, 0))).reshape(n, rows, D)
+    tgt = jnp.pad(targets, (0, pad)).reshape(n, rows)
     head = params["embed"].T if mcfg.tie_embeddings else params["lm_head"]
-    logp = chunked_head_logprobs(h, head, tgt, float(temperature), mcfg.matmul_precision)
-    return jnp.pad(logp.reshape(-1)[: B * (T - 1)].reshape(B, T - 1), ((0, 0), (1, 0)))
+    return chunked_head_logprobs(hc, head, tgt, float(temperature), mcfg.matmul_precision).reshape(-1)[:N]
+
+
+# ------------------------------------------------------------------------ the prefix-tree layout's reads
+def is_tree(batch) -> bool:
+    """A prefix-tree batch (jaxrag.train.prefix_tree): packs [P,L] with `tree_exit`, the loss read at [P,M] reads."""
+    return "tree_exit" in batch
+
+
+def tree_hidden(mcfg, tc, p, batch):
+    """Final hidden states [P,L,D] of a prefix-tree batch (each token attends to its ancestors)."""
+    return forward_hidden(mcfg, p, batch["tokens"], batch["positions"], batch["segment_ids"], remat=bool(tc.remat),
+                          tree_exit=batch["tree_exit"])
+
+
+def read_hidden(hidden, read_pos):
+    """hidden [P,L,D] at the reads read_pos [P,M] -> [P,M,D]: the state each read's target was chosen in."""
+    return jnp.take_along_axis(hidden, read_pos[..., None], axis=1)
+
+
+def read_logprobs(mcfg, params, hidden, batch, temperature: float = 1.0):
+    """Log-probs [P,M] of each read's target at its position (the row's previous token)."""
+    h = read_hidden(hidden, batch["read_pos"])
+    P, M, D = h.shape
+    return picked_head_logprobs(mcfg, params, h.reshape(-1, D), batch["read_target"].reshape(-1),
+                                temperature).reshape(P, M)
+
+
+def read_values(hidden, batch, head):
+    """The value head at each read [P,M]: V of the state the read's target was chosen in (token_values' rule)."""
+    h = read_hidden(hidden, batch["read_pos"]).astype(jnp.float32)
+    return h @ head["w"].astype(jnp.float32) + head["b"].astype(jnp.float32)
 
 
 def _chunk_logits(hc, w, temperature, precision):
@@ -136,11 +177,16 @@ chunked_head_logprobs.defvjp(_chunked_fwd, _chunked_bwd, symbolic_zeros=True)
 
 def make_score_fn(mcfg, tc) -> Callable:
     """(trainable, frozen, batch) -> (logp[B,T] at train.sampling_temperature, values[B,T] or None): the policy's
-    own log-probs and (ppo) value estimates of a batch, computed exactly as the grpo/ppo losses compute them."""
+    own log-probs and (ppo) value estimates of a batch, computed exactly as the grpo/ppo losses compute them
+    (a prefix-tree batch: [P,M], one per read)."""
 
     def score(trainable, frozen, batch):
         tok, pos, seg = (batch[k] for k in ("tokens", "positions", "segment_ids"))
         p = policy_params(trainable, frozen, tc, None)
+        if is_tree(batch):   # [P,M] at the reads
+            hidden = tree_hidden(mcfg, tc, p, batch)
+            values = read_values(hidden, batch, trainable["head"]) if "head" in trainable else None
+            return read_logprobs(mcfg, p, hidden, batch, tc.sampling_temperature), values
         hidden = forward_hidden(mcfg, p, tok, pos, seg)
         values = token_values(hidden, trainable["head"]) if "head" in trainable else None
         return head_logprobs(mcfg, p, hidden, tok, tc.sampling_temperature), values
@@ -178,9 +224,20 @@ def sft_objective(mcfg, tc):
 def dpo_objective(mcfg, tc):
     logp_of = _logp(mcfg, tc)
 
+    def tree_seq(p, batch):   # [P*Q, 2] sequence log-probs: per-pack segment sums of the reads
+        logp = read_logprobs(mcfg, p, tree_hidden(mcfg, tc, p, batch), batch) * batch["loss_mask"]
+        Q = batch["pair_weight"].shape[1]
+        sums = jax.vmap(lambda x, i: jax.ops.segment_sum(x, i, 2 * Q))(logp, batch["read_seq"])
+        return sums.reshape(-1, 2)
+
     def dpo(trainable, frozen, batch, rng):
-        tok, pos, seg, mask = _flat(batch)
         p = policy_params(trainable, frozen, tc, rng)
+        if is_tree(batch):
+            seq = tree_seq(p, batch)
+            ref = tree_seq(reference_params(trainable, frozen), batch)
+            return losses.dpo_loss(seq[:, 0], seq[:, 1], ref[:, 0], ref[:, 1], tc.dpo.beta, tc.dpo.label_smoothing,
+                                   tc.dpo.loss_type, batch["pair_weight"].reshape(-1))
+        tok, pos, seg, mask = _flat(batch)
         seq = losses.sequence_logprobs(logp_of(p, tok, pos, seg), mask).reshape(-1, 2)
         if "ref_logps" in batch:
             ref = batch["ref_logps"]
@@ -207,20 +264,29 @@ def bt_objective(mcfg, tc):
 def grpo_objective(mcfg, tc):
     logp_of = _logp(mcfg, tc, float(tc.sampling_temperature))
 
+    temp = float(tc.sampling_temperature)
+    tree_logp = lambda p, batch: read_logprobs(mcfg, p, tree_hidden(mcfg, tc, p, batch), batch, temp)
+
     def grpo(trainable, frozen, batch, rng):
         tok, pos, seg, mask = (batch[k] for k in ("tokens", "positions", "segment_ids", "loss_mask"))
         p = policy_params(trainable, frozen, tc, rng)
-        logp = logp_of(p, tok, pos, seg)
+        tree = is_tree(batch)
+        of = (lambda q: tree_logp(q, batch)) if tree else (lambda q: logp_of(q, tok, pos, seg))
+        logp = of(p)
         old = batch["old_logp"] if "old_logp" in batch else jax.lax.stop_gradient(logp)
         if "ref_logp" in batch:
             ref = batch["ref_logp"]
         elif tc.grpo.beta == 0:
             ref = jax.lax.stop_gradient(logp)
         else:
-            ref = logp_of(reference_params(trainable, frozen), tok, pos, seg)
+            ref = of(reference_params(trainable, frozen))
+        adv, weight = batch["advantages"], batch.get("token_weight")
+        if tree:   # reads [P,M], each with its row's advantage and weight: as [P*M] rows of one token
+            logp, old, ref, mask, weight = (x.reshape(-1, 1) for x in (logp, old, ref, mask, weight))
+            adv = adv.reshape(-1)
         clamp = tc.grpo.kl_clamp if tc.grpo.kl_clamp > 0 else None
-        loss, m = losses.grpo_loss(logp, old, ref, mask, batch["advantages"], tc.grpo.clip_eps, tc.grpo.beta,
-                                   tc.grpo.kl_estimator, tc.grpo.aggregation, clamp, batch.get("token_weight"))
+        loss, m = losses.grpo_loss(logp, old, ref, mask, adv, tc.grpo.clip_eps, tc.grpo.beta,
+                                   tc.grpo.kl_estimator, tc.grpo.aggregation, clamp, weight)
         m["ratio_max_dev"] = _ratio_max_dev(logp, old, mask)
         return loss, m
 
@@ -233,9 +299,17 @@ def ppo_objective(mcfg, tc):
     def ppo(trainable, frozen, batch, rng):
         tok, pos, seg, mask = (batch[k] for k in ("tokens", "positions", "segment_ids", "loss_mask"))
         p = policy_params(trainable, frozen, tc, rng)
-        hidden = forward_hidden(mcfg, p, tok, pos, seg, remat=bool(tc.remat))
-        values = token_values(hidden, trainable["head"])
-        logp = head_logprobs(mcfg, p, hidden, tok, temp)
+        if is_tree(batch):   # reads [P,M] as [P*M] rows of one token (token_weight: from jaxrag.rl, always)
+            hidden = tree_hidden(mcfg, tc, p, batch)
+            values = read_values(hidden, batch, trainable["head"]).reshape(-1, 1)
+            logp = read_logprobs(mcfg, p, hidden, batch, temp).reshape(-1, 1)
+            batch = {k: batch[k].reshape(-1, 1) for k in ("loss_mask", "old_logp", "advantages", "old_values",
+                                                           "returns", "token_weight")}
+            mask = batch["loss_mask"]
+        else:
+            hidden = forward_hidden(mcfg, p, tok, pos, seg, remat=bool(tc.remat))
+            values = token_values(hidden, trainable["head"])
+            logp = head_logprobs(mcfg, p, hidden, tok, temp)
         # batches with token_weight come from jaxrag.rl, which whitens advantages over the whole batch itself
         whiten = tc.ppo.whiten and "token_weight" not in batch
         loss, m = losses.ppo_loss(logp, batch["old_logp"], mask, batch["advantages"], values, batch["old_values"],
@@ -307,8 +381,9 @@ def make_prepare(tc) -> Callable:
 
     def prepare(batch):
         batch, m = obj.prepare(tc, batch) if obj.prepare is not None else (batch, {})
-        if "token_weight" in batch and accum > 1:
-            batch = {**batch, "token_weight": batch["token_weight"] * accum}
+        for key in ("token_weight", "pair_weight"):   # whole-batch weights (pair_weight: prefix-tree DPO)
+            if key in batch and accum > 1:
+                batch = {**batch, key: batch[key] * accum}
         return batch, m
 
     return prepare

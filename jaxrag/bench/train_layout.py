@@ -1,0 +1,147 @@
+"""The update's work and time in the per-row and the prefix-tree layouts (jaxrag.train.prefix_tree), on a step's
+rows of three formats with the shapes of bench.rl's ReAct episodes:
+
+- react_rag_gym: RAG-Gym's ReAct, one row per turn, each turn's prompt = instructions + the history so far + the
+  question (after the history): consecutive prompts do not extend each other (no merge_turns);
+- append_only: each next prompt = the last prompt + the action + the documents (Search-R1 / plain formats):
+  rows.merge_turns joins an episode's turns into one row;
+- dpo_pairs: DPO pairs whose chosen and rejected share the state prompt (several pairs per state).
+
+B questions x G episodes, TURNS actions of NEW generated tokens, DOCS observation tokens per search, an
+INSTR-token instruction block; DPO: STATES states x 2 pairs. Per format and layout: the tokens the update computes
+(the forward's token slots, padding included) per trained (generated) token, the step's distinct tokens (every
+shared prefix once) per trained token, the tree's slots over the distinct tokens (goal <= 2), the cost model's
+FLOP ratio and the auto choice, and the time of one jitted gradient step (median of `steps` after a compiling one)
+at bench.rl's tiny preset on this CPU. `python -m jaxrag.bench.train --only layouts` runs it alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxrag.bench.common import table, time_first_and_median
+
+B, G, TURNS, NEW, DOCS, INSTR, QUESTION = 2, 8, 3, 16, 100, 300, 20
+STATES = 4
+BUCKETS = (128, 256, 512, 768, 1024, 2048)
+
+
+def _ids(rng, n):
+    return [int(x) for x in rng.integers(3, 259, n)]
+
+
+def episodes(rng, rag_gym: bool):
+    from jaxrag.env.mdp import Action, Episode, Step
+
+    out = []
+    instr = _ids(rng, INSTR)
+    for q in range(B):
+        question = _ids(rng, QUESTION)
+        for _ in range(G):
+            history, steps, prompt = [], [], instr + question
+            for _ in range(TURNS):
+                if rag_gym:
+                    prompt = instr + history + question
+                gen = _ids(rng, NEW)
+                steps.append(Step(action=Action("query", "q"), prompt_ids=list(prompt), token_ids=gen,
+                                  logprobs=list(rng.normal(-3.0, 0.5, NEW))))
+                docs = _ids(rng, DOCS)
+                history = history + gen + docs
+                prompt = prompt + gen + docs
+            out.append(Episode(qid=f"q{q}", question="", gold=[], steps=steps))
+    return out
+
+
+def pairs(rng):
+    from jaxrag.train.batching import PreferencePair
+
+    instr = _ids(rng, INSTR)
+    out = []
+    for _ in range(STATES):
+        prompt = instr + _ids(rng, QUESTION + DOCS + NEW)
+        out += [PreferencePair(prompt, _ids(rng, NEW), _ids(rng, NEW)) for _ in range(2)]
+    return out
+
+
+def rl_case(name, rows, eps, mcfg):
+    from jaxrag.rl import rows as R
+    from jaxrag.train import prefix_tree as PT
+
+    adv = R.group_advantages(eps, list(np.random.default_rng(0).normal(size=len(eps))), G)
+    rows_b = R.grpo_batch(rows, adv, "seq_mean_token_mean", 1, BUCKETS)
+    tree = R.row_tree(rows, BUCKETS, mcfg)
+    tree_b = R.grpo_tree_batch(rows, adv, "seq_mean_token_mean", 1, tree)
+    trained = sum(r.generated for r in rows)
+    distinct = PT.distinct_tokens([r.prompt + r.completion for r in rows])
+    rw, tw = PT.rows_work(R.rows_shapes(rows, BUCKETS)), PT.tree_work(tree)
+    return name, rows_b, tree_b, trained, distinct, rw, tw
+
+
+def dpo_case(mcfg):
+    from jaxrag.train import prefix_tree as PT
+    from jaxrag.train.batching import pair_batch
+
+    ps = pairs(np.random.default_rng(2))
+    rows_b = pair_batch(ps, BUCKETS)
+    rows, units = PT.pair_rows(ps)
+    tree = PT.best_tree(rows, BUCKETS, mcfg, units=units)
+    tree_b = PT.pair_tree_batch(ps, tree)
+    trained = sum(len(c) for _, c, _ in rows)
+    distinct = PT.distinct_tokens([list(p) + list(c) for p, c, _ in rows])
+    n, _, T = rows_b["tokens"].shape
+    return "dpo_pairs", rows_b, tree_b, trained, distinct, PT.rows_work([(2 * n, T)]), PT.tree_work(tree)
+
+
+def grad_step(mcfg, loss: str, batch_size: int):
+    import jax
+
+    from jaxrag.models import init_params
+    from jaxrag.train import config as tconfig
+    from jaxrag.train.steps import make_grad_fn
+
+    tc = tconfig.resolve({"loss": loss, "batch_size": batch_size, "grpo": {"group_size": G, "beta": 0.0}})
+    fn = jax.jit(make_grad_fn(mcfg, tc))
+    args = ({"model": init_params(mcfg, jax.random.PRNGKey(0))}, {"ref": init_params(mcfg, jax.random.PRNGKey(0))})
+    return lambda batch: (lambda: jax.block_until_ready(fn(*args, batch, jax.random.PRNGKey(0))))
+
+
+def run(steps: int = 2) -> list[dict]:
+    from jaxrag.bench.rl import PRESETS
+    from jaxrag.models import ModelConfig
+    from jaxrag.rl import rows as R
+    from jaxrag.train import prefix_tree as PT
+
+    mcfg = ModelConfig(**PRESETS["tiny"], bos_id=1, eos_ids=(2,), pad_id=0)
+    eps_rg, eps_ao = episodes(np.random.default_rng(0), True), episodes(np.random.default_rng(1), False)
+    cases = [rl_case("react_rag_gym", R.action_rows(eps_rg), eps_rg, mcfg),
+             rl_case("append_only (merged rows)", R.merge_turns(R.action_rows(eps_ao)), eps_ao, mcfg),
+             dpo_case(mcfg)]
+    out = []
+    for name, rows_b, tree_b, trained, distinct, rw, tw in cases:
+        loss, bs = ("dpo", len(rows_b["tokens"])) if name == "dpo_pairs" else ("grpo", B * G)
+        step = grad_step(mcfg, loss, bs)
+        auto = PT.choose_layout("auto", rw, tw, mcfg)[0]
+        for layout, batch, work in (("rows", rows_b, rw), ("tree", tree_b, tw)):
+            first, med = time_first_and_median(step(batch), steps)
+            out.append({"format": name, "layout": layout, "shape": "x".join(map(str, batch["tokens"].shape)),
+                        "trained_tokens": trained, "update_tokens": work.tokens,
+                        "update_per_trained": work.tokens / trained, "distinct_per_trained": distinct / trained,
+                        "update_per_distinct": work.tokens / distinct,
+                        "flops_ratio": tw.flops(mcfg) / rw.flops(mcfg), "auto": auto, "update_s": med,
+                        "first_s": first})
+        out[-1]["speedup"] = out[-2]["update_s"] / out[-1]["update_s"]
+        print(table(out[-2:], COLUMNS), flush=True)
+    return out
+
+
+COLUMNS = ["format", "layout", "shape", "trained_tokens", "update_tokens", "update_per_trained",
+           "distinct_per_trained", "update_per_distinct", "flops_ratio", "auto", "update_s", "speedup"]
+
+
+def main(steps: int = 2) -> dict:
+    rows = run(steps)
+    print(f"update layouts, bench.rl tiny preset, B={B} x G={G}, {TURNS} turns x {NEW} new tokens, {DOCS} document "
+          f"tokens a search, {INSTR} instruction tokens")
+    print(table(rows, COLUMNS))
+    return {"B": B, "G": G, "turns": TURNS, "new_tokens": NEW, "doc_tokens": DOCS, "instr_tokens": INSTR,
+            "states": STATES, "buckets": BUCKETS, "rows": rows}
