@@ -13,7 +13,7 @@ q in the compute dtype). Block sizes must be multiples of 128 that divide the se
 multiple of 128 with padding (segment 0) and the kernel runs on the largest of 512/256/128 that divides it.
 
 Meshes. A pallas_call is not partitioned by XLA: under a multi-device jit without a mesh in context it would
-gather q/k/v onto every device. With a mesh set (`jax.set_mesh`, or `jax.sharding.use_mesh`), the kernel runs
+gather q/k/v onto every device. With a mesh in context (`jax.set_mesh(mesh)`), the kernel runs
 under `jax.shard_map`, batch over the batch axes (data, fsdp) and heads over `tensor` where those axes divide them;
 on several devices with no mesh in context, `"auto"` keeps the XLA path (`splash_fits`).
 
