@@ -14,7 +14,7 @@ from typing import Any
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 PRECISIONS = ("default", "high", "highest")
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "dpa_xla")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "dpa_xla", "splash")
 
 
 class ConfigError(ValueError):
@@ -48,7 +48,8 @@ class ModelConfig:
     precision: str | None = None
     # Full-sequence attention (training, scoring, prefill): "xla" = jaxrag's own batched-GEMM attention (the CPU
     # path); "cudnn" = jax.nn.dot_product_attention(implementation="cudnn"), cuDNN flash attention (GPU, bf16/fp16
-    # compute); "auto" = cudnn where it applies, else xla; "dpa_xla" = the cudnn path's call and masks run by XLA
+    # compute); "splash" = the Pallas splash-attention kernel (TPU; models/tpu_attention.py); "auto" = splash on
+    # a TPU, cudnn where it applies, else xla; "dpa_xla" = the cudnn path's call and masks run by XLA
     # (any backend; checks the mask plumbing). Decode over the KV cache always uses the xla path.
     attention_impl: str = "auto"
     # Full-sequence passes over stacked layers: True = lax.scan (compile time flat in depth), False = an unrolled
@@ -61,8 +62,9 @@ class ModelConfig:
     # at least 8n slots, only the filled window (the first slot any row holds to the newest token), n slots at a
     # time with an online softmax, whenever its blocks cover at most half the cache: a step reads what the rows
     # hold, not the cache's size (a slot pool is sized for its longest request). None = 64 on CPU (a 1,024-slot
-    # cache holding 192 tokens: 35.1 -> 24.3 ms a step, bench.model), 0 on GPU/TPU until measured there (a loop
-    # of small blocks per layer, where a fused kernel is the answer). The same values up to float rounding.
+    # cache holding 192 tokens: 35.1 -> 24.3 ms a step, bench.model), 256 on TPU (tpu_attention.DECODE_CACHE_BLOCK:
+    # JAX's Pallas decode kernels need a paged cache; not yet timed on a TPU), 0 on GPU until measured there (a
+    # loop of small blocks per layer, where a fused kernel is the answer). The same values up to float rounding.
     cache_block: int | None = None
     bos_id: int | None = None
     eos_ids: tuple[int, ...] = ()

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
+from jaxrag.models import tpu_attention
 from jaxrag.models.config import ModelConfig
 
 Params = dict[str, Any]
@@ -255,9 +256,10 @@ def attend_window(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array, qu
 
 def cache_block(cfg: ModelConfig, slots: int) -> int:
     """The block size cache attention may read a `slots`-slot cache's filled window at: cfg.cache_block, None
-    decided by backend (64 on CPU, 0 elsewhere); 0 (always one pass over every slot) for a cache of fewer than 8
+    decided by backend (64 on CPU, tpu_attention.DECODE_CACHE_BLOCK on TPU, 0 on GPU); 0 (always one pass over every slot) for a cache of fewer than 8
     blocks, where a window skips too little to pay for compiling its loop."""
-    block = cfg.cache_block if cfg.cache_block is not None else (64 if jax.default_backend() == "cpu" else 0)
+    default = {"cpu": 64, "tpu": tpu_attention.DECODE_CACHE_BLOCK}.get(jax.default_backend(), 0)
+    block = cfg.cache_block if cfg.cache_block is not None else default
     return block if 0 < block and 8 * block <= slots else 0
 
 
@@ -370,24 +372,36 @@ def tree_mask(tree_exit: jax.Array) -> jax.Array:
 
 def tree_attention_unsupported(cfg: ModelConfig) -> str | None:
     """Why the prefix-tree layout falls back to per-row batches on this backend, or None where it runs. The one
-    place that says it: the XLA path (CPU, TPU, GPU without cuDNN) takes the tree mask in its blocks. cuDNN flash
-    attention would take it as the [B,1,T,T] mask it already takes for segments (added as a bias), but that path
-    has not been run on a GPU with a tree mask here, so "auto" keeps per-row batches under cuDNN; a forced tree
-    runs the XLA path there (correct, without the flash kernel)."""
-    if resolve_attention_impl(cfg) == "xla":
+    place that says it: the XLA path (CPU, GPU without cuDNN) takes the tree mask in its blocks. TPU's splash kernel
+    cannot (its masks are causal and segments). cuDNN flash attention would take it as the [B,1,T,T] mask it already
+    takes for segments (added as a bias), but that path has not been run on a GPU with a tree mask here. So "auto"
+    keeps per-row batches under splash and cuDNN; a forced tree runs the XLA path there (correct, no flash kernel)."""
+    impl = resolve_attention_impl(cfg)
+    if impl == "xla":
         return None
+    if impl == "splash":
+        return ("attention runs the Pallas splash kernel, whose masks are causal and segment ids (no tree of "
+                "ancestors): per-row batches")
     return ("attention runs cuDNN flash attention, whose tree-mask path (a [B,1,T,T] bias) is untested on a GPU "
             "here: per-row batches")
 
 
 def resolve_attention_impl(cfg: ModelConfig) -> str:
-    """cfg.attention_impl with "auto" decided for this backend: "cudnn" on a GPU when the compute dtype is
-    bf16/fp16 and head_dim is a multiple of 8 up to 128 (what cuDNN flash attention takes), else "xla"."""
+    """cfg.attention_impl with "auto" decided for this backend: "splash" on a TPU (one device, or a mesh in context:
+    `tpu_attention.splash_fits`), "cudnn" on a GPU when the compute dtype is bf16/fp16 and head_dim is a multiple
+    of 8 up to 128 (what cuDNN flash attention takes), else "xla". "splash" off a TPU runs only under
+    `tpu_attention.interpret_mode()` (Pallas interpret mode: tests)."""
     impl, backend = cfg.attention_impl, jax.default_backend()
     half = cfg.dtype in ("bfloat16", "float16")
     fits = half and cfg.head_dim % 8 == 0 and cfg.head_dim <= 128
     if impl == "auto":
+        if backend == "tpu":
+            return "splash" if tpu_attention.splash_fits() else "xla"
         return "cudnn" if backend == "gpu" and fits else "xla"
+    if impl == "splash" and backend != "tpu" and not tpu_attention.interpreting():
+        raise ValueError(f"attention_impl='splash' needs a TPU backend (found {backend!r}); off a TPU it runs only "
+                         "in Pallas interpret mode (jaxrag.models.tpu_attention.interpret_mode(), for tests); "
+                         "use 'xla' or 'auto'")
     if impl == "cudnn" and (backend != "gpu" or not fits):
         raise ValueError(f"attention_impl='cudnn' needs a GPU backend (found {backend!r}), bf16/fp16 compute "
                          f"(dtype={cfg.dtype!r}) and head_dim a multiple of 8 <= 128 (head_dim={cfg.head_dim}); "
@@ -435,9 +449,9 @@ def block_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.A
 def self_attention(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None,
                    tree_exit: jax.Array | None = None) -> jax.Array:
     """Full-sequence causal attention by `resolve_attention_impl(cfg)`; segment_ids None = one unpadded segment.
-    The "xla" implementation skips the upper triangle's key blocks (`block_causal_attention`). With `tree_exit`
-    (a prefix-tree pack) each token attends to its ancestors only (`tree_mask`), on the XLA path on every backend
-    (`tree_attention_unsupported`)."""
+    The "xla" implementation skips the upper triangle's key blocks (`block_causal_attention`); "splash" is the
+    Pallas TPU kernel (`tpu_attention.splash_attention`). With `tree_exit` (a prefix-tree pack) each token attends
+    to its ancestors only (`tree_mask`), on the XLA path on every backend (`tree_attention_unsupported`)."""
     if tree_exit is not None:
         return block_causal_attention(q, k, v, tree_mask(tree_exit), cfg.matmul_precision)
     impl = resolve_attention_impl(cfg)
@@ -445,6 +459,8 @@ def self_attention(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, s
         if segment_ids is None:
             segment_ids = jnp.ones(q.shape[:2], jnp.int32)
         return block_causal_attention(q, k, v, attention_mask(segment_ids), cfg.matmul_precision)
+    if impl == "splash":
+        return tpu_attention.splash_attention(q, k, v, segment_ids)
     return fused_attention(q, k, v, segment_ids, "cudnn" if impl == "cudnn" else "xla", cfg.matmul_precision)
 
 
