@@ -115,10 +115,13 @@ def check_config(config, name: str) -> None:
         _fail(name, "retriever", "needs 'corpus' (JSONL) or 'index_dir'")
     if not sc.questions.get("path"):
         _fail(name, "questions.path", "needs a QA JSONL file")
+    opts = common.plain(sc.agent.get("opts", None) or {})
     try:
-        get_agent(str(sc.agent.get("name", "")), **common.plain(sc.agent.get("opts", None) or {}),
-                  mode=sc.agent.get("mode", "chat"))
-    except (KeyError, ValueError, TypeError) as e:
+        get_agent(str(sc.agent.get("name", "")), **opts, mode=sc.agent.get("mode", "chat"))
+    except TypeError as e:   # an option of another design (e.g. ARENA's stop_at after a change of agent.name)
+        _fail(name, "agent.opts", f"{sorted(opts)}: not all fields of agent {sc.agent.get('name')!r} ({e}); "
+                                  f"clear them with agent.opts = {{}}")
+    except (KeyError, ValueError) as e:
         _fail(name, "agent", str(e).strip("'\""))
     try:
         rc = RLConfig.from_dict(sc.rl.to_dict())

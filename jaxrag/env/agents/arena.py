@@ -34,7 +34,8 @@ class Arena(base.Agent):
     def __post_init__(self):
         super().__post_init__()
         if self.stop_at not in STOP_AT:
-            raise ValueError(f"{self.name}: stop_at must be one of {', '.join(map(repr, STOP_AT))}, got {self.stop_at!r}")
+            raise ValueError(f"{self.name}: stop_at must be one of {', '.join(map(repr, STOP_AT))}, "
+                             f"got {self.stop_at!r}")
 
     @property
     def chat_stop(self) -> tuple[str, ...]:
