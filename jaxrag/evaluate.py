@@ -9,7 +9,7 @@ import csv
 import io
 import logging
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -21,23 +21,27 @@ from jaxrag.judge import verdict_record
 log = logging.getLogger(__name__)
 
 
-def episode_metrics(episodes: Sequence[Episode], judge=None) -> dict:
-    """Aggregate metrics (fractions in [0, 1]) over finished episodes."""
+def episode_metrics(episodes: Sequence[Episode], judge=None, answer_of: Callable[[Episode], str | None] | None = None
+                    ) -> dict:
+    """Aggregate metrics (fractions in [0, 1]) over finished episodes. `answer_of(ep)`: the answer EM, F1, CEM, SE
+    and Acc score (the agent's `scored_answer`: SmartSearch's released evaluation reads its last <answer>'s \\boxed{});
+    None: each episode's executed answer."""
     n = len(episodes)
     if n == 0:
         return {"n": 0}
     mc = any(ep.choices for ep in episodes)
+    scored = [answer_of(ep) for ep in episodes] if answer_of is not None else [ep.answer for ep in episodes]
     if all(ep.agent == "arena" for ep in episodes):   # ARENA's Table 2: its evaluate.py's EM and F1 (first closed
         answers = [M.arena_code_section(ep.steps[-1].action.raw if ep.steps else "", "answer") for ep in episodes]
         em = [M.arena_exact_match(a, ep.gold) for a, ep in zip(answers, episodes)]   # <answer>, ARENA normalization)
         f1 = [M.arena_f1(a, ep.gold) for a, ep in zip(answers, episodes)]
     else:
-        em = [M.exact_match(ep.answer, ep.gold) for ep in episodes]
-        f1 = [M.f1_score(ep.answer, ep.gold) for ep in episodes]
+        em = [M.exact_match(a, ep.gold) for a, ep in zip(scored, episodes)]
+        f1 = [M.f1_score(a, ep.gold) for a, ep in zip(scored, episodes)]
     out: dict[str, Any] = {
         "n": n,
         "em": float(np.mean(em)), "f1": float(np.mean(f1)),
-        "cem": float(np.mean([M.cover_exact_match(ep.answer, ep.gold) for ep in episodes])),
+        "cem": float(np.mean([M.cover_exact_match(a, ep.gold) for a, ep in zip(scored, episodes)])),
         "answered": float(np.mean([ep.answer is not None for ep in episodes])),
         "invalid_rate": M.invalid_rate([ep.num_invalid for ep in episodes], [len(ep.steps) for ep in episodes]),
         "episodes_with_invalid": float(np.mean([ep.num_invalid > 0 for ep in episodes])),
@@ -46,7 +50,7 @@ def episode_metrics(episodes: Sequence[Episode], judge=None) -> dict:
         "se": M.search_efficiency(f1, [ep.num_searches for ep in episodes]),
     }
     if mc:
-        out["acc"] = float(np.mean([M.choice_accuracy(ep.answer, ep.gold, ep.choices) for ep in episodes]))
+        out["acc"] = float(np.mean([M.choice_accuracy(a, ep.gold, ep.choices) for a, ep in zip(scored, episodes)]))
     out.update(retrieval_metrics(episodes, mc))
     out.update({f"searches_{k}": v for k, v in M.search_count_stats(ep.num_searches for ep in episodes).items()})
     for reason in ("answer", "max_steps", "invalid"):
@@ -160,7 +164,7 @@ def evaluate(policy, retriever, agent, examples: Sequence, *, cfg: RolloutConfig
         cfg = dataclasses.replace(cfg, **overrides)
     stats: dict = {}
     episodes = rollout(policy, retriever, agent, examples, cfg, select=select, summarizer=summarizer, stats=stats)
-    m = episode_metrics(episodes, judge=judge)
+    m = episode_metrics(episodes, judge=judge, answer_of=getattr(agent, "scored_answer", None))
     m["timing"] = {k: round(v, 4) if isinstance(v, float) else v for k, v in stats.items()}
     if stats.get("total_s"):
         m["episodes_per_s"] = len(episodes) / stats["total_s"]

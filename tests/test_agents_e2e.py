@@ -111,3 +111,19 @@ def test_tiny_random_model(name, mode, tiny, bm25, hotpot):
         assert all(lp <= 0.0 for s in gen for lp in s.logprobs)
     m = episode_metrics(eps)
     assert 0.0 <= m["invalid_rate"] <= 1.0 and m["n"] == 2
+
+
+@pytest.mark.parametrize("stop_at,stop,fmt", [("eos", None, 0.0), ("answer", ["</answer>"], 1.0)])
+def test_arena_stop_option(stop_at, stop, fmt, bm25, hotpot):
+    """ARENA's stop: "eos" (the default, the released vLLM sampling: no stop string) samples on past </answer>, so
+    trailing text on the answer's line reaches the reward and costs the format point; "answer" (the old stop) cuts
+    the reply at </answer>. The policy sees the option as its stop strings."""
+    reply = "<relevance>[1, 2]</relevance>\n<analysis>[1] and [2].</analysis>\n<answer>{a}</answer> I hope this helps."
+    pol = ScriptedPolicy(lambda p, j: reply.format(a=hotpot[0].golden_answers[0]))
+    agent = get_agent("arena", **({} if stop_at == "eos" else {"stop_at": stop_at}))
+    eps = rollout(pol, bm25, agent, hotpot[:1], RolloutConfig(k=3, max_steps=1, temperature=0.9, max_new_tokens=256))
+    assert pol.calls and [(c["stop"], c["temperature"]) for c in pol.calls] == [(stop, 0.9)] * len(pol.calls)
+    raw = eps[0].steps[-1].action.raw
+    assert raw.endswith("I hope this helps.") == (stop_at == "eos")
+    m = episode_metrics(eps)
+    assert m["em"] == 1.0 and m["arena_format"] == fmt

@@ -132,7 +132,7 @@ def test_fig3_rows_carry_their_variant_and_arena_settings():
     c.base_model, c.train_questions = "/models/qwen", "/data/train.jsonl"
     assert {c[n].policy.path for n in rl} == {"/models/qwen"}
     assert {c[n].questions.path for n in rl} == {"/data/train.jsonl"}
-    assert [d["name"] for d in c.eval_nokl.datasets] == ["HotpotQA"] and c.eval_nokl.rollout.temperature == 0.0
+    assert [d["name"] for d in c.eval_nokl.datasets] == ["HotpotQA"] and c.eval_nokl.rollout.temperature == 0.9
     with pytest.raises(StageError, match=r"config.rl_ljacc.reward: reward 'arena_ljacc' asks an LLM judge"):
         plan(c)   # LJ accuracy's reward needs the judge
     c.judge_url = "https://api.openai.com/v1"

@@ -77,6 +77,35 @@ def test_paper_variants_carry_the_protocol():
         load("arena/table2", "smok")
 
 
+def test_arena_and_smartsearch_configs_generate_and_read_as_released():
+    """ARENA samples with no stop string (to EOS or the token limit: the fork's and the inference's vLLM params),
+    Table 2 at the released inference's T 0.9 and 1,024 tokens; SmartSearch's eval rows read the released
+    evaluation's answer. The old stop at </answer> is one option away, and a bad option names its key."""
+    from jaxrag.env.agents import get_agent
+    from jaxrag.pipelines.common import load_agent
+
+    g = load("arena/grpo")
+    assert (g.rl.agent.opts.stop_at, g.rl.rl.max_new_tokens, g.rl.rl.temperature) == ("eos", 256, 0.9)
+    assert load_agent(g.rl.agent, None).stop == ()
+    g.rl.agent.opts.stop_at = "answer"
+    assert load_agent(g.rl.agent, None).stop == ("</answer>",)
+    f3 = load("arena/fig3")   # every ablation's RL stage and eval row: the released stop
+    assert all(load_agent(f3[s].agent, None).stop == () for s in f3.stages if "agent" in f3[s])
+    t2 = load("arena/table2")
+    assert (t2.eval.rollout.temperature, t2.eval.rollout.max_new_tokens) == (0.9, 1024)
+    assert [get_agent(a["name"], **a.get("opts", {})).stop for a in t2.eval.agents] == [()]
+    assert all((f3[r].rollout.temperature, get_agent(f3[r].agents[0]["name"]).stop) == (0.9, ())
+               for r in f3.stages if r.startswith("eval_"))
+    t1, t3 = load("smartsearch/table1"), load("smartsearch/table3")
+    rows = [a for a in t1.eval.agents if a["name"] == "smartsearch"]
+    rows += [t3[r].agents[0] for r in t3.stages if r.startswith("eval_")]
+    assert len(rows) == 10 and all(get_agent(a["name"], **a.get("opts", {})).eval_answer == "boxed" for a in rows)
+    bad = load("arena/grpo", "smoke")
+    bad.rl.agent.opts.stop_at = "eos_token"
+    with pytest.raises(StageError, match=r"config.rl.agent: .*stop_at must be one of 'eos', 'answer'"):
+        plan(bad, ["rl"])
+
+
 def test_paper_variant_needs_a_checkpoint_before_any_compute():
     with pytest.raises(StageError, match=r"config.eval.policy.path: empty: set --config.eval.policy.path=<a Hugging"):
         plan(load("smartsearch/table1", "shared"))

@@ -51,6 +51,9 @@ def test_arena_smoke_runs_and_ppo_is_reachable(tmp_path):
         c.stages = ["rl"]
         c.rl.policy.path = str(tmp_path / "grpo" / "setup" / "model")
         c.rl.agent.update(dict(name="react", mode="plain"))
+        with pytest.raises(StageError, match=r"config.rl.agent.opts: \['stop_at'\]: not all fields of agent 'react'"):
+            plan(c)   # ARENA's own option does not fit another design
+        c.rl.agent.opts = {}
         c.rl.reward = "em"
         c.rl.train.loss = "ppo"
         c.rl.rl.token_mean_micro = 0   # a GRPO aggregation; the T = 1 scoring stays (PPO's old log-probs rescored)

@@ -16,6 +16,10 @@ Other settings (paper / code): G = 7 generations per question, β = 0.04 with th
 (per-device 4 x 7 training processes x 64 accumulation = 1792 completions), one epoch over the 25k training questions,
 full fine-tune, bf16, gradient checkpointing, the ARENA agent: one generation over the dataset's own numbered
 references (top-k of the retriever when a question has none).
+Generation stop: none but the end-of-sequence token or the 256-token limit (agent.opts.stop_at "eos": the fork's
+vLLM SamplingParams carry no stop string), so text after </answer> is sampled, scored by the reward (format 0 on the
+same line) and trained, and so is the end-of-sequence token. The old stop at </answer>:
+--config.rl.agent.opts.stop_at=answer.
 """
 
 import ml_collections
@@ -36,6 +40,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     s.retriever.corpus = str(BENCHMARKS / "corpus_multihop_contexts.jsonl")
     s.agent.name, s.agent.mode = "arena", "chat"
     s.agent.max_doc_chars = 0  # no cut: the papers show whole paragraphs
+    s.agent.opts.stop_at = "eos"  # the fork's vLLM sampling: no stop string, to EOS or 256 tokens ("answer": </answer>)
     s.reward = "arena"
     s.rl.update(dict(steps=97, questions_per_step=256, group_size=7, inner_steps=1, temperature=0.9,
                      max_new_tokens=256, max_steps=1, k=10, seed=42, logprob_temperature=1.0, token_mean_micro=4))

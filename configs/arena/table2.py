@@ -6,15 +6,18 @@
     python -m jaxrag.main --config=configs/arena/table2.py:smoke --workdir=/tmp/arena_t2_smoke     # CI
 
 Protocol: 500 dev questions each of HotpotQA, 2WikiMultihopQA and MuSiQue with the paragraphs the dataset gives
-each question (10 to 20) as numbered references; one generation at temperature 0 (ARENA's
-<relevance>/<analysis>/<answer> format), no search. Metrics: EM, F1, LLM-as-a-judge (GPT-4o 2024-11-20 at temperature
+each question (10 to 20) as numbered references; one generation (ARENA's <relevance>/<analysis>/<answer> format), no
+search, sampled as the released inference samples (src/vllm_inference.py: temperature 0.9, up to 1,024 new tokens,
+no stop string: the reply runs to the end-of-sequence token, and text after </answer> costs the Format point; the
+agent's stop_at "eos"). Greedy decoding, the other papers' setting: --config.eval.rollout.temperature=0; the old stop
+at </answer>: agents [{"name": "arena", "opts": {"stop_at": "answer"}}]. Metrics: EM, F1, LLM-as-a-judge (GPT-4o 2024-11-20 at temperature
 0, "yes" when the response agrees with a gold answer; set `judge.base_url` and the key in OPENAI_API_KEY; without one
 LJ is not computed), and the Format and Relevance scores of the reward. The shared files with paragraphs hold 500
 HotpotQA, 164 2Wiki and 200 MuSiQue questions; the "shared" variant uses those. Models: Qwen2.5-7B-Instruct and
 Llama-3.1-8B-Instruct (their base and ARENA-trained rows).
 Scoring (no reward: evaluation only): EM and F1 of the first closed <answer> under ARENA's normalization, Format and
 Relevance by its released rules (src/evaluate.py; jaxrag.evaluate.episode_metrics, docs/conformance.md); judge
-GPT-4o for LJ only; sampling temperature 0.
+GPT-4o for LJ only; sampling temperature 0.9 (the released inference's; one sample per question, seeded).
 """
 
 from configs.common import paper
@@ -27,10 +30,11 @@ def get_config(variant: str = ""):
             paper.dataset("MuSiQue", "data/musique_dev_500.jsonl")]
     judge = {"base_url": "", "model": "gpt-4o-2024-11-20", "api_key_env": "OPENAI_API_KEY"}
     c = paper.table_config("arena", "table2", "Qwen2.5-7B-Instruct", {
-        "eval": paper.eval_stage(("arena",), data, model_path="",
-                                 retriever={"corpus": paper.SHARED_CORPUS}, k=10, max_steps=1, max_new_tokens=256,
+        "eval": paper.eval_stage(({"name": "arena", "opts": {"stop_at": "eos"}},), data, model_path="",
+                                 retriever={"corpus": paper.SHARED_CORPUS}, k=10, max_steps=1, max_new_tokens=1024,
                                  max_doc_chars=None, judge=judge),
     })
+    c.eval.rollout.temperature = 0.9   # src/vllm_inference.py's sampling (no stop string: the agent's stop_at "eos")
     if variant in ("shared", "smoke"):
         own = {"HotpotQA": "hotpotqa_dev_500.jsonl", "2Wiki": "2wikimultihopqa_dev_164.jsonl",
                "MuSiQue": "musique_ans_dev_200.jsonl"}  # the shared files that carry each question's paragraphs

@@ -1,6 +1,7 @@
 """SmartSearch Table 3 (004 §5.3): the ablation of process rewards and query refinement in each stage of the
 curriculum (SFT -> DPO -> GRPO), every row evaluated with Table 1's protocol (configs/smartsearch/table1.py: 2Wiki,
-HotpotQA, Bamboogle, MuSiQue; E5 top 5 over wiki-18; the SmartSearch agent at T = 0; EM / F1).
+HotpotQA, Bamboogle, MuSiQue; E5 top 5 over wiki-18; the SmartSearch agent at T = 0; EM / F1 of the released
+evaluation's answer: the last <answer>'s \\boxed{}, an unboxed answer is none; agent opts eval_answer "boxed").
 
     python -m jaxrag.main --config=configs/smartsearch/table3.py --workdir=runs/smartsearch_t3 \
         --config.base_model=/models/Qwen2.5-3B-Instruct \
@@ -159,7 +160,7 @@ def get_config(variant: str = ""):
     c.stages = train + list(ROWS)
     for name, (model, tuning, v) in ROWS.items():
         e = c[name] = ml_collections.ConfigDict(t1.eval.to_dict())
-        e.agents = [{"name": "smartsearch", **({"variant": v} if v else {})}]
+        e.agents = [{"name": "smartsearch", "opts": {"eval_answer": "boxed"}, **({"variant": v} if v else {})}]
         e.policy.path = f"stage:{model}"
         e.tuning = tuning
         e.index_recall = name == "eval_s1"

@@ -143,3 +143,36 @@ def json_field(text: str, key: str) -> str | None:
     if m.group(3):
         return "None"
     return canon(m.group(1) if m.group(1) is not None else m.group(2))
+
+
+# ---- SmartSearch's released answer reading (facts: tests/conformance/test_conformance_smartsearch*.py) ----------
+def code_boxed_answer(text: str) -> str:
+    """The answer SmartSearch's released code reads from a text (re_call.py: last_boxed_only_string, then
+    remove_boxed): with "\\boxed " (a space) anywhere, the text after the last one up to a "$"; else the last
+    "\\boxed{…}" (braces balanced, kept inside: "\\text{Paris}" stays); "" when there is none, it is unclosed, or it
+    is "\\fbox{…}"."""
+    text = text or ""
+    if "\\boxed " in text:
+        return text.split("\\boxed ")[-1].split("$")[0]
+    i = text.rfind("\\boxed")
+    if i < 0:
+        return ""   # the code falls back to \\fbox, then fails to strip it: no answer either way
+    depth = 0
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if text[j] == "}" and depth == 0:
+            span = text[i:j + 1]
+            return span[len("\\boxed{"):-1] if span.startswith("\\boxed{") else ""
+    return ""
+
+
+_CLOSED_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+def code_eval_answer(text: str) -> str:
+    """The prediction SmartSearch's released evaluation scores (active_pipeline.py ReCallPipeline.run_item): the
+    last closed, lowercase `<answer>…</answer>` of the text, stripped, read by `code_boxed_answer`; "" when there is
+    no closed block or no \\boxed{} in it (an unboxed answer is no answer)."""
+    blocks = _CLOSED_ANSWER.findall(text or "")
+    body = blocks[-1].strip() if blocks else ""
+    return code_boxed_answer(body) if body else ""

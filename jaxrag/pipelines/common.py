@@ -196,12 +196,13 @@ def load_retriever(rc, workdir):
 
 
 def load_agent(ac, tokenizer):
-    """The agent design of a stage's `agent` section (name, mode, max_docs, max_doc_chars); in chat mode it renders
-    prompts with `tokenizer`'s chat template."""
+    """The agent design of a stage's `agent` section (name, mode, max_docs, max_doc_chars, opts: the design's own
+    fields, e.g. ARENA's stop_at); in chat mode it renders prompts with `tokenizer`'s chat template."""
     from jaxrag.env.agents import get_agent
 
     mode = ac.get("mode", "chat")
-    opts = {"mode": mode, "max_doc_chars": ac.get("max_doc_chars") or None}  # 0 = no cut (the papers)
+    opts = {**plain(ac.get("opts", None) or {}), "mode": mode,
+            "max_doc_chars": ac.get("max_doc_chars") or None}  # 0 = no cut (the papers)
     if ac.get("max_docs"):
         opts["max_docs"] = ac.max_docs
     if mode == "chat":

@@ -345,7 +345,7 @@ def _evaluate(policy, retriever, agent, exs, rc: RolloutConfig, judge, summarize
     timings = allgather_objects(m["timing"])
     if not is_lead():
         return {}
-    out = episode_metrics(episodes, judge=judge)
+    out = episode_metrics(episodes, judge=judge, answer_of=getattr(agent, "scored_answer", None))
     timing: dict = {}
     for t in timings:  # the processes ran side by side: seconds are the slowest's, counts add up
         for k, v in t.items():

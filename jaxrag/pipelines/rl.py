@@ -10,7 +10,8 @@ config.<name> (configs/arena/grpo.py, configs/smartsearch/grpo.py):
              index_dir (a built index, jaxrag.retrieval.load_retriever; encoder, query_encoder, rrf_k, depth as
              jaxrag.pipelines.common.load_retriever reads them, "" / 0 = the index's own).
   questions  path (QA JSONL, jaxrag.data.qa.load_qa), select ("all", "first:N", ...), limit (0 = no limit).
-  agent      name (jaxrag.env.agents), mode (chat | plain), max_docs (0 = all), max_doc_chars (0 = no cut).
+  agent      name (jaxrag.env.agents), mode (chat | plain), max_docs (0 = all), max_doc_chars (0 = no cut), opts (the
+             design's own fields, e.g. ARENA's stop_at).
   reward     a reward spec (jaxrag.supervision.rewards.reward_fn): "em", "arena", "em+0.5*f1".
   answer_judge  the LLM judge of a judged reward ("arena_ljacc": ARENA's LJ accuracy): jaxrag.judge.judge_from_config
              keys (base_url "" = none, model, api_key_env, timeout_s, retries, backoff_s, workers).
@@ -74,7 +75,7 @@ def stage_config() -> "ml_collections.ConfigDict":
         "retriever": {"corpus": "", "max_passages": 0, "backend": "bm25s", "index_dir": "", "kind": "bm25",
                       "encoder": "", "query_encoder": "", "rrf_k": 0, "depth": 0},
         "questions": {"path": "", "select": "all", "limit": 0},
-        "agent": {"name": "react", "mode": "chat", "max_docs": 0, "max_doc_chars": 1000},
+        "agent": {"name": "react", "mode": "chat", "max_docs": 0, "max_doc_chars": 1000, "opts": {}},
         "reward": "em",
         "answer_judge": {"base_url": "", "model": "gpt-4o-2024-11-20", "api_key_env": "OPENAI_API_KEY",
                          "timeout_s": 30.0, "retries": 3, "backoff_s": 0.5, "workers": 8},
@@ -114,8 +115,12 @@ def check_config(config, name: str) -> None:
         _fail(name, "retriever", "needs 'corpus' (JSONL) or 'index_dir'")
     if not sc.questions.get("path"):
         _fail(name, "questions.path", "needs a QA JSONL file")
+    opts = common.plain(sc.agent.get("opts", None) or {})
     try:
-        get_agent(str(sc.agent.get("name", "")), mode=sc.agent.get("mode", "chat"))
+        get_agent(str(sc.agent.get("name", "")), **opts, mode=sc.agent.get("mode", "chat"))
+    except TypeError as e:   # an option of another design (e.g. ARENA's stop_at after a change of agent.name)
+        _fail(name, "agent.opts", f"{sorted(opts)}: not all fields of agent {sc.agent.get('name')!r} ({e}); "
+                                  f"clear them with agent.opts = {{}}")
     except (KeyError, ValueError) as e:
         _fail(name, "agent", str(e).strip("'\""))
     try:

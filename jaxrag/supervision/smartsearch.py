@@ -38,6 +38,7 @@ from typing import Sequence
 
 from jaxrag import metrics
 from jaxrag.env.mdp import QUERY, Action, Doc, Episode, Step, answer_reward
+from jaxrag.env.parsing import code_boxed_answer
 from jaxrag.supervision.judge_protocol import Judge, JudgeRequest
 from jaxrag.supervision.records import Pair, ProcessRecord, ScoredCandidate
 from jaxrag.supervision.rewards import Reward, register
@@ -195,26 +196,6 @@ def step_labels(ep: Episode, cfg: SmartSearchConfig = SmartSearchConfig()) -> tu
 
 
 # ------------------------------------------------------------------------------------------- outcome and format
-def code_boxed_answer(text: str) -> str:
-    """The answer the released reward reads (re_call.py: last_boxed_only_string, then remove_boxed; facts in
-    tests/conformance/test_conformance_smartsearch.py): with "\\boxed " (a space) anywhere, the text after the last
-    one up to a "$"; else the last "\\boxed{…}" (braces balanced, kept inside: "\\text{Paris}" stays); "" when
-    there is none, it is unclosed, or it is "\\fbox{…}"."""
-    text = text or ""
-    if "\\boxed " in text:
-        return text.split("\\boxed ")[-1].split("$")[0]
-    i = text.rfind("\\boxed")
-    if i < 0:
-        return ""   # the code falls back to \\fbox, then fails to strip it: no answer either way
-    depth = 0
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if text[j] == "}" and depth == 0:
-            span = text[i:j + 1]
-            return span[len("\\boxed{"):-1] if span.startswith("\\boxed{") else ""
-    return ""
-
-
 def final_answer(ep: Episode, cfg: SmartSearchConfig = SmartSearchConfig()) -> str | None:
     """The answer the reward scores: cfg.answer_from "boxed" (released code) or "parsed" (the agent's)."""
     if cfg.answer_from == "parsed" or not tagged(ep):   # the synthetic world's line format has no \\boxed

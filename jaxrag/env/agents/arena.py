@@ -1,5 +1,10 @@
 """ARENA (003 Table 1): one generation over the dataset's own numbered references, in three sections
-<relevance>[ids]</relevance><analysis>…</analysis><answer>…</answer>."""
+<relevance>[ids]</relevance><analysis>…</analysis><answer>…</answer>.
+
+Where generation stops (`stop_at`): "eos" (the default, the released code: its GRPO trainer's and its inference's
+vLLM sampling has no stop string, so a reply runs to the end-of-sequence token or the token limit, and text after
+</answer> is scored by the reward: format 0 when on the same line) or "answer" (a stop at </answer>: no text after
+it is ever sampled, and the end-of-sequence token after it is never trained)."""
 import dataclasses
 import re
 
@@ -16,12 +21,25 @@ Assistant's response must contain EXACTLY three sections:
 <analysis>[ combine information from relevant references to build the answer. Explicitly mention which references support each claim ]</analysis>
 <answer>[ answer with ONLY a short phrase or single word. no explanations ]</answer>"""
 
+# chat-mode stop strings per `stop_at` (the model's end-of-sequence ids always stop the sampler)
+STOP_AT = {"eos": (), "answer": ("</answer>",)}
+
 
 @dataclasses.dataclass
 class Arena(base.Agent):
     name = "arena"
     uses_references = True
-    chat_stop = ("</answer>",)
+    stop_at: str = "eos"   # "eos" (released: no stop string) | "answer" (stop at </answer>)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.stop_at not in STOP_AT:
+            raise ValueError(f"{self.name}: stop_at must be one of {', '.join(map(repr, STOP_AT))}, "
+                             f"got {self.stop_at!r}")
+
+    @property
+    def chat_stop(self) -> tuple[str, ...]:
+        return STOP_AT[self.stop_at]
 
     def references_block(self, state: State) -> str:
         return "\n".join(f"{i}. {d.title}: {self.clip(d.text)}" for i, d in enumerate(state.references, 1))

@@ -37,7 +37,7 @@ import logging
 import re
 from typing import Any, Callable, ClassVar, Sequence
 
-from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Action, Doc, State
+from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Action, Doc, Episode, State
 from jaxrag.env.parsing import canon
 from jaxrag.metrics import LETTERS
 
@@ -146,6 +146,12 @@ class Agent:
     @property
     def summary_stop(self) -> tuple[str, ...]:
         return PLAIN_STOP if self.mode == "plain" else ()
+
+    def scored_answer(self, episode: Episode) -> str | None:
+        """The answer evaluation scores for an episode of this design (jaxrag.evaluate.episode_metrics): the
+        executed answer action's text. Designs whose released evaluation reads the transcript otherwise override
+        it (SmartSearch)."""
+        return episode.answer
 
     def first_action(self, state: State) -> Action | None:
         """An action taken without generation (RAG's first query); None: ask the policy."""

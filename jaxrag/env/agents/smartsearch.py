@@ -1,11 +1,16 @@
 """SmartSearch (004 App. A): <think>…</think> then <search>q</search> (the environment appends
-<result>…</result>) or <answer>… \\boxed{a} </answer>. The prompt continues the assistant's transcript."""
+<result>…</result>) or <answer>… \\boxed{a} </answer>. The prompt continues the assistant's transcript.
+
+The answer evaluation scores (`eval_answer`): "boxed" (the default) reads it as the released evaluation does
+(active_pipeline.py: the last closed <answer> of the trajectory, its \\boxed{}; an unboxed answer is no answer:
+jaxrag.env.parsing.code_eval_answer); "parsed" scores the agent's parse (the last <answer>'s \\boxed{}, else its
+text). The reading changes what is scored, never the rollout."""
 import dataclasses
 import re
 
 from jaxrag.env.agents import base
-from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Action, State
-from jaxrag.env.parsing import canon, find_tag, tag_positions
+from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Action, Episode, State
+from jaxrag.env.parsing import canon, code_eval_answer, find_tag, tag_positions
 
 SYSTEM = ("You are a helpful assistant that can solve the given question step by step with the help of the "
           "wikipedia search tool. Given a question, you need to first think about the reasoning process in the "
@@ -38,6 +43,20 @@ def boxed(text: str) -> str | None:
 class SmartSearch(base.Agent):
     name = "smartsearch"
     chat_stop = ("</search>", "</answer>")
+    eval_answer: str = "boxed"   # "boxed" (released evaluation) | "parsed" (the agent's answer)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.eval_answer not in ("boxed", "parsed"):
+            raise ValueError(f"smartsearch: eval_answer must be 'boxed' (the released evaluation) or 'parsed', "
+                             f"got {self.eval_answer!r}")
+
+    def scored_answer(self, episode: Episode) -> str | None:
+        """"boxed": the released evaluation's prediction, read from the episode's generations (chat mode; the plain
+        line format has no tags, so its parsed answer is scored); "parsed": the executed answer's text."""
+        if self.eval_answer == "parsed" or self.mode == "plain":
+            return episode.answer
+        return code_eval_answer(generated_text(episode))
 
     def result_block(self, state_docs) -> str:
         return "\n".join(f'"{d.title}" {self.clip(d.text)}' for d in self.shown(state_docs))
@@ -83,6 +102,12 @@ class SmartSearch(base.Agent):
         if action.kind == QUERY:
             return f"{think}<search> {action.text} </search>"
         return f"{think}<answer> The final answer is \\boxed{{{action.text}}} </answer>"
+
+
+def generated_text(episode: Episode) -> str:
+    """The trajectory's generations in order, an empty <result> block after each search (the retrieved text is the
+    environment's, not the model's: a tag inside a document is never read as the answer)."""
+    return "".join(s.action.raw + ("\n<result>\n</result>\n" if s.action.kind == QUERY else "") for s in episode.steps)
 
 
 AGENT = SmartSearch
