@@ -386,8 +386,8 @@ def test_training_row_configs_carry_the_released_settings():
     ("smartsearch/table3", "s3.rl.group_rollout", "refine",
      r"config.s3.rl: rl config: group_rollout: 'refine' is not one of \('independent', 'smartsearch_refine'\)"),
     ("smartsearch/table3", "s3_npr.rl.refine_keep_m", 0, r"config.s3_npr.rl: rl config: refine_keep_m: must be >= 1"),
-    ("smartsearch/table3", "s3_nor.rl.group_rollout", "smartsearch_refine",
-     r"config.s3_nor.judge: rl.group_rollout 'smartsearch_refine' needs a judge section"),
+    ("smartsearch/table3", "s3_std.rl.group_rollout", "smartsearch_refine",
+     r"config.s3_std.judge: rl.group_rollout 'smartsearch_refine' needs a judge section"),
 ])
 def test_training_row_config_errors_name_the_key(name, key, value, message):
     c = load(name, "smoke")
