@@ -62,7 +62,8 @@ def seed_runs_stage(config, workdir, name) -> None:
         if rc != 0:
             raise RuntimeError(f"{name}: seed {seed}'s run failed (exit {rc}); its log: "
                                f"{seed_dir(workdir, seed) / 'log.txt'} (rerun this study to resume it)")
-        done = {p.parent.name: read_done(p) or {} for p in sorted(seed_dir(workdir, seed).glob("*/DONE"))}
+        done = {p.parent.name: read_done(p) or {} for p in sorted(seed_dir(workdir, seed).glob("*/DONE"))
+                if not s.get("stages") or p.parent.name in s.stages}  # the planned stages only
         stage_seconds = {k: v.get("seconds") for k, v in done.items()}
         runs.append({"seed": seed, "workdir": str(seed_dir(workdir, seed)), "wall_seconds": wall,
                      "stage_seconds": stage_seconds,
