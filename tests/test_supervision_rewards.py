@@ -61,3 +61,48 @@ def test_registry_holds_the_papers_rewards():
     assert get_reward("smartsearch").__module__ == "jaxrag.supervision.smartsearch" and "smartsearch" in REWARDS
     both = reward_fn("em+0.5*arena")(arena_episode(REL + ANA + "<answer>Paris</answer>"))
     assert both.total == pytest.approx(1.0 + 0.5 * 13.0) and both.components["arena/bonus"] == 10.0
+
+
+def searched_episode(answer, searches: int) -> Episode:
+    """`searches` query steps, then the answer (None: the episode ended without one); gold "Jean Dupont"."""
+    from jaxrag.env.mdp import Action, QUERY
+
+    steps = [Step(Action(QUERY, f"q{i}")) for i in range(searches)]
+    if answer is not None:
+        steps.append(Step(Action(ANSWER, answer)))
+    return Episode("q", "who?", ["Jean Dupont"], agent="react", steps=steps, answer=answer,
+                   done="answer" if answer is not None else "max_steps")
+
+
+@pytest.mark.parametrize("spec,answer,searches,total,f1", [
+    # F1("Jean Dupont", gold) = 1; each search costs the penalty (default 0.05)
+    ("f1_search_penalty", "Jean Dupont", 0, 1.0, 1.0),
+    ("f1_search_penalty", "Jean Dupont", 3, 0.85, 1.0),
+    # "Dupont": precision 1, recall 1/2 -> F1 2/3; minus 2 x 0.1
+    ("f1_search_penalty(0.1)", "Dupont", 2, 2 / 3 - 0.2, 2 / 3),
+    # wrong answer: floored at 0 however many searches
+    ("f1_search_penalty(0.1)", "Paris", 4, 0.0, 0.0),
+    ("f1_search_penalty(0.1)", None, 5, 0.0, 0.0),
+    # "Jean Paul Dupont": precision 2/3, recall 1 -> F1 0.8; 8 searches x 0.1 pass the floor 0 ...
+    ("f1_search_penalty(0.1)", "Jean Paul Dupont", 8, 0.0, 0.8),
+    # ... and a floor of -1 lets the penalty through: 0.8 - 0.8 = 0, 0 - 0.5 = -0.5
+    ("f1_search_penalty(0.1, -1)", "Jean Paul Dupont", 8, 0.0, 0.8),
+    ("f1_search_penalty(0.1, -1)", "Paris", 5, -0.5, 0.0),
+])
+def test_f1_search_penalty_against_hand_computed_values(spec, answer, searches, total, f1):
+    r = reward_fn(spec)(searched_episode(answer, searches))
+    assert r.total == pytest.approx(total)
+    assert r.components == pytest.approx({"f1": f1, "searches": float(searches)})
+
+
+def test_f1_search_penalty_spec_errors_name_the_reward():
+    with pytest.raises(ValueError, match="penalty -0.1 < 0"):
+        get_reward("f1_search_penalty(-0.1)")
+    with pytest.raises(ValueError, match="must be numbers"):
+        get_reward("f1_search_penalty(a lot)")
+    with pytest.raises(ValueError, match=r"f1_search_penalty\(1.0, 2.0, 3.0\)"):
+        get_reward("f1_search_penalty(1, 2, 3)")
+    with pytest.raises(ValueError, match="'em' takes no settings"):
+        get_reward("em(0.5)")
+    # inside a weighted spec: 0.5 x (1 - 0.1) + 1 x EM(1)
+    assert reward_fn("0.5*f1_search_penalty(0.1)+em")(searched_episode("Jean Dupont", 1)).total == pytest.approx(1.45)

@@ -270,6 +270,24 @@ def test_findings_config_reuses_the_demo_stages():
         assert findings.grpo_k3.rl.k == findings.grpo.rl.k == 7
 
 
+def test_f1_penalty_baseline_trains_on_its_reward_at_the_em_grpo_budget(run):
+    """grpo_f1_penalty (Search-R1++'s outcome reward) is the grpo stage with another reward: the same steps x
+    questions x G, every sampled episode rewarded max(0, F1 - 0.05 x searches), evaluated like every system."""
+    from jaxrag.metrics import f1_score
+
+    config, workdir, _ = run
+    assert config.grpo_f1_penalty.reward == "f1_search_penalty(0.05)" and config.grpo.reward == "em"
+    assert config.grpo_f1_penalty.rl.to_dict() == config.grpo.rl.to_dict()
+    eps = {g: read_episodes(os.path.join(workdir, g, "episodes.jsonl")) for g in ("grpo", "grpo_f1_penalty")}
+    rl = config.grpo.rl
+    assert len(eps["grpo_f1_penalty"]) == len(eps["grpo"]) == rl.steps * rl.questions_per_step * rl.group_size
+    for ep in eps["grpo_f1_penalty"]:
+        assert ep.reward == pytest.approx(max(0.0, f1_score(ep.answer, ep.gold) - 0.05 * ep.num_searches))
+    results = json.load(open(os.path.join(workdir, "eval", "results.json")))
+    assert set(results["systems"]["grpo_f1_penalty"]["splits"]) == set(config.eval.splits)
+    assert "| grpo_f1_penalty |" in open(os.path.join(workdir, "report", "results.md")).read()
+
+
 def test_tiny_shape_floors_reach_every_sampling_policy_and_leave_the_demo_alone():
     """The tiny preset's sampler floors (few compiled programs) reach the synthetic stages' policies (config.sampler)
     and every GRPO stage's own policy section, findings' too; the demo has none, so its programs, results and stage

@@ -31,7 +31,10 @@ def get_config(preset: str = "demo"):
     if preset not in ("demo", "tiny"):
         raise ValueError(f"configs/synthetic/pipeline.py: unknown preset {preset!r} (demo | tiny)")
     c = ml_collections.ConfigDict()
+    # seed: the SFT init, every trainer's data order and every sampling stream (the seeds study varies it:
+    # configs/synthetic/seeds.py); world_seed: the world, its questions and the teacher's episodes (kept fixed)
     c.seed = 0
+    c.world_seed = 0
     # Train questions kept out of SFT (the first N of the seeded train order): the supervision, outcome, GRPO and
     # findings stages sample from them, so process rewards and RL see questions the policy did not memorize in SFT.
     # With 0 (every stage on SFT-trained questions, the demo before 2026-11-23) the SFT policy answered 60 % of its
@@ -42,7 +45,7 @@ def get_config(preset: str = "demo"):
     # from sibling questions (world.unseen_pool); not yet measured in the demo
     c.unseen_by_anchor = False
     c.stages = ["world", "index", "teacher", "tokenizer", "sft", "supervision", "dpo", "critic",
-                "outcome", "grpo", "agreement", "bestofn", "eval", "report"]
+                "outcome", "grpo", "grpo_f1_penalty", "agreement", "bestofn", "eval", "report"]
 
     # Many entities, so the policy cannot memorize the world and has to learn to read and copy (held-out names).
     c.world = dict(fn=f"{P}.world:world_stage", n_countries=40, n_cities=300, n_persons=2000, n_films=1000,
@@ -89,7 +92,10 @@ def get_config(preset: str = "demo"):
                                    optimizer=dict(lr=1e-4, warmup_steps=20, min_lr_ratio=0.1)))
     c.grpo = grpo_section(c)
     c.agreement = dict(fn=f"{P}.analysis:agreement_stage", records="supervision", critic="critic", agent="react")
-    c.bestofn = dict(fn=f"{P}.analysis:bestofn_stage", policy="sft", critic="critic", agent="react", ns=(1, 4),
+    # N = 1, 2, 4, 8: accuracy vs N on a linear axis. Candidates sampled per step grow from 9 (N = 1, 4) to 29; the
+    # time less than that (a step's candidates share one prompt prefill): bestofn's and grpo_f1_penalty's seconds
+    # below are estimates (scaled from bestofn at N = 1, 4 and from grpo), not yet measured
+    c.bestofn = dict(fn=f"{P}.analysis:bestofn_stage", policy="sft", critic="critic", agent="react", ns=(1, 2, 4, 8),
                      split="test", max_questions=100, temperature=0.5, **rollout_common)  # T: dev split
     c.eval = dict(
         fn=f"{P}.evaluate:eval_stage", splits=("test", "heldout"), max_questions=200, max_steps=8, max_new_tokens=40,
@@ -103,17 +109,35 @@ def get_config(preset: str = "demo"):
             dict(name="sft_critic_bo4", agent="react", model="sft", critic="critic", n=4, temperature=0.5),
             dict(name="dpo_critic_bo4", agent="react", model="dpo", critic="critic", n=4, temperature=0.5),
             dict(name="grpo", agent="react", model="grpo"),
+            dict(name="grpo_f1_penalty", agent="react", model="grpo_f1_penalty"),
         ],
     )
     c.report = dict(fn=f"{P}.report:report_stage")
     # A reference run's wall seconds per stage (2 cores, alone on the machine): the run's stage headers scale them by
     # this machine's pace into a time estimate. Neutral: they change no output (settings.NEUTRAL).
     c.expected_seconds = dict(world=5, index=5, teacher=5, tokenizer=5, sft=330, supervision=45, dpo=72, critic=57,
-                              outcome=130, grpo=115, agreement=5, bestofn=43, eval=111, report=5)
+                              outcome=130, grpo=115, grpo_f1_penalty=115, agreement=5, bestofn=95, eval=125, report=5)
     c = ml_collections.ConfigDict(c)
     if preset == "tiny":
         apply_tiny(c)
+    c.grpo_f1_penalty = f1_penalty_section(c)
+    for s in ("sft", "dpo", "critic", "outcome", "grpo", "grpo_f1_penalty"):  # data order follows `seed`
+        c[s].train.seed = c.get_ref("seed")
     return c
+
+
+def f1_penalty_section(c) -> ml_collections.ConfigDict:
+    """The strong outcome baseline (Search-R1++): the `grpo` stage with reward F1 - 0.05 x searches, floored at 0,
+    instead of EM; the same steps x questions x G (the same sampled budget), temperature, KL and lr as `grpo`.
+
+    Search-R1++ trains with REINFORCE; here the RL stage's GRPO (group-normalized advantages) keeps the comparison
+    with `grpo` to the reward alone. 0.05 per search: a right 3-hop answer found in 3 searches still earns 0.85."""
+    g = grpo_section(c)
+    g.reward = "f1_search_penalty(0.05)"
+    g.rl.update({k: v for k, v in c.grpo.rl.to_dict().items() if k not in ("k", "seed")})
+    g.train.optimizer.lr = c.grpo.train.optimizer.lr
+    g.train.progress = c.grpo.train.progress
+    return g
 
 
 def grpo_section(c) -> ml_collections.ConfigDict:

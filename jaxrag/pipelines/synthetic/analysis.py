@@ -4,7 +4,8 @@ PRM-guided best-of-N (RAG-Gym Fig. 4 analogue).
 agreement: config[name].records (the supervision stage: its agreement/records_<source>.jsonl on dev states),
 critic (the critic stage, which scores the same states). Pairwise ranking agreement of every source with the oracle.
 bestofn: config[name].policy, critic, agent, ns (candidates per step), split, max_questions, temperature. For each N,
-the critic's argmax vs the first valid sample (no critic) at the same N. Outputs: bestofn.json, bestofn.png.
+the critic's argmax vs the first valid sample (no critic) at the same N. Outputs: bestofn.json, bestofn.png and
+episodes_n<N>_<selector>.jsonl (per question, for paired comparisons: jaxrag.pipelines.synthetic.seeds).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def agreement_stage(config, workdir, name) -> None:
 
 def bestofn_stage(config, workdir, name) -> None:
     from jaxrag.env.agents import get_agent
+    from jaxrag.env.mdp import write_episodes
     from jaxrag.env.rollout import rollout
     from jaxrag.pipelines.synthetic.evaluate import rollout_config, score_episodes, stratified
     from jaxrag.pipelines.synthetic.preference import critic_select
@@ -55,6 +57,7 @@ def bestofn_stage(config, workdir, name) -> None:
     select = critic_select(workdir, s.critic, tok, agent, config.get("sampler"))
     qs = stratified(load_questions(workdir, s.split), s.max_questions)
     qmap = {q["id"]: q for q in qs}
+    out = stage_dir(workdir, name)
     rows = []
     for n in s.ns:
         rc = dataclasses.replace(rollout_config(config, s), n_candidates=n, temperature=s.temperature if n > 1 else 0.0)
@@ -63,25 +66,31 @@ def bestofn_stage(config, workdir, name) -> None:
                 continue  # the same greedy run as the critic's N = 1
             eps = rollout(policy, retriever, agent, qs, dataclasses.replace(rc, progress=True),
                           select=select if selector == "critic" else None)
+            write_episodes(out / f"episodes_n{n}_{selector}.jsonl", eps)
             m = score_episodes(eps, qmap)["all"]
             rows.append({"n": n, "selector": selector, "em": m["em"], "f1": m["f1"], "n_questions": m["n"],
                          "searches_mean": m["searches_mean"]})
             log(name, f"N={n} {selector}: EM {num(m['em'])} ± {num(standard_error(m['em'], m['n']))} (n {m['n']})")
-    out = stage_dir(workdir, name)
     write_json(out / "bestofn.json", {"split": s.split, "temperature": s.temperature, "rows": rows})
     plot_bestofn(rows, out / "bestofn.png", s.split)
 
 
 def plot_bestofn(rows: list[dict], path, split: str) -> None:
-    from jaxrag.pipelines.synthetic.report import plt, save_figure
+    """EM vs N on a linear axis, the critic's pick and the first valid sample (N = 1: the one greedy run, shared),
+    with binomial SE bars over the split's questions (one seed)."""
+    from jaxrag.pipelines.synthetic.report import binomial_bars, plt, save_figure
 
     fig, ax = plt.subplots(figsize=(5.5, 4))
     greedy = [r for r in rows if r["n"] == 1]
-    for selector, label in (("critic", "critic argmax (PRM best-of-N)"), ("first_valid", "first valid sample")):
+    for i, (selector, label) in enumerate((("critic", "critic argmax (PRM best-of-N)"),
+                                           ("first_valid", "first valid sample"))):
         pts = sorted(greedy + [r for r in rows if r["selector"] == selector and r["n"] > 1], key=lambda r: r["n"])
-        ax.plot([r["n"] for r in pts], [r["em"] for r in pts], marker="o", label=label)
-    ax.set(xscale="log", xlabel="candidates per step (N)", ylabel="EM", title=f"best-of-N ({split})")
-    ax.set_xticks(sorted({r["n"] for r in rows}), [str(n) for n in sorted({r["n"] for r in rows})])
+        em = [r["em"] for r in pts]
+        ax.errorbar([r["n"] + (i - 0.5) * 0.08 for r in pts], em, marker="o", capsize=3, label=label,
+                    yerr=binomial_bars(em, [r["n_questions"] for r in pts]))
+    ns = sorted({r["n"] for r in rows})
+    ax.set(xlabel="candidates per step (N)", ylabel="EM (+/- binomial SE)", title=f"best-of-N ({split})")
+    ax.set_xticks(ns, [str(n) for n in ns])
     save_figure(fig, (ax,), path)
 
 

@@ -102,29 +102,42 @@ def write_csv(rows: list[dict], path: str) -> None:
         w.writerows(rows)
 
 
-def plot_training_curves(curves: dict[str, list[dict]], path: str) -> None:
-    """Left: training loss vs step; right: held-out teacher-forced share of sequences with all actions right."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+def binomial_bars(shares, ns):
+    """Binomial standard errors of shares measured on ns items (0 where n is unknown)."""
+    from jaxrag.evaluate import binomial_se
+
+    return [binomial_se(p, n) if n else 0.0 for p, n in zip(shares, ns)]
+
+
+def plot_training_curves(curves: dict[str, list[dict]], path: str, sizes: dict | None = None) -> None:
+    """Three panels: the supervised stages' training loss; their teacher-forced action-token accuracy on the eval
+    splits (what SFT learns: the share of action tokens predicted right), with the share of sequences whose every
+    action is right as a dashed line with binomial SE bars (n = sizes[stage]: the stage's eval_max_sequences); the
+    RL stages' mean reward per step (not their loss, which sits near 0 by construction of group-normalized
+    advantages), +/- reward/std / sqrt(n) with n = sizes[stage], the step's episodes (no bars where unknown)."""
+    sizes = sizes or {}
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4))
     for stage, rows in curves.items():
         tr = [r for r in rows if r.get("kind") == "train"]
+        if any("reward/mean" in r for r in rows):
+            rl = [r for r in rows if "reward/mean" in r]
+            k = sizes.get(stage, 0)
+            err = [r.get("reward/std", 0.0) / k ** 0.5 if k else 0.0 for r in rl]
+            c.errorbar([r["step"] for r in rl], [r["reward/mean"] for r in rl], yerr=err, marker="o", ms=3,
+                       capsize=2, label=stage)
+            continue
         a.plot([r["step"] for r in tr], [r["loss"] for r in tr], label=stage)
         for split in sorted({r["split"] for r in rows if r.get("kind") == "eval"}):
-            ev = [r for r in rows if r.get("kind") == "eval" and r["split"] == split and "all_actions_right" in r]
-            b.plot(
-                [r["step"] for r in ev],
-                [r["all_actions_right"] for r in ev],
-                marker="o",
-                ms=3,
-                label=f"{stage} / {split}",
-            )
-    a.set(xlabel="step", ylabel="loss", yscale="log", title="training loss")
-    b.set(
-        xlabel="step",
-        ylabel="share of trajectories",
-        ylim=(0, 1),
-        title="teacher-forced: every action token right",
-    )
-    save_figure(fig, (a, b), path, legend_size=7)
+            ev = [r for r in rows if r.get("kind") == "eval" and r["split"] == split and "action_token_acc" in r]
+            line, = b.plot([r["step"] for r in ev], [r["action_token_acc"] for r in ev], marker="o", ms=3,
+                           label=f"{stage} / {split}: action tokens")
+            right = [r["all_actions_right"] for r in ev]
+            b.errorbar([r["step"] for r in ev], right, yerr=binomial_bars(right, [sizes.get(stage, 0)] * len(ev)),
+                       ls="--", color=line.get_color(), capsize=2, label=f"{stage} / {split}: every action right")
+    a.set(xlabel="step", ylabel="loss", yscale="log", title="training loss (supervised stages)")
+    b.set(xlabel="step", ylabel="accuracy", ylim=(0, 1), title="teacher-forced accuracy on held-out sequences")
+    c.set(xlabel="step", ylabel="mean reward", title="RL: mean episode reward per step (+/- SE)")
+    save_figure(fig, (a, b, c), path, legend_size=6)
 
 
 def _type_order(t: str):
@@ -132,7 +145,8 @@ def _type_order(t: str):
 
 
 def plot_accuracy_by_hops(results: dict, path: str) -> None:
-    """EM per question type (1/2/3 hops, comparison), one panel per split, one bar group per type.
+    """EM per question type (1/2/3 hops, comparison), one panel per split, one bar group per type; the bars' error
+    bars are binomial SEs over the type's questions (one seed).
 
     Comparison questions also take two hops, but mixing them into the 2-hop bar would hide both numbers."""
     systems = list(results["systems"])
@@ -146,8 +160,10 @@ def plot_accuracy_by_hops(results: dict, path: str) -> None:
         )
         for i, sysname in enumerate(systems):
             by = results["systems"][sysname]["splits"].get(split, {}).get("by_type", {})
-            ax.bar([j + i * width for j in range(len(types))], [by.get(t, {}).get("em", 0.0) for t in types], width,
-                   label=sysname)
+            em = [by.get(t, {}).get("em", 0.0) for t in types]
+            ax.bar([j + i * width for j in range(len(types))], em, width, label=sysname,
+                   yerr=binomial_bars(em, [by.get(t, {}).get("n", 0) for t in types]), capsize=2,
+                   error_kw={"elinewidth": 0.8})
         labels = [t.replace("hop", " hop") for t in types]
         ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(types))], labels)
         ax.set(ylim=(0, 1), ylabel="EM", title=f"EM by hop count and type ({split})")
@@ -158,7 +174,8 @@ def plot_accuracy_by_hops(results: dict, path: str) -> None:
     plt.close(fig)
 
 
-def write_report(results: dict, curves: dict[str, list[dict]], out_dir: str, title: str = "Results") -> list[str]:
+def write_report(results: dict, curves: dict[str, list[dict]], out_dir: str, title: str = "Results",
+                 sizes: dict | None = None) -> list[str]:
     """results.md (the summary table, then every row), results.csv, training_curves.png, accuracy_by_hops.png under
     out_dir; returns the paths."""
     os.makedirs(out_dir, exist_ok=True)
@@ -173,9 +190,17 @@ def write_report(results: dict, curves: dict[str, list[dict]], out_dir: str, tit
             f"{summary_table(results)}\n\n## Every system x split x question type\n\n{markdown_table(rows)}\n"
         )
     write_csv(rows, paths[1])
-    plot_training_curves(curves, paths[2])
+    plot_training_curves(curves, paths[2], sizes)
     plot_accuracy_by_hops(results, paths[3])
     return paths
+
+
+def curve_size(section) -> int:
+    """How many items one point of a stage's curve averages: an RL stage's episodes per step, a supervised stage's
+    eval sequences (eval_max_sequences; 0 = unknown)."""
+    if "rl" in section:
+        return int(section.rl.questions_per_step) * int(section.rl.group_size)
+    return int(section.get("eval_max_sequences", 0) or 0)
 
 
 def report_stage(config, workdir, name) -> None:
@@ -194,9 +219,11 @@ def report_stage(config, workdir, name) -> None:
     for stage in config.stages:
         p = os.path.join(wd, stage, "metrics.jsonl")
         if os.path.exists(p) and stage != "eval":
-            curves[stage] = [r for _, r in iter_jsonl(p) if "loss" in r or r.get("kind") == "eval"]
+            curves[stage] = [r for _, r in iter_jsonl(p)
+                             if "loss" in r or "reward/mean" in r or r.get("kind") == "eval"]
     out = str(stage_dir(workdir, name))
-    files = write_report(results, curves, out, title=f"Synthetic multi-hop world (seed {config.seed})")
+    files = write_report(results, curves, out, title=f"Synthetic multi-hop world (seed {config.seed})",
+                         sizes={st: curve_size(config[st]) for st in curves})
     extra = []
     agreement = os.path.join(wd, "agreement", "agreement.md")
     if os.path.exists(agreement):
@@ -204,8 +231,9 @@ def report_stage(config, workdir, name) -> None:
     bestofn = os.path.join(wd, "bestofn", "bestofn.json")
     if os.path.exists(bestofn):
         b = read_json(bestofn)
-        lines = ["| N | selector | EM | F1 |", "|---|---|---|---|"]
-        lines += [f"| {r['n']} | {r['selector']} | {r['em']:.3f} | {r['f1']:.3f} |" for r in b["rows"]]
+        lines = ["| N | selector | EM +/- SE | F1 |", "|---|---|---|---|"]
+        lines += [f"| {r['n']} | {r['selector']} | {r['em']:.3f} +/- "
+                  f"{binomial_bars([r['em']], [r['n_questions']])[0]:.3f} | {r['f1']:.3f} |" for r in b["rows"]]
         extra.append(f"## PRM-guided best-of-N ({b['split']}, T = {b['temperature']})\n\n" + "\n".join(lines) + "\n")
         shutil.copy(os.path.join(wd, "bestofn", "bestofn.png"), os.path.join(out, "bestofn.png"))
         files.append(os.path.join(out, "bestofn.png"))

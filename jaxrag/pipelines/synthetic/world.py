@@ -109,12 +109,18 @@ def load_tokenizer(workdir):
 
 
 # ------------------------------------------------------------------------------------------------ stages
+def world_seed(config) -> int:
+    """The seed of the world, its questions and the teacher's episodes: config.world_seed, so a seeds study varies
+    `seed` (SFT init and data order, sampling) over one fixed world; configs without the key use `seed`."""
+    return int(config.get("world_seed", config.seed))
+
+
 def world_stage(config, workdir, name) -> None:
     s = config[name]
     w = generate_world(
-        config.seed, s.n_countries, s.n_cities, s.n_persons, s.n_films, s.n_companies, s.heldout_frac
+        world_seed(config), s.n_countries, s.n_cities, s.n_persons, s.n_films, s.n_companies, s.heldout_frac
     )
-    qs = Q.generate_questions(w, tuple(s.split_fractions), s.comparisons_per_anchor, config.seed)
+    qs = Q.generate_questions(w, tuple(s.split_fractions), s.comparisons_per_anchor, world_seed(config))
     paths = export.export_world(w, qs, str(Path(workdir) / "world"))
     counts = collections.Counter(f"{q['split']}/{q['metadata']['type']}" for q in qs)
     stats = {"passages": len(w.passages), "entities": len(w.entities), "questions": dict(sorted(counts.items())),
@@ -153,7 +159,7 @@ def teacher_stage(config, workdir, name) -> None:
     for split in s.splits:
         qs = load_questions(workdir, split)
         t0 = time.perf_counter()
-        trajs = T.run_teacher(qs, retriever, config.index.k, cfg, seed=config.seed, guess_pool=pool)
+        trajs = T.run_teacher(qs, retriever, config.index.k, cfg, seed=world_seed(config), guess_pool=pool)
         eps = [sft_data.teacher_episode(q, st, passages) for q, st in zip(qs, trajs)]
         write_episodes(out / f"episodes_{split}.jsonl", eps)
         flaws = collections.Counter(str(f) for e in eps for f in e.metadata["flaws"])

@@ -1,0 +1,234 @@
+"""The seeds study: the demo's systems over several seeds on one fixed world, reported as mean +/- SE over seeds and,
+for the comparisons the papers make, a paired bootstrap interval of the difference over questions and seeds.
+
+seed_runs_stage, config[name]: config (a pipeline config file with its preset, "path.py:preset"), seeds (the values
+of `seed`: the SFT init, every trainer's data order and every sampling stream; `world_seed` stays fixed), stages
+(the pipeline stages to run, empty = all), flags (more command-line flags for every seed's run, one string:
+"--config.world_seed=1 --config.eval.max_questions=400"). Each seed is an
+ordinary run of jaxrag.main in a subprocess (a stage never imports jaxrag.main) into <workdir>/seed_<s>/, so a
+finished seed is skipped stage by stage like any run, and one seed can be inspected or rerun on its own.
+Output: <workdir>/<name>/runs.json (per seed: the stages run, their wall seconds, the seed's total).
+
+seeds_study_stage, config[name]: runs (the seed_runs stage), eval (the per-seed eval stage), bestofn (the per-seed
+best-of-N stage, "" = none), comparisons (a list of {a, b, label}: system names of the eval stage, or
+"bo<N>_<selector>" for the best-of-N stage's runs, e.g. "bo4_critic", "bo4_first_valid", "bo1_critic"), n_boot,
+level. Outputs under <workdir>/<name>/: results.md, results.json, seeds.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from jaxrag.pipelines.common import config_fail, log, stage_dir, write_json
+from jaxrag.pipelines.synthetic.report import plt, save_figure
+
+
+def seed_dir(workdir, seed: int) -> Path:
+    return Path(workdir) / f"seed_{seed}"
+
+
+def seed_command(s, seed: int, workdir) -> list[str]:
+    """The jaxrag.main command line of one seed's run."""
+    cmd = [sys.executable, "-m", "jaxrag.main", f"--config={s.config}", f"--workdir={seed_dir(workdir, seed)}",
+           f"--config.seed={seed}"]
+    cmd += shlex.split(s.get("flags") or "")
+    if s.get("stages"):
+        cmd.append("--stages=" + ",".join(s.stages))
+    return cmd
+
+
+def seed_runs_stage(config, workdir, name) -> None:
+    import jaxrag
+    from jaxrag.workdir import read_done
+
+    s = config[name]
+    root = Path(jaxrag.__file__).resolve().parents[1]  # run the same jaxrag as this process
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    runs = []
+    for seed in s.seeds:
+        cmd = seed_command(s, seed, workdir)
+        log(name, f"seed {seed}: {' '.join(cmd[1:])}")
+        t0 = time.perf_counter()
+        rc = subprocess.run(cmd, cwd=root, env=env).returncode
+        wall = round(time.perf_counter() - t0, 1)
+        if rc != 0:
+            raise RuntimeError(f"{name}: seed {seed}'s run failed (exit {rc}); its log: "
+                               f"{seed_dir(workdir, seed) / 'log.txt'} (rerun this study to resume it)")
+        done = {p.parent.name: read_done(p) or {} for p in sorted(seed_dir(workdir, seed).glob("*/DONE"))
+                if not s.get("stages") or p.parent.name in s.stages}  # the planned stages only
+        stage_seconds = {k: v.get("seconds") for k, v in done.items()}
+        runs.append({"seed": seed, "workdir": str(seed_dir(workdir, seed)), "wall_seconds": wall,
+                     "stage_seconds": stage_seconds,
+                     "stage_seconds_total": round(sum(v for v in stage_seconds.values() if v), 1)})
+        log(name, f"seed {seed}: {wall:.0f} s here; its stages took {runs[-1]['stage_seconds_total']:.0f} s")
+    write_json(stage_dir(workdir, name) / "runs.json", {"config": s.config, "runs": runs})
+
+
+def check_seed_runs(config, name: str) -> None:
+    s = config[name]
+    seeds = list(s.seeds)
+    if len(seeds) < 2:
+        config_fail(f"{name}.seeds", f"{seeds}: a spread over seeds needs at least 2 (3 or more to read it)")
+    if len(set(seeds)) != len(seeds):
+        config_fail(f"{name}.seeds", f"{seeds} repeats a seed")
+    path = str(s.config).split(":")[0]
+    if not Path(path).exists():
+        config_fail(f"{name}.config", f"{path}: no such config file")
+
+
+seed_runs_stage.check_config = check_seed_runs
+
+
+# ------------------------------------------------------------------------------------------------ the study
+def per_question_scores(path: Path) -> dict[str, tuple[float, float]]:
+    """qid -> (EM, F1) of every episode in an episodes JSONL."""
+    from jaxrag.env.mdp import read_episodes
+    from jaxrag.metrics import exact_match, f1_score
+
+    return {ep.qid: (float(exact_match(ep.answer, ep.gold)), float(f1_score(ep.answer, ep.gold)))
+            for ep in read_episodes(path)}
+
+
+def seed_scores(run_dir: Path, eval_stage: str, bestofn_stage: str) -> dict[tuple[str, str], dict]:
+    """(system, split) -> {qid: (EM, F1)} of one seed's run: the eval stage's systems and, as "bo<N>_<selector>",
+    the best-of-N stage's runs."""
+    out = {}
+    results = json.loads((run_dir / eval_stage / "results.json").read_text())
+    for system, r in results["systems"].items():
+        for split in r["splits"]:
+            out[(system, split)] = per_question_scores(run_dir / eval_stage / f"episodes_{system}_{split}.jsonl")
+    if bestofn_stage:
+        b = json.loads((run_dir / bestofn_stage / "bestofn.json").read_text())
+        for row in b["rows"]:
+            p = run_dir / bestofn_stage / f"episodes_n{row['n']}_{row['selector']}.jsonl"
+            if p.exists():
+                out[(f"bo{row['n']}_{row['selector']}", b["split"])] = per_question_scores(p)
+    return out
+
+
+def score_matrix(per_seed: list[dict], key: tuple[str, str], metric: int = 0) -> tuple[np.ndarray, list[str]]:
+    """[seeds, questions] of one (system, split), columns in one question order shared by every seed (the world is
+    fixed, so every seed evaluates the same questions; a mismatch is an error, not a silent subset)."""
+    qids = sorted(per_seed[0][key])
+    for i, scores in enumerate(per_seed):
+        if sorted(scores[key]) != qids:
+            raise ValueError(f"{key}: seed run {i} scored other questions than seed run 0 (is the world fixed? "
+                             "world_seed must be the same in every seed's run)")
+    return np.array([[scores[key][q][metric] for q in qids] for scores in per_seed]), qids
+
+
+def study(per_seed: list[dict], comparisons, n_boot: int, level: float) -> dict:
+    """The table (mean +/- SE over seeds of EM and F1, per system and split) and the comparisons' intervals."""
+    from jaxrag.evaluate import describe_difference, mean_se, paired_bootstrap
+
+    keys = [k for k in per_seed[0] if all(k in s for s in per_seed)]
+    table = []
+    for system, split in keys:
+        em, _ = score_matrix(per_seed, (system, split), 0)
+        f1, _ = score_matrix(per_seed, (system, split), 1)
+        em_mean, em_se = mean_se(em.mean(axis=1))
+        f1_mean, f1_se = mean_se(f1.mean(axis=1))
+        table.append({"system": system, "split": split, "n_questions": em.shape[1], "em_mean": em_mean,
+                      "em_se": em_se, "f1_mean": f1_mean, "f1_se": f1_se, "em_per_seed": em.mean(axis=1).tolist()})
+    diffs = []
+    splits = sorted({k[1] for k in keys}, key=lambda s: (s != "test", s))
+    for c in comparisons:
+        for split in splits:
+            if (c["a"], split) not in keys or (c["b"], split) not in keys:
+                continue
+            a, qa = score_matrix(per_seed, (c["a"], split))
+            b, qb = score_matrix(per_seed, (c["b"], split))
+            if qa != qb:
+                raise ValueError(f"{c['a']} and {c['b']} ({split}) were scored on other questions: no pairing")
+            r = paired_bootstrap(a, b, n_boot=n_boot, level=level)
+            diffs.append({**r, "a": c["a"], "b": c["b"], "label": c["label"], "split": split,
+                          "text": describe_difference(c["a"], c["b"], r)})
+    return {"seeds": len(per_seed), "table": table, "comparisons": diffs}
+
+
+def markdown(res: dict, runs: list[dict], level: float) -> str:
+    seeds = [r["seed"] for r in runs]
+    lines = [f"# Seeds study: {len(seeds)} seeds ({', '.join(map(str, seeds))}), one world", "",
+             "Each seed is a full run of the pipeline (SFT init and data order, every sampling stream); the world, its "
+             "questions and the teacher's episodes are the same in all. Mean over seeds +/- the standard error of "
+             "that mean (sample SD / sqrt(seeds)); per seed, the share of the split's questions answered exactly.",
+             "", "## Per system and split", "",
+             "| system | split | questions | EM mean +/- SE | F1 mean +/- SE | EM per seed |",
+             "|---|---|---|---|---|---|"]
+    for r in res["table"]:
+        lines.append(f"| {r['system']} | {r['split']} | {r['n_questions']} | {r['em_mean']:.3f} +/- {r['em_se']:.3f} "
+                     f"| {r['f1_mean']:.3f} +/- {r['f1_se']:.3f} | "
+                     + ", ".join(f"{v:.3f}" for v in r["em_per_seed"]) + " |")
+    lines += ["", f"## Paired differences (EM, {level:.0%} paired bootstrap over seeds and questions)", "",
+              "A difference is claimed only where the interval excludes 0 (jaxrag.evaluate.describe_difference).", "",
+              "| comparison | split | a - b [interval] | reading |", "|---|---|---|---|"]
+    for d in res["comparisons"]:
+        lines.append(f"| {d['label']} | {d['split']} | {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] | "
+                     f"{d['text']} |")
+    lines += ["", "## Runtime", "", "| seed | wall s (this study) | stage s (sum of DONE records) |", "|---|---|---|"]
+    lines += [f"| {r['seed']} | {r['wall_seconds']:.0f} | {r['stage_seconds_total']:.0f} |" for r in runs]
+    return "\n".join(lines) + "\n"
+
+
+def plot(res: dict, path) -> None:
+    """Left: EM mean +/- SE over seeds per system, one bar group per split; right: each comparison's difference
+    with its interval (0 marked)."""
+    table = [r for r in res["table"] if not r["system"].startswith("bo")]
+    systems = list(dict.fromkeys(r["system"] for r in table))
+    splits = list(dict.fromkeys(r["split"] for r in table))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [1.2, 1]})
+    width = 0.8 / max(1, len(splits))
+    for i, split in enumerate(splits):
+        rows = {r["system"]: r for r in table if r["split"] == split}
+        xs = [j + i * width for j, s in enumerate(systems) if s in rows]
+        a.bar(xs, [rows[s]["em_mean"] for s in systems if s in rows], width,
+              yerr=[np.nan_to_num(rows[s]["em_se"]) for s in systems if s in rows], capsize=3, label=split)
+    a.set_xticks([j + width * (len(splits) - 1) / 2 for j in range(len(systems))], systems, rotation=30, ha="right")
+    a.set(ylabel="EM", ylim=(0, 1), title=f"EM, mean +/- SE over {res['seeds']} seeds")
+    comps = res["comparisons"]
+    ys = list(range(len(comps)))[::-1]
+    for y, d in zip(ys, comps):
+        b.errorbar([d["diff"]], [y], xerr=[[d["diff"] - d["lo"]], [d["hi"] - d["diff"]]], fmt="o", capsize=3,
+                   color="C0" if d["lo"] <= 0 <= d["hi"] else "C3")
+    b.axvline(0, color="k", lw=0.8)
+    b.set_yticks(ys, [f"{d['a']} - {d['b']} ({d['split']})" for d in comps], fontsize=7)
+    b.set(xlabel="EM difference", title="paired differences, bootstrap interval")
+    b.plot([], [], "o", color="C3", label="interval excludes 0")
+    b.plot([], [], "o", color="C0", label="no difference detectable")
+    save_figure(fig, (a, b), path)
+
+
+def seeds_study_stage(config, workdir, name) -> None:
+    s = config[name]
+    runs = json.loads((Path(workdir) / s.runs / "runs.json").read_text())["runs"]
+    per_seed = [seed_scores(Path(r["workdir"]), s.eval, s.get("bestofn", "")) for r in runs]
+    res = study(per_seed, [dict(c) for c in s.comparisons], int(s.n_boot), float(s.level))
+    res["runs"] = runs
+    out = stage_dir(workdir, name)
+    write_json(out / "results.json", res)
+    (out / "results.md").write_text(markdown(res, runs, float(s.level)))
+    plot(res, out / "seeds.png")
+    for d in res["comparisons"]:
+        log(name, f"{d['label']} ({d['split']}): {d['text']}")
+
+
+def check_study(config, name: str) -> None:
+    s = config[name]
+    if s.runs not in config.stages or config.stages.index(s.runs) >= config.stages.index(name):
+        config_fail(f"{name}.runs", f"{s.runs!r} is not a stage before {name!r}")
+    for i, c in enumerate(s.comparisons):
+        if set(c) != {"a", "b", "label"}:
+            config_fail(f"{name}.comparisons[{i}]", f"{dict(c)}: needs exactly a, b, label")
+    if not 0 < float(s.level) < 1:
+        config_fail(f"{name}.level", f"{s.level}: a coverage in (0, 1)")
+
+
+seeds_study_stage.check_config = check_study
