@@ -83,6 +83,21 @@ SCRIPT = textwrap.dedent('''
     out["collectives_tp"] = collectives(ptp, tp_mesh)
     out["cache_dims"] = [cfg.n_kv_heads, S, cfg.head_dim]
 
+    # the continuous slot pool: 8 slots (one a device), 10 requests through them, T > 0
+    from jaxrag.continuous import SlotPool
+    from jaxrag.models import unstack_layers
+    def drain(p):
+        pool = SlotPool(cfg, p, 8, 40, hot, jax.random.PRNGKey(3), chunk=4)
+        for i in range(10):
+            pool.submit(i, prompts[i % 5] + [i + 1], (i, 0))
+        got, shard_rows = {}, set()
+        while pool.busy:
+            got.update({f.rid: [f.tokens, f.logprobs] for f in pool.step()})
+            shard_rows |= {s.data.shape[0] for s in pool.cache["k"][0].addressable_shards}
+        return [got[i] for i in range(10)], sorted(shard_rows)
+    out["pool/one"], _ = drain(params)
+    out["pool/rows8"], out["pool_shard_rows"] = drain(unstack_layers(p8))
+
     # the memory check: weights that fit nowhere; a cache over the budget, refused before compiling
     try:
         G.place_for_decode(cfg, params, tp_mesh, budget_bytes=whole // 4)
@@ -119,6 +134,13 @@ def test_sharded_sample_equals_one_device(runs, case, mesh):
     assert got["tokens"] == one["tokens"] and got["lengths"] == one["lengths"]
     assert np.asarray(one["lengths"]).min() > 0
     np.testing.assert_allclose(got["logprobs"], one["logprobs"], rtol=1e-5, atol=1e-5)
+
+
+def test_slot_pool_split_over_devices_equals_one_device(runs):
+    assert runs["pool_shard_rows"] == [1]   # 8 slots over 8 devices
+    for (t1, l1), (t8, l8) in zip(runs["pool/one"], runs["pool/rows8"]):
+        assert t8 == t1 and len(t1) > 0
+        np.testing.assert_allclose(l8, l1, rtol=1e-5, atol=1e-5)
 
 
 def test_layouts_chosen(runs):
