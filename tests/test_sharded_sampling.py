@@ -98,6 +98,18 @@ SCRIPT = textwrap.dedent('''
     out["pool/one"], _ = drain(params)
     out["pool/rows8"], out["pool_shard_rows"] = drain(unstack_layers(p8))
 
+    # the session pool: two turns of 4 sessions x 2 candidates, the second continuing the first's branches
+    from jaxrag.kv_sessions import SessionPool, sample_sessions
+    def sessions(p):
+        pool, ps, turns = SessionPool(cfg, 8, 64), [list(q) for q in prompts[:4]], []
+        for turn in range(2):
+            c = sample_sessions(cfg, p, pool, list(range(4)), ps, hot, jax.random.PRNGKey(turn), n=2)
+            turns.append([c.tokens.tolist(), c.logprobs.tolist()])
+            ps = [ps[i] + c.row(2 * i)[0] + [5, 6] for i in range(4)]
+        return turns, pool.stats["reused"]
+    out["sessions/one"], _ = sessions(params)
+    out["sessions/rows8"], out["sessions_reused"] = sessions(unstack_layers(p8))
+
     # the memory check: weights that fit nowhere; a cache over the budget, refused before compiling
     try:
         G.place_for_decode(cfg, params, tp_mesh, budget_bytes=whole // 4)
@@ -140,6 +152,13 @@ def test_slot_pool_split_over_devices_equals_one_device(runs):
     assert runs["pool_shard_rows"] == [1]   # 8 slots over 8 devices
     for (t1, l1), (t8, l8) in zip(runs["pool/one"], runs["pool/rows8"]):
         assert t8 == t1 and len(t1) > 0
+        np.testing.assert_allclose(l8, l1, rtol=1e-5, atol=1e-5)
+
+
+def test_session_pool_decode_split_over_devices_equals_one_device(runs):
+    assert runs["sessions_reused"] == 4   # the second turn continued every session's branch
+    for (t1, l1), (t8, l8) in zip(runs["sessions/one"], runs["sessions/rows8"]):
+        assert t8 == t1
         np.testing.assert_allclose(l8, l1, rtol=1e-5, atol=1e-5)
 
 
