@@ -14,6 +14,11 @@ rows form equal groups (N samples of distinct prompts), they do not even copy it
 prompt's keys/values once and every step reads them once per group (cascade attention, `cascade_cache`), so the
 decode's cache reads and memory shrink about N-fold for long prompts.
 
+Many devices: where the params live on a mesh (or `sample(layout=...)` names one), the prefill and decode rows are
+padded to a multiple of data x fsdp and split over it, each device holding and decoding its rows of the KV cache;
+the weights keep the layout `place_for_decode` chose (whole on every device, or over the tensor axis), and a call
+whose weights + cache exceed a device's budget is refused before compiling (docs/scale.md).
+
 Returned per row: generated ids (including the stop token / the tokens that complete a stop string), the
 log-prob of each generated token under the sampling distribution before truncation, log_softmax(logits / T) at the
 sampling temperature T (T = 1 values when greedy; top-k / top-p are not applied to the recorded value: what the
