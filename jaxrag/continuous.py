@@ -107,7 +107,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrag.generate import (SamplingParams, _decode_chunk, _first_stop, _prefill, bucket, finish_row,
-                             left_pad, on_params_mesh, stop_ids_of)
+                             left_pad, on_params_mesh, params_mesh, stop_ids_of)
 from jaxrag.kv_sessions import MIN_SHARED, fine_bucket, shared_prefix, take_slots
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import forward_cached_hidden, init_cache, logits_from_hidden
@@ -933,10 +933,10 @@ class SlotPool:
         if self.refill:   # counted in groups: a group's slots serve a new prompt only once all of them are free
             units, busy = self.slots // self.group, len({b // self.group for b in held})
             self.state["exit_done"] = jnp.asarray(min(units, units - busy + self.refill), jnp.int32)
-        self.cache, self.state, self.stop_ids, self.keys = on_params_mesh(
-            self.params, (self.cache, self.state, self.stop_ids, self.keys))
+        (self.cache, self.state, self.keys), self.stop_ids = on_params_mesh(
+            self.params, (self.cache, self.state, self.keys), self.stop_ids)
         self.cache, self.state = _decode_chunk(self.cfg, self.sp, self.chunk, self.params, self.cache, self.state,
-                                               self.stop_ids, self.keys)
+                                               self.stop_ids, self.keys, mesh=params_mesh(self.params))
         self.timing["decode_s"] += time.perf_counter() - t0
         self.launched = True
         return True

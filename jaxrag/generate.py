@@ -14,6 +14,11 @@ rows form equal groups (N samples of distinct prompts), they do not even copy it
 prompt's keys/values once and every step reads them once per group (cascade attention, `cascade_cache`), so the
 decode's cache reads and memory shrink about N-fold for long prompts.
 
+Many devices: where the params live on a mesh (or `sample(layout=...)` names one), the prefill and decode rows are
+padded to a multiple of data x fsdp and split over it, each device holding and decoding its rows of the KV cache;
+the weights keep the layout `place_for_decode` chose (whole on every device, or over the tensor axis), and a call
+whose weights + cache exceed a device's budget is refused before compiling (docs/scale.md).
+
 Returned per row: generated ids (including the stop token / the tokens that complete a stop string), the
 log-prob of each generated token under the sampling distribution before truncation, log_softmax(logits / T) at the
 sampling temperature T (T = 1 values when greedy; top-k / top-p are not applied to the recorded value: what the
@@ -31,8 +36,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxrag import sharding as shd
 from jaxrag.models.config import ModelConfig
-from jaxrag.models.transformer import Params, forward_cached, init_cache, prefill
+from jaxrag.models.transformer import Params, forward_cached, init_cache, param_logical_axes, prefill
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,19 +137,20 @@ _prefill = jax.jit(prefill, static_argnums=(0,), donate_argnums=(5,))  # -> (las
 _fork = jax.jit(fork)
 
 
-def cascade_cache(cfg: ModelConfig, prefix: dict, logits, position, m: int, n_new: int):
+def cascade_cache(cfg: ModelConfig, prefix: dict, logits, position, m: int, n_new: int, *, mesh: Mesh | None = None):
     """Fork without copying the prefix (cascade attention): the U prefilled prompts of `prefix` (a cache after
     `prefill`, rows [0, U) of logits [U',V] and position [U'] used) each continue in m decode rows, rows
     [u*m, (u+1)*m) prompt u. The decode cache holds every row's own n_new empty slots plus the prompts' keys/values
     once, as its "prefix" (forward_cached attends to both): a decode step reads a prompt once per group instead of
     once per row, and the cache is U*P + U*m*n_new slots instead of U*m*(P + n_new). Returns (logits [U*m,V],
     position [U*m], cache). `prefix` is consumed: where all its rows are used its buffers become the decode cache's
-    prefix as they are (donated, not copied)."""
+    prefix as they are (donated, not copied). mesh: rows (and the prefix's U rows) split over its data x fsdp where
+    they divide, each device holding whole groups and their prompts."""
     U = logits.shape[0]
     shared = {key: prefix[key] for key in ("k", "v", "valid")}
     if prefix["valid"].shape[0] != U:   # fewer prompts than the prefill's padded rows: their first U, a copy
         shared = _first_rows(shared, U)
-    return _cascade_cache(cfg, shared, logits, position, m, n_new)
+    return _cascade_cache(cfg, shared, logits, position, m, n_new, mesh)
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -149,11 +158,11 @@ def _first_rows(tree, n: int):
     return jax.tree.map(lambda a: a[:n], tree)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5), donate_argnums=(1,))
-def _cascade_cache(cfg: ModelConfig, shared: dict, logits, position, m: int, n_new: int):
+@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6), donate_argnums=(1,))
+def _cascade_cache(cfg: ModelConfig, shared: dict, logits, position, m: int, n_new: int, mesh: Mesh | None):
     rows = lambda a: jnp.repeat(a, m, axis=0)
     own = init_cache(cfg, logits.shape[0] * m, n_new, shared["k"][0].dtype)
-    return rows(logits), rows(position), dict(own, prefix=shared)
+    return _constrain_rows((rows(logits), rows(position), dict(own, prefix=shared)), mesh)
 
 
 def cascade_groups(prefix_of: Sequence[int], n: int) -> int:
@@ -166,25 +175,101 @@ def cascade_groups(prefix_of: Sequence[int], n: int) -> int:
     return c * n
 
 
-def on_params_mesh(params, tree):
-    """`tree`'s arrays committed like the decode chunk's own outputs, so that every chunk of a decode (the first one
-    fed freshly made arrays, the later ones the previous chunk's outputs) runs one compiled program. Only where the
-    params live on a mesh (the RL trainer's arrays): an uncommitted array, or a fully replicated one under an
-    equivalent spec (P() and P(None, None) hash apart in jit's cache), is put on NamedSharding(mesh, P()), which
-    moves no data; arrays sharded over devices are left as they are. Without it every shape the RL sampler decodes
-    past one chunk compiled twice (the demo's grpo stage: 17 decode compiles for 9 shapes)."""
-    mesh = next((x.sharding.mesh for x in jax.tree.leaves(params)
-                 if isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)), None)
+def params_mesh(params) -> Mesh | None:
+    """The mesh the params live on (the RL trainer's arrays, a policy's decode layout), None for plain arrays."""
+    return next((x.sharding.mesh for x in jax.tree.leaves(params)
+                 if isinstance(getattr(x, "sharding", None), NamedSharding)), None)
+
+
+def _rows_sharding(mesh: Mesh, a) -> NamedSharding:
+    """A decode array's place: batch-major arrays whose rows divide over data x fsdp split their rows there (each
+    device holds and decodes its B/n rows), and a KV cache's keys/values [B,K,S,Dh] their K heads over the tensor
+    axis too (where the weights split wk/wv's heads, each device writes and reads its own heads: nothing gathered);
+    scalars, and arrays whose leading dimension does not divide (a slot pool of an odd size), whole on every
+    device."""
+    n, tensor = mesh.shape["data"] * mesh.shape["fsdp"], mesh.shape["tensor"]
+    if not np.ndim(a) or np.shape(a)[0] % n:
+        return NamedSharding(mesh, P())
+    if tensor > 1 and np.ndim(a) == 4 and np.shape(a)[1] % tensor == 0:   # keys/values [B,K,S,Dh]: heads as wk's
+        return NamedSharding(mesh, P(shd.BATCH_AXES, "tensor", None, None))
+    return NamedSharding(mesh, shd.rows_spec(np.ndim(a)))
+
+
+def _constrain_rows(tree, mesh: Mesh | None):
+    """Inside jit: pin every leaf of a decode's batch-major tree to `_rows_sharding` (its rows stay on their
+    device through the loop; nothing is gathered)."""
     if mesh is None:
         return tree
-    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, _rows_sharding(mesh, a)), tree)
 
-    def put(a):
-        if isinstance(a, jax.Array) and (not a.committed or a.sharding.is_fully_replicated):
-            return jax.device_put(a, rep)
-        return a
 
-    return jax.tree.map(put, tree)
+def on_params_mesh(params, tree, whole=(), mesh: Mesh | None = None):
+    """`tree` (batch-major decode arrays: cache, sampler state, row keys) placed as the decode chunk's own outputs
+    are, and `whole` (stop ids) replicated, on `mesh` (default: the params' mesh), so that every chunk of a decode
+    (the first one fed freshly made arrays, the later ones the previous chunk's outputs) runs one compiled program.
+    Rows split over data x fsdp (`_rows_sharding`); a fully replicated array under an equivalent spec (P() and
+    P(None, None) hash apart in jit's cache) is re-put, which moves no data. Without a mesh the trees pass as they
+    are. Returns (tree, whole)."""
+    mesh = mesh if mesh is not None else params_mesh(params)
+    if mesh is None:
+        return tree, whole
+
+    def put(a, sharding):
+        if isinstance(a, jax.Array) and a.committed and a.sharding == sharding:
+            return a
+        return jax.device_put(a, sharding)
+
+    rep = NamedSharding(mesh, P())
+    return (jax.tree.map(lambda a: put(a, _rows_sharding(mesh, a)), tree),
+            jax.tree.map(lambda a: put(a, rep), whole))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _zeros_cache(cfg: ModelConfig, batch: int, slots: int, mesh: Mesh | None):
+    """An empty KV cache made where its rows belong (on a mesh: each device allocates only its rows)."""
+    return _constrain_rows(init_cache(cfg, batch, slots), mesh)
+
+
+def _put_rows(mesh: Mesh | None, tree):
+    """Host batch arrays -> device arrays, rows split over the mesh's data x fsdp (no mesh: default device)."""
+    if mesh is None:
+        return jax.tree.map(jnp.asarray, tree)
+    return jax.tree.map(lambda a: jax.device_put(a, _rows_sharding(mesh, a)), tree)
+
+
+def cache_bytes(cfg: ModelConfig, rows: int, slots: int, dtype=None) -> int:
+    """Bytes of a KV cache of `rows` x `slots` (keys, values and the valid mask)."""
+    dt = jnp.dtype(dtype or cfg.cache_dtype or cfg.dtype)
+    return rows * slots * (2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * dt.itemsize + 1)
+
+
+def weights_bytes(params) -> int:
+    """Bytes of one device's shard of every weight (the params as placed)."""
+    total = 0
+    for a in jax.tree.leaves(params):
+        shape = a.sharding.shard_shape(a.shape) if isinstance(a, jax.Array) else np.shape(a)
+        total += int(np.prod(shape)) * np.dtype(a.dtype).itemsize
+    return total
+
+
+def decode_layout(params, mesh: Mesh | None = None, budget_bytes: int | None = None) -> shd.DecodeLayout | None:
+    """The layout a decode of `params` runs under: `mesh` (default: the params' own) with the weights as placed;
+    None without a mesh (one device: nothing to split)."""
+    mesh = mesh if mesh is not None else params_mesh(params)
+    return None if mesh is None else shd.DecodeLayout(mesh, "as placed", budget_bytes)
+
+
+def place_for_decode(cfg: ModelConfig, params, mesh: Mesh | None = None, budget_bytes: int | None = None):
+    """Params (stacked layers, any placement) -> (params in their decode layout, the layout), chosen once per
+    policy load / RL step: whole on every device where they fit (shd.choose_decode_layout), else split over the
+    tensor axis; a mesh whose devices cannot hold them is refused here, before anything compiles. No mesh given
+    and none on the params: (params, None)."""
+    mesh = mesh if mesh is not None else params_mesh(params)
+    if mesh is None:
+        return params, None
+    axes = param_logical_axes(cfg)
+    layout = shd.choose_decode_layout(mesh, params, axes, budget_bytes=budget_bytes)
+    return jax.device_put(params, layout.weight_shardings(params, axes)), layout
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -193,9 +278,11 @@ def row_keys(key: jax.Array, n_rows: int) -> jax.Array:
     return jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(n_rows))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4, 5))
-def _decode_chunk(cfg: ModelConfig, sp: SamplingParams, chunk: int, params, cache, state, stop_ids, keys):
+@functools.partial(jax.jit, static_argnums=(0, 1, 2), static_argnames=("mesh",), donate_argnums=(4, 5))
+def _decode_chunk(cfg: ModelConfig, sp: SamplingParams, chunk: int, params, cache, state, stop_ids, keys, *,
+                  mesh: Mesh | None = None):
     """Up to `chunk` decode steps for every row not done; stops early once all rows are done. keys [B,2].
+    mesh: the batch-major arrays' rows stay split over its data x fsdp through the loop (`_constrain_rows`).
 
     Each row runs its own step count: row b writes its next token at column lengths[b] and draws with
     fold_in(keys[b], lengths[b]), and is done at a stop id or once it holds max_new_tokens (the token buffer's
@@ -227,8 +314,14 @@ def _decode_chunk(cfg: ModelConfig, sp: SamplingParams, chunk: int, params, cach
         logp = jnp.take_along_axis(jax.nn.log_softmax(logits / t_logp, axis=-1), tok[:, None], axis=-1)[:, 0]
         live = ~st["done"]
         tok = jnp.where(live, tok, 0)
-        st["tokens"] = st["tokens"].at[rows, step].set(tok, mode="drop")
-        st["logprobs"] = st["logprobs"].at[rows, step].set(jnp.where(live, logp, 0.0), mode="drop")
+        logp = jnp.where(live, logp, 0.0)
+        if mesh is None:
+            st["tokens"] = st["tokens"].at[rows, step].set(tok, mode="drop")
+            st["logprobs"] = st["logprobs"].at[rows, step].set(logp, mode="drop")
+        else:   # the same write as a select: a row-split scatter would gather its indices and values every step
+            at = jnp.arange(n_max)[None] == step[:, None]
+            st["tokens"] = jnp.where(at, tok[:, None], st["tokens"])
+            st["logprobs"] = jnp.where(at, logp[:, None], st["logprobs"])
         st["lengths"] = step + live.astype(jnp.int32)
         hit_eos = live & jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
         st["stopped"] = st["stopped"] | hit_eos
@@ -238,9 +331,9 @@ def _decode_chunk(cfg: ModelConfig, sp: SamplingParams, chunk: int, params, cach
         st["position"] = st["position"] + 1
         st["t"] = st["t"] + 1
         st["cache"] = cache
-        return st
+        return _constrain_rows(st, mesh)
 
-    out = jax.lax.while_loop(cond, body, dict(state, cache=cache))
+    out = jax.lax.while_loop(cond, body, _constrain_rows(dict(state, cache=cache), mesh))
     cache = out.pop("cache")
     return cache, out
 
@@ -284,6 +377,7 @@ def sample(
     cascade: bool = True,
     min_rows: int = 1,
     min_prompt: int = 16,
+    layout: shd.DecodeLayout | None = None,
 ) -> Completions:
     """Generate n samples of each token-id prompt: rows i*n .. i*n+n-1 of the result are prompt i's.
 
@@ -294,7 +388,11 @@ def sample(
     (`cascade_cache`); False = fork by copying. Same tokens and log-probs to float rounding.
     min_rows / min_prompt: the fewest rows (decode and prefill) and prompt columns a batch is padded to (powers of
     two above them, the prompt capped at max_seq_len - max_new_tokens). Decode row r samples with fold_in(key, r)
-    either way. See the module docstring for what comes back."""
+    either way. layout (default: the params' mesh, weights as placed; `place_for_decode` chooses one): the
+    prefill and decode rows are padded to a multiple of data x fsdp and split over it, each device holding and
+    decoding its share of the KV cache (the same tokens as one device; log-probs to float rounding); weights + KV
+    cache per device over the layout's budget are refused before compiling. See the module docstring for what
+    comes back."""
     if n < 1:
         raise ValueError(f"sample: n={n}; need n >= 1")
     if not prompts:
@@ -306,7 +404,10 @@ def sample(
     B, N = len(prompts) * n, sp.max_new_tokens  # B: decode rows
     if min_rows < 1 or min_prompt < 1:
         raise ValueError(f"sample: min_rows={min_rows}, min_prompt={min_prompt}; both must be >= 1")
-    B_pad = bucket(B, min_rows)
+    layout = layout if layout is not None else decode_layout(params)
+    mesh = layout.mesh if layout is not None else None
+    pad = layout.pad if layout is not None else (lambda rows: rows)   # rows: a multiple of the devices they split over
+    B_pad = pad(bucket(B, min_rows))
     P = bucket(max(len(p) for p in prompts), min_prompt)
     if P + N > cfg.max_seq_len:
         P_max = cfg.max_seq_len - N
@@ -327,19 +428,25 @@ def sample(
         prefill_prompts = [p for p in prompts for _ in range(n)]
         rows = None
     t_prefill = time.perf_counter()
-    U, U_pad = len(prefill_prompts), bucket(len(prefill_prompts), min_rows)
+    U, U_pad = len(prefill_prompts), pad(bucket(len(prefill_prompts), min_rows))
+    U_dec = pad(bucket(U, -(-min_rows // m))) if m else 0   # cascade: decode rows U_dec * m >= min_rows
+    if layout is not None:
+        n_dev = layout.n_rows
+        need = cache_bytes(cfg, U_pad // n_dev, P if m else P + N)   # the prefill's cache
+        need += cache_bytes(cfg, U_dec * m // n_dev, N) if m else cache_bytes(cfg, B_pad // n_dev, P + N) * (rows is not None)
+        shd.check_decode_memory(layout, weights_bytes(params), need,
+                                f"sample of {B} rows ({B_pad // n_dev} per device) x {P} + {N} tokens")
     tokens, positions, valid = left_pad(prefill_prompts, U_pad, P)
-    cache = init_cache(cfg, U_pad, P if m else P + N)
-    logits, cache = _prefill(cfg, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache)
-    position = jnp.asarray(valid.sum(1), jnp.int32)
-    if m:   # decode rows U_dec * m >= min_rows, the prompts' cache shared by their groups
-        U_dec = bucket(U, -(-min_rows // m))
-        logits, position, cache = cascade_cache(cfg, cache, logits[:U_dec], position[:U_dec], m, N)
+    cache = _zeros_cache(cfg, U_pad, P if m else P + N, mesh)
+    logits, cache = _prefill(cfg, params, *_put_rows(mesh, (tokens, positions, valid)), cache)
+    position = _put_rows(mesh, valid.sum(1).astype(np.int32))
+    if m:   # the prompts' cache shared by their groups
+        logits, position, cache = cascade_cache(cfg, cache, logits[:U_dec], position[:U_dec], m, N, mesh=mesh)
     elif rows is not None:
-        logits, cache, position = _fork((logits, cache, position), rows)
+        logits, cache, position = _fork((logits, cache, position), _put_rows(mesh, rows))
     jax.block_until_ready(logits)  # the prefill / decode time split (a sync the decode loop would wait on anyway)
     t_decode = time.perf_counter()
-    completions, _ = decode(cfg, params, cache, logits, position, B, sp, key, stop_strings, tokenizer, chunk)
+    completions, _ = decode(cfg, params, cache, logits, position, B, sp, key, stop_strings, tokenizer, chunk, mesh=mesh)
     completions.prefill_tokens = U_pad * P
     completions.timing["prefill_s"] = t_decode - t_prefill
     completions.timing["decode_s"] = time.perf_counter() - t_decode
@@ -367,12 +474,15 @@ def stop_ids_of(cfg: ModelConfig, sp: SamplingParams, tokenizer=None) -> tuple[t
 
 
 def decode(cfg: ModelConfig, params: Params, cache, logits, position, n_rows: int, sp: SamplingParams, key: jax.Array,
-           stop_strings: Sequence[str] | None = None, tokenizer=None, chunk: int | None = None):
+           stop_strings: Sequence[str] | None = None, tokenizer=None, chunk: int | None = None, *,
+           mesh: Mesh | None = None):
     """The decode loop after a prefill: rows [0, n_rows) of the padded batch (`logits` [B_pad,V], `position` [B_pad],
     `cache` holding their prompts) sample up to sp.max_new_tokens each; decode row r draws with fold_in(key, r).
     Returns (Completions, the cache after decode: every generated token's keys/values written at slots
-    [index0, index0 + t), including tokens a host stop-string check later cut off)."""
+    [index0, index0 + t), including tokens a host stop-string check later cut off). mesh (default: the params'):
+    the rows are split over its data x fsdp where B_pad divides (`on_params_mesh`)."""
     B, B_pad, N = n_rows, logits.shape[0], sp.max_new_tokens
+    mesh = mesh if mesh is not None else params_mesh(params)
     true_eos, stop_ids = stop_ids_of(cfg, sp, tokenizer)
     key = row_keys(key, B_pad)
     state = {
@@ -391,9 +501,9 @@ def decode(cfg: ModelConfig, params: Params, cache, logits, position, n_rows: in
     checked = np.zeros(B_pad, np.int64)
     t = 0
     while True:
-        cache, state, stop_ids, key = on_params_mesh(params, (cache, state, stop_ids, key))
+        (cache, state, key), stop_ids = on_params_mesh(params, (cache, state, key), stop_ids, mesh)
         t_before = t
-        cache, state = _decode_chunk(cfg, sp, chunk, params, cache, state, stop_ids, key)
+        cache, state = _decode_chunk(cfg, sp, chunk, params, cache, state, stop_ids, key, mesh=mesh)
         t = int(state["t"])
         if t < min(t_before + chunk, N) and not bool(np.all(np.asarray(state["done"]))):
             raise ValueError(f"decode: the KV cache's {cache['valid'].shape[1]} slots are full after {t} of "

@@ -37,7 +37,7 @@ from typing import Protocol, Sequence
 import jax
 
 from jaxrag.continuous import SlotPool
-from jaxrag.generate import SamplingParams, sample
+from jaxrag.generate import SamplingParams, place_for_decode, sample
 from jaxrag.kv_sessions import MIN_SHARED, SessionPool, sample_sessions
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import unstack_layers
@@ -100,14 +100,21 @@ class JaxPolicy:
     sampling, stop strings; new params drop it) and a finished session's rows stay in it as cached rows, so a
     later request of any session forks from the cached row that shares the most of its ids (SlotPool's
     prefix_cache): MCTS rollouts from a node keep the prompt of the node's parent that earlier rollouts left.
-    min_rows / min_prompt: the sampler's shape floors (generate.sample): fewer compiled programs for small models."""
+    min_rows / min_prompt: the sampler's shape floors (generate.sample): fewer compiled programs for small models.
+    mesh / decode_budget_bytes: decode over a mesh (default: the one the params live on, e.g. the RL trainer's):
+    each params update (policy load, RL step) lays the weights out once for decoding (generate.place_for_decode:
+    whole on every device where they fit the budget, else split over the tensor axis) and `generate` splits its
+    rows over data x fsdp; the budget (bytes per device; default: what the device reports, none on CPU) is checked
+    before compiling."""
 
     def __init__(self, cfg: ModelConfig, params, tokenizer, *, top_k: int = 0, top_p: float = 1.0,
                  add_bos: bool = True, max_prompt_tokens: int | None = None, share_prefix: bool = True,
                  cascade: bool = True, unstack: bool = True, session_slots: int = 0,
                  session_tokens: int | None = None, pool_tokens: int | None = None, pool_sessions: bool = False,
-                 min_shared: int = MIN_SHARED, prefix_cache: bool = False, min_rows: int = 1, min_prompt: int = 16):
+                 min_shared: int = MIN_SHARED, prefix_cache: bool = False, min_rows: int = 1, min_prompt: int = 16,
+                 mesh=None, decode_budget_bytes: int | None = None):
         self.cfg, self.tokenizer, self.unstack = cfg, tokenizer, unstack
+        self.mesh, self.decode_budget_bytes, self.decode_layout = mesh, decode_budget_bytes, None
         self.min_rows, self.min_prompt = min_rows, min_prompt
         self.pool_tokens, self.pool_sessions = pool_tokens or cfg.max_seq_len, pool_sessions
         self.pool_stats = collections.Counter()   # the continuous pools' counters (SlotPool.stats), summed
@@ -139,6 +146,8 @@ class JaxPolicy:
         if getattr(self, "sessions", None) is not None:
             self.sessions.clear()   # cached keys/values belong to the old params
         self._pool = None
+        if value is not None:   # the decode layout, chosen once per params (a load, an RL step's sync)
+            value, self.decode_layout = place_for_decode(self.cfg, value, self.mesh, self.decode_budget_bytes)
         self._sample_params = unstack_layers(value) if self.unstack and value is not None else value
 
     def stop_token_ids(self, stop_strings) -> tuple[int, ...]:
@@ -248,8 +257,7 @@ class JaxPolicy:
         else:
             out = sample(self.cfg, self._sample_params, encoded, sp, key, stop_strings=stop_strings,
                          tokenizer=self.tokenizer, n=n, share_prefix=self.share_prefix, cascade=self.cascade,
-                         min_rows=self.min_rows,
-                         min_prompt=self.min_prompt)
+                         min_rows=self.min_rows, min_prompt=self.min_prompt, layout=self.decode_layout)
         self.prefill_tokens += out.prefill_tokens
         self.decode_slots += out.decode_slots
         self.decode_tokens += int(out.lengths.sum())

@@ -9,6 +9,7 @@ The same code runs on 1 CPU, 8 fake CPU devices and a TPU/GPU slice: only the me
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Mapping, Sequence
 
@@ -130,3 +131,97 @@ def abstract(tree: Any, shardings: Any | None = None) -> Any:
     if shardings is None:
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s), tree, shardings)
+
+
+# ------------------------------------------------------------------------------------------------ decode layout
+# Decoding splits the batch's rows over data x fsdp (each device holds and decodes B/n rows of the KV cache); the
+# weights are either whole on every device, or split over the tensor axis only (never over fsdp: an fsdp-sharded
+# weight is gathered by every decode step, a weight's bytes per step instead of once per RL step).
+DECODE_TENSOR_RULES: dict[str, str | None] = {"vocab": "tensor", "heads": "tensor", "kv_heads": "tensor",
+                                              "mlp": "tensor"}
+WEIGHT_FRACTION = 0.5   # the share of a device's memory the weights may take when chosen replicated (the rest: cache)
+
+
+class DecodeMemoryError(ValueError):
+    """A decode layout that cannot fit a device's memory (raised before anything is compiled)."""
+
+
+def gib(n: float) -> str:
+    return f"{n / 2 ** 30:.2f} GiB"
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeLayout:
+    """Where a decode puts its arrays: rows over data x fsdp of `mesh`; weights "replicated" or "tensor" (over the
+    tensor axis), or "as placed" (the params' own shardings, for params placed by the caller). budget_bytes: memory
+    per device the weights and KV cache may take; None = what the device reports (nothing on CPU: no check)."""
+    mesh: Mesh
+    weights: str = "replicated"
+    budget_bytes: int | None = None
+
+    @property
+    def n_rows(self) -> int:
+        """Devices the rows are split over (data x fsdp): a decode batch is padded to a multiple of this."""
+        return self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+
+    def pad(self, rows: int) -> int:
+        return -(-rows // self.n_rows) * self.n_rows
+
+    def budget(self) -> int | None:
+        return self.budget_bytes if self.budget_bytes is not None else device_budget(self.mesh)
+
+    def weight_shardings(self, shapes: Any, logical_axes: Any) -> Any:
+        if self.weights == "replicated":
+            return jax.tree.map(lambda _: replicated(self.mesh), shapes)
+        return param_shardings(self.mesh, shapes, logical_axes, DECODE_TENSOR_RULES)
+
+
+def rows_spec(ndim: int) -> P:
+    """A batch-major array's spec in a decode: rows over data x fsdp, the rest whole; scalars replicated."""
+    return P(BATCH_AXES, *([None] * (ndim - 1))) if ndim else P()
+
+
+def device_budget(mesh: Mesh) -> int | None:
+    """The smallest memory limit the mesh's devices report (accelerators), None where they report none (CPU)."""
+    limits = [(d.memory_stats() or {}).get("bytes_limit") for d in mesh.devices.flat]
+    return None if any(x is None for x in limits) else int(min(limits))
+
+
+def bytes_per_device(shapes: Any, shardings: Any) -> int:
+    """Bytes of one device's shard of every leaf (the largest shard where a dimension splits unevenly)."""
+    total = 0
+    for x, s in zip(jax.tree.leaves(shapes), jax.tree.leaves(shardings)):
+        total += math.prod(s.shard_shape(tuple(x.shape))) * np.dtype(x.dtype).itemsize
+    return total
+
+
+def choose_decode_layout(mesh: Mesh, shapes: Any, logical_axes: Any, *, budget_bytes: int | None = None,
+                         weight_fraction: float = WEIGHT_FRACTION) -> DecodeLayout:
+    """The weights' decode layout: replicated where they take at most `weight_fraction` of a device's budget,
+    else split over the tensor axis where that fits; else DecodeMemoryError naming the bytes (no budget known:
+    replicated)."""
+    rep = DecodeLayout(mesh, "replicated", budget_bytes)
+    budget = rep.budget()
+    if budget is None:
+        return rep
+    whole = bytes_per_device(shapes, rep.weight_shardings(shapes, logical_axes))
+    if whole <= weight_fraction * budget:
+        return rep
+    tp = DecodeLayout(mesh, "tensor", budget_bytes)
+    split = bytes_per_device(shapes, tp.weight_shardings(shapes, logical_axes))
+    if mesh.shape["tensor"] > 1 and split <= weight_fraction * budget:
+        return tp
+    raise DecodeMemoryError(
+        f"decode layout: the weights take {gib(whole)} per device replicated, {gib(split)} over tensor="
+        f"{mesh.shape['tensor']}; more than {weight_fraction:.0%} of the {gib(budget)} budget per device: "
+        f"use a mesh with a larger tensor axis")
+
+
+def check_decode_memory(layout: DecodeLayout, weights_bytes: int, cache_bytes: int, what: str) -> None:
+    """Refuse, before compiling, a decode whose weights + KV cache per device exceed the layout's budget."""
+    budget = layout.budget()
+    if budget is not None and weights_bytes + cache_bytes > budget:
+        raise DecodeMemoryError(
+            f"decode memory: {what}: weights {gib(weights_bytes)} ({layout.weights}) + KV cache {gib(cache_bytes)}"
+            f" = {gib(weights_bytes + cache_bytes)} per device > the {gib(budget)} budget; decode fewer rows a "
+            f"call, fewer new tokens, or split rows / weights over more devices")
