@@ -63,12 +63,13 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
         rerun_changed: bool = False) -> list[str]:
     """Run the planned stages under the workdir lock; returns the names that ran (skipped ones excluded).
 
-    A finished stage is skipped when its recorded settings fingerprint matches; a changed one is refused (naming
-    the keys) unless `rerun_changed` (rerun it and everything after it) or `force` (rerun every planned stage and
-    forget the DONE of every stage after the first one rerun). See jaxrag/workdir.py.
+    What each stage does is decided before any runs (workdir.plan_steps): a finished stage is skipped when its
+    recorded settings fingerprint matches; a changed one is refused (naming the keys) unless `rerun_changed` (rerun
+    it and everything after it) or `force` (rerun every planned stage and forget the DONE of every stage after the
+    first one rerun); one made from an older generation of its inputs reruns. See jaxrag/workdir.py.
     """
-    import shutil
     import time
+    import uuid
 
     import jax
 
@@ -83,35 +84,25 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
     lead = jax.process_index() == 0
     with wd.Lock(workdir) if lead else _Null():
         if lead:
+            for name in config.stages:
+                wd.recover(workdir / name)
+        steps = wd.plan_steps(config, workdir, list(stages), force, rerun_changed)  # refusals before any change
+        if lead:
             wd.save_effective_config(workdir, config)
-        upstream, invalidated, stale = "", False, None
-        for name in config.stages:
-            settings = wd.stage_settings(config, name)
-            fp = wd.fingerprint(settings, upstream)
-            upstream = fp
-            sdir = workdir / name
-            if lead:
-                wd.recover(sdir)
-            done = wd.read_done(sdir / "DONE")
-            if name not in stages:
-                if invalidated and done is not None and lead:  # its inputs were just rebuilt
+        upstream_run = ""  # the run_id of the stage before (DONE), recorded by the next stage that runs
+        for step in steps:
+            name, sdir = step.name, workdir / step.name
+            if step.action in ("keep", "forget"):
+                if step.action == "forget" and lead:  # its inputs were just rebuilt
                     (sdir / "DONE").unlink()
-                elif done is not None and done.get("fingerprint", fp) != fp and stale is None:
-                    stale = (name, changed_keys(done.get("settings", {}), settings))
+                upstream_run = (wd.read_done(sdir / "DONE") or {}).get("run_id")
                 continue
-            if stale is not None:  # its inputs were made under other settings than the ones it would record
-                raise StageError(f"{name}: the earlier stage {stale[0]!r} was finished under other settings (changed: "
-                                 f"{', '.join(stale[1]) or 'an earlier stage'}); rerun from there (add it to --stages, "
-                                 "or --rerun_changed without --stages)")
-            if done is not None and not (force or invalidated):
-                if done.get("fingerprint", fp) == fp:
-                    print(f"[main] {name}: done already ({sdir / 'DONE'}), skipping")
-                    continue
-                keys = changed_keys(done.get("settings", {}), settings)
-                if not rerun_changed:
-                    raise StageError(f"{name}: finished under other settings (changed: {', '.join(keys) or 'an earlier stage'}); "
-                                     "rerun with --rerun_changed (this stage and every later one) or --force")
-                print(f"[main] {name}: settings changed ({', '.join(keys) or 'upstream'}), rerunning")
+            if step.action == "skip":
+                print(f"[main] {name}: done already ({sdir / 'DONE'}), skipping")
+                upstream_run = wd.read_done(sdir / "DONE").get("run_id")
+                continue
+            if step.why:
+                print(f"[main] {name}: {step.why}")
             print(f"[main] {name}: running {config[name].fn}")
             prev = wd.set_aside(sdir) if lead else None
             sdir.mkdir(parents=True, exist_ok=True)
@@ -120,18 +111,18 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
                 stages[name](config, str(workdir), name)
             except BaseException as e:
                 if prev is not None:  # the old, complete outputs go back; the partial new ones go
-                    shutil.rmtree(sdir, ignore_errors=True)
-                    prev.rename(sdir)
+                    wd.restore(sdir, prev)
                 e.stage = name  # main() names it in its one-line report
                 raise
             seconds, compiling = round(time.perf_counter() - t0, 1), round(compilation()[1] - c0, 1)
             print(f"[main] {name}: finished in {seconds:.0f} s ({compiling:.0f} s of it tracing and compiling)")
+            run_id = uuid.uuid4().hex[:16]
             if lead:
-                wd.write_done(sdir / "DONE", {"fingerprint": fp, "settings": settings, "seconds": seconds,
-                                              "compile_seconds": compiling})
-                if prev is not None:
-                    shutil.rmtree(prev, ignore_errors=True)
-            invalidated = True
+                wd.write_done(sdir / "DONE", {"fingerprint": step.fingerprint, "settings": step.settings,
+                                              "seconds": seconds, "compile_seconds": compiling, "run_id": run_id,
+                                              "upstream_run": upstream_run})
+                wd.finish(prev)
+            upstream_run = run_id
             timings[name] = seconds
     if len(timings) > 1:
         total = sum(timings.values())

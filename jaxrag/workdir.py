@@ -1,21 +1,30 @@
 """A workdir you can trust: one run at a time, settings recorded per stage, outputs visible only when complete.
 
-- Lock: `workdir/.lock` holds the running job's PID and host. A second run meets a clear error naming them; a lock
-  whose process is gone (same host) is stale and taken over.
-- Settings: the effective config is saved as `workdir/config.json` (with the package version and git commit).
-  Each finished stage records in `workdir/<stage>/DONE` the fingerprint of what it depends on: its own section, the
-  config's global keys (seed, model, index, ...) and the fingerprint of the stage before it (so a change upstream
-  reaches every stage downstream). A rerun whose settings changed for a finished stage is refused with the changed
-  keys named, unless asked to rerun (`--force`, or `--rerun_changed` for exactly the stages whose settings changed
-  and everything after them). Settings that cannot change a stage's outputs (settings.NEUTRAL: progress bars, log and
-  checkpoint cadence, which checkpoint to resume from) are left out, so e.g. `restore_step` never blocks a rerun.
+- Lock: `workdir/.lock` holds the running job's PID and host, created whole (written to a temp name, then linked)
+  under an flock on `.lock.guard`, so two starters never both hold it. A second run meets a clear error naming the
+  holder; a lock whose process is gone (same host) is stale and taken over; a live holder never is.
+- Settings: every check (changed settings, inputs made under other settings) runs before any stage does
+  (`plan_steps`); only then is the effective config saved as `workdir/config.json` (with the package version and git
+  commit), so a refused run leaves it as the outputs were made. Each finished stage records in `workdir/<stage>/DONE`
+  the fingerprint of what it depends on: its own section, the config's global keys (seed, model, index, ...) and
+  the fingerprint of the stage before it (so a change upstream reaches every stage downstream). A rerun whose
+  settings changed for a finished stage is refused with the changed keys named, unless asked to rerun (`--force`,
+  or `--rerun_changed` for exactly the stages whose settings changed and everything after them). Settings that
+  cannot change a stage's outputs (settings.NEUTRAL: progress bars, log and checkpoint cadence, which checkpoint to
+  resume from) are left out, so e.g. `restore_step` never blocks a rerun.
+- Generations: DONE also records the stage's `run_id` and the `run_id` of the stage before it as it was used
+  (`upstream_run`). A stage made from other outputs of the stage before it than the ones now there (a --force run
+  killed part way: the stages it had rerun are new, the rest old) is rerun by the next run instead of being taken
+  for done, so a workdir never mixes generations.
 - Atomic reruns: before a finished stage is rerun its old outputs are moved to `<stage>.prev`; they are deleted when
-  the new run completes and put back if it fails (or, after a kill, at the next start), so a failed rerun never
-  leaves old markers over new files nor loses the old good outputs.
+  the new run completes (DONE written) and put back if it fails (or, after a kill, at the next start). A complete
+  new stage always wins over `.prev`; a directory is renamed to `<stage>.deleting` before it is deleted, so no
+  half-deleted tree ever bears a live name and DONE never stands over missing files.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -33,35 +42,57 @@ class WorkdirError(RuntimeError):
 
 # ------------------------------------------------------------------------------------------------------ lock
 class Lock:
+    """`workdir/.lock` names the running job (pid, host). It is created whole: the record is written to a temp file
+    and hard-linked to `.lock` (a link fails if the name exists), so no starter ever reads an empty lock. Deciding
+    that a lock is stale and replacing it happens under an flock on `.lock.guard` (released by the kernel when its
+    holder dies), so two starters never both take over one stale lock. A live holder is never taken over; a lock
+    from another host is taken for live."""
+
     def __init__(self, workdir: Path):
         self.path = Path(workdir) / ".lock"
         self.held = False
 
     def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        me = {"pid": os.getpid(), "host": socket.gethostname()}
+        import fcntl
+
+        workdir = self.path.parent
+        workdir.mkdir(parents=True, exist_ok=True)
+        me = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+        tmp = workdir / f".lock.{os.getpid()}.tmp"
+        tmp.write_text(me)
+        try:
+            with open(workdir / ".lock.guard", "a") as guard:
+                fcntl.flock(guard, fcntl.LOCK_EX)
+                try:
+                    self._take(tmp)
+                finally:
+                    fcntl.flock(guard, fcntl.LOCK_UN)
+        finally:
+            tmp.unlink(missing_ok=True)
+        self.held = True
+        return self
+
+    def _take(self, tmp: Path) -> None:
         for _ in range(2):
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                os.link(tmp, self.path)
+                return
             except FileExistsError:
-                holder = self._holder()
-                if holder is not None and not self._stale(holder):
-                    raise WorkdirError(f"{self.path.parent} is in use by another run (pid {holder['pid']} on "
-                                       f"{holder['host']}); wait for it, or remove {self.path} if it is gone") from None
-                print(f"[main] taking over a stale lock {self.path} ({holder})", flush=True)
-                self.path.unlink(missing_ok=True)
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-            self.held = True
-            return self
+                pass
+            holder = self._holder()
+            if holder is not None and not self._stale(holder):
+                raise WorkdirError(f"{self.path.parent} is in use by another run (pid {holder['pid']} on "
+                                   f"{holder['host']}); wait for it, or remove {self.path} if it is gone")
+            print(f"[main] taking over a stale lock {self.path} ({holder})", flush=True)
+            self.path.unlink(missing_ok=True)
         raise WorkdirError(f"{self.path}: could not take the lock")
 
     def _holder(self) -> dict | None:
         try:
-            return json.loads(self.path.read_text())
+            rec = json.loads(self.path.read_text())
+            return rec if isinstance(rec, dict) else None
         except (OSError, json.JSONDecodeError):
-            return None  # unreadable: a run killed while writing it
+            return None  # unreadable: left by an older version killed while writing it (a lock is written whole)
 
     @staticmethod
     def _stale(holder: dict) -> bool:
@@ -71,7 +102,7 @@ class Lock:
             os.kill(int(holder["pid"]), 0)
         except ProcessLookupError:
             return True
-        except (PermissionError, ValueError, KeyError):
+        except (PermissionError, ValueError, KeyError, TypeError):
             return False
         return False
 
@@ -151,20 +182,129 @@ def save_effective_config(workdir: Path, config) -> None:
 
 
 # ------------------------------------------------------------------------------------------ atomic reruns
+# A stage's directory is complete exactly when it holds DONE (written last). Every move below is one rename, and a
+# directory is deleted only after it was renamed to `<stage>.deleting`, so a kill at any moment leaves: the stage
+# (with or without DONE), maybe `<stage>.prev` (complete old outputs), maybe a `.deleting` leftover; `recover`
+# resolves each case without ever deleting a complete stage.
+def _prev(stage_dir: Path) -> Path:
+    return stage_dir.with_name(stage_dir.name + ".prev")
+
+
+def _discard(path: Path) -> None:
+    """Delete a directory by renaming it to `<stage>.deleting` first: a half-deleted tree never bears a live name."""
+    if not path.exists():
+        return
+    trash = path.with_name(path.name.split(".")[0] + ".deleting")
+    if trash.exists():
+        shutil.rmtree(trash)
+    path.rename(trash)
+    shutil.rmtree(trash)
+
+
 def recover(stage_dir: Path) -> None:
-    """A `<stage>.prev` left by a killed rerun: its old, complete outputs go back in place."""
-    prev = stage_dir.with_name(stage_dir.name + ".prev")
-    if prev.exists():
+    """Resolve what a killed rerun left. A complete new stage (DONE) wins over `<stage>.prev`, which is deleted; an
+    incomplete one gives way to the complete old outputs in `<stage>.prev`."""
+    stage_dir = Path(stage_dir)
+    trash = stage_dir.with_name(stage_dir.name + ".deleting")
+    if trash.exists():
+        shutil.rmtree(trash)
+    prev = _prev(stage_dir)
+    if not prev.exists():
+        return
+    if (stage_dir / "DONE").exists():
+        print(f"[main] {stage_dir.name}: the rerun had finished; deleting the previous outputs {prev}", flush=True)
+        _discard(prev)
+    elif (prev / "DONE").exists():
         print(f"[main] {stage_dir.name}: a rerun was interrupted; restoring the previous outputs", flush=True)
-        shutil.rmtree(stage_dir, ignore_errors=True)
-        prev.rename(stage_dir)
+        restore(stage_dir, prev)
+    else:  # neither is complete (an older version's half-deleted .prev): the stage runs again
+        _discard(prev)
 
 
 def set_aside(stage_dir: Path) -> Path | None:
     """Move a finished stage's outputs to `<stage>.prev` before rerunning it."""
     if not (stage_dir / "DONE").exists():
         return None
-    prev = stage_dir.with_name(stage_dir.name + ".prev")
-    shutil.rmtree(prev, ignore_errors=True)
+    prev = _prev(stage_dir)
+    _discard(prev)
     stage_dir.rename(prev)
     return prev
+
+
+def restore(stage_dir: Path, prev: Path) -> None:
+    """A failed rerun: its partial outputs go, the old complete ones in `prev` come back."""
+    _discard(stage_dir)
+    prev.rename(stage_dir)
+
+
+def finish(prev: Path | None) -> None:
+    """The rerun completed (its DONE is written): the old outputs go."""
+    if prev is not None:
+        _discard(prev)
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+@dataclasses.dataclass
+class Step:
+    """What a run does with one stage of config.stages, decided before any stage runs.
+    action: "run" | "skip" (done under these settings) | "keep" (not planned, left as is) | "forget" (not planned,
+    its DONE dropped once a stage before it has rerun)."""
+    name: str
+    action: str
+    fingerprint: str
+    settings: dict
+    why: str = ""
+
+
+def _generation_note(name: str, before: str) -> str:
+    return (f"{name} was made from other outputs of {before!r} than the ones now in the workdir (an interrupted "
+            "--force or rerun)")
+
+
+def plan_steps(config, workdir: Path, planned: list[str], force: bool = False,
+               rerun_changed: bool = False) -> list[Step]:
+    """Decide every stage's action up front, so a refusal (changed settings, inputs made under other settings)
+    comes before anything runs or is written. Rules: a planned stage runs when it is not done, when --force, or
+    after an earlier stage runs; a done one whose settings changed is refused naming the keys unless
+    rerun_changed; a done one made from an older generation of the stage before it (its DONE's `upstream_run` is
+    not that stage's `run_id`: a forced run killed part way) runs again. A stage that is not planned but finished
+    under other settings (or from an older generation) refuses every planned stage after it."""
+    from jaxrag.settings import changed_keys
+    from jaxrag.stage_fn import StageError
+
+    steps, upstream, upstream_run, invalidated, stale = [], "", "", False, None
+    before = None
+    for name in config.stages:
+        settings = stage_settings(config, name)
+        fp = fingerprint(settings, upstream)
+        upstream = fp
+        done = read_done(Path(workdir) / name / "DONE")
+        older = (done is not None and upstream_run is not None and "upstream_run" in done
+                 and done["upstream_run"] != upstream_run)
+        changed = done is not None and done.get("fingerprint", fp) != fp
+        keys = ", ".join(changed_keys(done.get("settings", {}), settings)) if changed else ""
+        if name not in planned:
+            step = Step(name, "forget" if invalidated and done is not None else "keep", fp, settings)
+            if step.action == "keep" and stale is None and (changed or older):
+                stale = (f"the earlier stage {name!r} was finished under other settings (changed: "
+                         f"{keys or 'an earlier stage'})" if changed else _generation_note(f"the earlier stage {name!r}", before))
+        else:
+            if stale is not None:  # its inputs were made under other settings than the ones it would record
+                raise StageError(f"{name}: {stale}; rerun from there (add it to --stages, or --rerun_changed "
+                                 "without --stages)")
+            if done is None or force or invalidated:
+                step = Step(name, "run", fp, settings)
+            elif older:
+                step = Step(name, "run", fp, settings, why=_generation_note(name, before) + "; rerunning")
+            elif not changed:
+                step = Step(name, "skip", fp, settings)
+            elif rerun_changed:
+                step = Step(name, "run", fp, settings, why=f"settings changed ({keys or 'upstream'}), rerunning")
+            else:
+                raise StageError(f"{name}: finished under other settings (changed: {keys or 'an earlier stage'}); "
+                                 "rerun with --rerun_changed (this stage and every later one) or --force")
+        invalidated = invalidated or step.action == "run"
+        upstream_run = None if invalidated or done is None else done.get("run_id")
+        before = name
+        steps.append(step)
+    return steps
