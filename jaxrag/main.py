@@ -20,7 +20,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from jaxrag.compilation import compilation
-from jaxrag.settings import changed_keys, flatten
+from jaxrag.settings import flatten
 from jaxrag.stage_fn import StageError, resolve_fn
 from jaxrag.workdir import WorkdirError
 
@@ -87,6 +87,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
             for name in config.stages:
                 wd.recover(workdir / name)
         steps = wd.plan_steps(config, workdir, list(stages), force, rerun_changed)  # refusals before any change
+        wd.missing_inputs(config, [s.name for s in steps if s.action == "run"], workdir)
         if lead:
             wd.save_effective_config(workdir, config)
         upstream_run = ""  # the run_id of the stage before (DONE), recorded by the next stage that runs
@@ -104,6 +105,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
             if step.why:
                 print(f"[main] {name}: {step.why}")
             print(f"[main] {name}: running {config[name].fn}")
+            inputs = wd.input_records(config, name, workdir) if lead else {}
             prev = wd.set_aside(sdir) if lead else None
             sdir.mkdir(parents=True, exist_ok=True)
             t0, c0 = time.perf_counter(), compilation()[1]
@@ -120,7 +122,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
             if lead:
                 wd.write_done(sdir / "DONE", {"fingerprint": step.fingerprint, "settings": step.settings,
                                               "seconds": seconds, "compile_seconds": compiling, "run_id": run_id,
-                                              "upstream_run": upstream_run})
+                                              "upstream_run": upstream_run, "inputs": inputs})
                 wd.finish(prev)
             upstream_run = run_id
             timings[name] = seconds

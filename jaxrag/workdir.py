@@ -263,12 +263,12 @@ def _generation_note(name: str, before: str) -> str:
 
 def plan_steps(config, workdir: Path, planned: list[str], force: bool = False,
                rerun_changed: bool = False) -> list[Step]:
-    """Decide every stage's action up front, so a refusal (changed settings, inputs made under other settings)
-    comes before anything runs or is written. Rules: a planned stage runs when it is not done, when --force, or
-    after an earlier stage runs; a done one whose settings changed is refused naming the keys unless
-    rerun_changed; a done one made from an older generation of the stage before it (its DONE's `upstream_run` is
-    not that stage's `run_id`: a forced run killed part way) runs again. A stage that is not planned but finished
-    under other settings (or from an older generation) refuses every planned stage after it."""
+    """Decide every stage's action up front, so a refusal (changed settings or input files, inputs made under other
+    settings) comes before anything runs or is written. Rules: a planned stage runs when it is not done, when
+    --force, or after an earlier stage runs; a done one whose settings or input files (`input_paths`) changed is
+    refused naming them unless rerun_changed; a done one made from an older generation of the stage before it (its
+    DONE's `upstream_run` is not that stage's `run_id`: a forced run killed part way) runs again. A stage that is not
+    planned but is stale in one of these ways refuses every planned stage after it."""
     from jaxrag.settings import changed_keys
     from jaxrag.stage_fn import StageError
 
@@ -283,11 +283,14 @@ def plan_steps(config, workdir: Path, planned: list[str], force: bool = False,
                  and done["upstream_run"] != upstream_run)
         changed = done is not None and done.get("fingerprint", fp) != fp
         keys = ", ".join(changed_keys(done.get("settings", {}), settings)) if changed else ""
+        edited = [] if done is None or changed else changed_inputs(done.get("inputs"), config, name, workdir)
         if name not in planned:
             step = Step(name, "forget" if invalidated and done is not None else "keep", fp, settings)
-            if step.action == "keep" and stale is None and (changed or older):
+            if step.action == "keep" and stale is None and (changed or older or edited):
                 stale = (f"the earlier stage {name!r} was finished under other settings (changed: "
-                         f"{keys or 'an earlier stage'})" if changed else _generation_note(f"the earlier stage {name!r}", before))
+                         f"{keys or 'an earlier stage'})" if changed else
+                         f"the input files of the earlier stage {name!r} changed since it finished: "
+                         f"{', '.join(edited)}" if edited else _generation_note(f"the earlier stage {name!r}", before))
         else:
             if stale is not None:  # its inputs were made under other settings than the ones it would record
                 raise StageError(f"{name}: {stale}; rerun from there (add it to --stages, or --rerun_changed "
@@ -296,6 +299,11 @@ def plan_steps(config, workdir: Path, planned: list[str], force: bool = False,
                 step = Step(name, "run", fp, settings)
             elif older:
                 step = Step(name, "run", fp, settings, why=_generation_note(name, before) + "; rerunning")
+            elif edited:
+                if not rerun_changed:
+                    raise StageError(f"{name}: input file changed since the stage finished: {', '.join(edited)}; "
+                                     "rerun with --rerun_changed (this stage and every later one) or --force")
+                step = Step(name, "run", fp, settings, why=f"input files changed ({', '.join(edited)}), rerunning")
             elif not changed:
                 step = Step(name, "skip", fp, settings)
             elif rerun_changed:
@@ -308,3 +316,129 @@ def plan_steps(config, workdir: Path, planned: list[str], force: bool = False,
         before = name
         steps.append(step)
     return steps
+
+
+# --------------------------------------------------------------------------------------------- input files
+# Keys (the last part of a dotted key) whose string value names a file or directory a stage reads: QA files,
+# corpora, indexes, encoders, checkpoints, tokenizers. A value naming a stage ("stage:<s>", "<s>" or "<s>/...") is an
+# earlier stage's output, covered by the fingerprint chain, and is not an input file.
+PATH_KEYS = ("path", "corpus", "index_dir", "encoder", "query_encoder", "tokenizer", "base_model", "data", "records",
+             "train_questions", "questions")
+HASH_LIMIT = 256 << 20  # files up to this size are hashed (content); larger ones and directories by size and mtime
+
+
+def _unused(section: dict, key: str) -> bool:
+    """A path key its retriever section does not read (pipelines.common.load_retriever): the encoders without an
+    `index_dir`, the `corpus` beside one."""
+    if "index_dir" not in section:
+        return False
+    if key in ("encoder", "query_encoder"):
+        return not section.get("index_dir")
+    return key == "corpus" and bool(section.get("index_dir"))
+
+
+def _walk(v, key: str = ""):
+    """(dotted key with [i] for list items, leaf value, the dict holding it) over a config, lists included."""
+    v = _plain(v)
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+    for k, x in items:
+        sub = f"{key}[{k}]" if isinstance(v, list) else f"{key}.{k}" if key else str(k)
+        if isinstance(x, (dict, list)):
+            yield from _walk(x, sub)
+        elif isinstance(v, dict):
+            yield sub, x, v
+
+
+def input_paths(config, name: str | None, workdir: Path) -> dict[str, Path]:
+    """{config key: path} of the files a stage reads that no stage writes (name=None: the config's global keys; a
+    section with an `fn` that is not a stage is not read). Paths resolve as pipelines.common.resolve does:
+    absolute, or relative to the workdir."""
+    stages = set(config.stages)
+    if name is None:
+        section = {k: v for k, v in _plain(config).items() if k not in stages and k != "stages"
+                   and not (isinstance(v, dict) and "fn" in v)}
+    else:
+        section = config[name]
+    out = {}
+    for key, value, parent in _walk(section, name or ""):
+        last = key.rsplit(".", 1)[-1]
+        if last not in PATH_KEYS or not isinstance(value, str) or not value.strip() or _unused(parent, last):
+            continue
+        if value.startswith("stage:") or value in stages or value.split("/")[0] in stages:
+            continue
+        p = Path(value).expanduser()
+        if not p.is_absolute() and "/" not in value and "." not in value:
+            continue  # a plain word (a mode or a name), not a path
+        out[key] = p if p.is_absolute() else Path(workdir) / p
+    return out
+
+
+def missing_inputs(config, names: list[str], workdir: Path) -> None:
+    """Every input path of the given stages (and the global keys) exists, or one StageError lists all the missing
+    ones with their keys, before any stage runs (not hours later, when the stage that reads one starts)."""
+    from jaxrag.stage_fn import StageError
+
+    missing = {}
+    for name in [None, *names]:
+        for key, p in input_paths(config, name, workdir).items():
+            if not p.exists():
+                missing[key] = p
+    if missing:
+        listed = "; ".join(f"config.{k} = {p}" for k, p in missing.items())
+        raise StageError(f"{len(missing)} input path{'s' if len(missing) > 1 else ''} not found: {listed} (paths "
+                         "are absolute or relative to the workdir; fix them with --config.<key>=... before any "
+                         "stage runs)")
+
+
+def _file_record(p: Path, old: dict | None = None) -> dict:
+    """size, mtime and (for a file up to HASH_LIMIT) sha256 of a file; a directory: file count, total size and the
+    newest mtime of its tree. The hash of an unchanged (size, mtime) is taken from `old` instead of recomputed."""
+    if p.is_dir():
+        n = size = 0
+        mtime = p.stat().st_mtime
+        for root, _, files in os.walk(p):
+            for f in files:
+                try:
+                    st = os.stat(os.path.join(root, f))
+                except OSError:
+                    continue
+                n, size, mtime = n + 1, size + st.st_size, max(mtime, st.st_mtime)
+        return {"files": n, "size": size, "mtime": round(mtime, 3)}
+    st = p.stat()
+    rec = {"size": st.st_size, "mtime": round(st.st_mtime, 3)}
+    if st.st_size <= HASH_LIMIT:
+        if old and old.get("size") == rec["size"] and old.get("mtime") == rec["mtime"] and "sha256" in old:
+            rec["sha256"] = old["sha256"]
+        else:
+            h = hashlib.sha256()
+            with p.open("rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            rec["sha256"] = h.hexdigest()
+    return rec
+
+
+def input_records(config, name: str, workdir: Path, old: dict | None = None) -> dict:
+    """{path: record} of a stage's existing input files (and the global keys'), what DONE keeps as `inputs`."""
+    old = old or {}
+    paths = {**input_paths(config, None, workdir), **input_paths(config, name, workdir)}
+    return {str(p): _file_record(p, old.get(str(p))) for p in paths.values() if p.exists()}
+
+
+def changed_inputs(recorded: dict | None, config, name: str, workdir: Path) -> list[str]:
+    """The input files of a finished stage that changed since it finished (content when hashed, else size or
+    mtime). A file only touched (same hash) is unchanged."""
+    if not recorded:
+        return []
+    now = input_records(config, name, workdir, recorded)
+    out = []
+    for path, rec in recorded.items():
+        cur = now.get(path)
+        if cur is None:
+            continue  # gone: the outputs made from it still stand (a changed path is a changed setting)
+        if "sha256" in rec and "sha256" in cur:
+            if rec["sha256"] != cur["sha256"]:
+                out.append(f"{path} (content changed)")
+        elif rec != cur:
+            out.append(f"{path} (size or mtime changed)")
+    return out

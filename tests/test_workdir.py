@@ -279,3 +279,40 @@ def test_a_lock_being_taken_is_never_taken_over(tmp_path):
 def test_an_empty_lock_left_by_an_older_version_is_taken_over(tmp_path):
     (tmp_path / ".lock").write_text("")
     assert run(_config(), tmp_path) == ["a", "b", "c"]
+
+
+def test_an_input_file_edited_in_place_is_reported_and_reruns_on_request(tmp_path):
+    """Issue 45: the fingerprint covers the content of the files a stage reads, not only their path."""
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text('{"id": "1", "question": "q", "golden_answers": ["a"]}\n')
+    c = _config()
+    c.b.path = str(qa)
+    wd = tmp_path / "wd"
+    run(c, wd)
+    rec = json.loads((wd / "b" / "DONE").read_text())["inputs"][str(qa)]
+    assert rec["size"] == qa.stat().st_size and len(rec["sha256"]) == 64
+    os.utime(qa)  # touched, same content: nothing to rerun
+    assert run(c, wd) == []
+    qa.write_text('{"id": "1", "question": "q", "golden_answers": ["b"]}\n')  # same size, new content
+    with pytest.raises(StageError, match=rf"b: input file changed since the stage finished: {qa} \(content changed\)"
+                                         r".*--rerun_changed"):
+        run(c, wd)
+    with pytest.raises(StageError, match=r"c: the input files of the earlier stage 'b' changed"):
+        run(c, wd, only=["c"])
+    assert run(c, wd, rerun_changed=True) == ["b", "c"]
+    assert run(c, wd) == []
+
+
+def test_every_missing_input_path_is_listed_before_any_stage_runs(tmp_path):
+    c = _config()
+    c.a.path = "data/here.jsonl"                   # relative to the workdir: present
+    c.b.retriever = ml_collections.ConfigDict({"index_dir": "indexes/none", "encoder": "/no/such/encoder"})
+    c.c.datasets = [{"name": "x", "path": str(tmp_path / "gone.jsonl")}]
+    c.c.records = "b/records.jsonl"                # an earlier stage's output: not an input file
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "here.jsonl").write_text("{}\n")
+    with pytest.raises(StageError, match=r"3 input paths not found: config.b.retriever.encoder = /no/such/encoder; "
+                                         r"config.b.retriever.index_dir = .*indexes/none; "
+                                         r"config.c.datasets\[0\].path = .*gone.jsonl"):
+        run(c, tmp_path)
+    assert not (tmp_path / "a" / "DONE").exists() and not (tmp_path / "config.json").exists()
