@@ -13,16 +13,15 @@ Every stage's fn is imported and the config is checked before any stage runs, so
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from absl import app, flags
 from ml_collections import config_flags
 
+from jaxrag import cli_errors
 from jaxrag.compilation import compilation
 from jaxrag.settings import flatten
 from jaxrag.stage_fn import StageError, resolve_fn
-from jaxrag.workdir import WorkdirError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file (get_config()).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for every stage's inputs and outputs.")
@@ -30,6 +29,7 @@ _STAGES = flags.DEFINE_list("stages", None, "Run only these stages (default: con
 _FORCE = flags.DEFINE_bool("force", False, "Rerun the planned stages even if finished (and every later stage).")
 _RERUN_CHANGED = flags.DEFINE_bool("rerun_changed", False,
                                    "Rerun the finished stages whose settings changed, and every stage after them.")
+flags.DEFINE_bool("debug", False, "Show the traceback of a user error too (also JAXRAG_DEBUG=1).")
 
 
 def plan(config, only: list[str] | None = None) -> list[tuple[str, object]]:
@@ -55,8 +55,33 @@ def plan(config, only: list[str] | None = None) -> list[tuple[str, object]]:
                 check(config, name)
             except (ValueError, KeyError, TypeError) as e:  # a KeyError's str() is its repr: take the message
                 raise StageError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from None
+        check_train_sections(config, name)
         out.append((name, fn))
     return out
+
+
+def check_train_sections(config, name: str) -> None:
+    """Every trainer section of a stage (a dict with `loss`, `steps` and `optimizer`) passes the trainer's checks
+    (train.config.validate) before any stage runs: a bad value (steps=-5) fails naming its key, not after the stages
+    before it have run. In a stage with an `rl` section the loop sets the batch size itself; it is left out."""
+    from jaxrag.train import config as tconfig
+
+    def walk(v, key):
+        if hasattr(v, "items"):
+            if all(k in v for k in ("loss", "steps", "optimizer")):
+                yield key, v
+            for k, x in v.items():
+                yield from walk(x, f"{key}.{k}")
+
+    for key, section in walk(config[name], f"config.{name}"):
+        try:
+            t = tconfig.resolve(section.to_dict() if hasattr(section, "to_dict") else dict(section), check=False)
+            if "rl" in config[name]:
+                t.batch_size = t.grad_accum * (t.grpo.group_size if t.loss == "grpo" else 1)
+            tconfig.validate(t)
+        except (ValueError, KeyError, TypeError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            raise StageError(f"{key}.{msg.removeprefix('train config: ')}") from None
 
 
 def run(config, workdir: str | Path, only: list[str] | None = None, force: bool = False,
@@ -161,11 +186,9 @@ def main(argv):
     from absl import logging
 
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+    cli_errors.quiet_disk_errors()  # a full disk is reported in one line at the end, not by every failed write
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required")
-    from jaxrag.train.checkpoint import CheckpointCorrupt
-    from jaxrag.train.loop import ConfigChanged, NonFiniteLoss
-
     config = _CONFIG.value
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
     print(f"[main] config {config_flags.get_config_filename(flags.FLAGS['config'])}"
@@ -175,13 +198,10 @@ def main(argv):
     compilation_cache(Path(_WORKDIR.value))
     try:
         run(config, _WORKDIR.value, _STAGES.value, _FORCE.value, _RERUN_CHANGED.value)
-    except (StageError, WorkdirError, CheckpointCorrupt, ConfigChanged, NonFiniteLoss) as e:
-        # errors the user acts on: one line, last in the output, no traceback (options named relative to the stage)
-        stage = getattr(e, "stage", None)
-        print(f"error: {f'stage {stage!r} (config.{stage}): ' if stage else ''}{e}", file=sys.stderr)
-        sys.exit(2)
+    except Exception as e:  # noqa: BLE001  a user error: one line, exit 2 (jaxrag/cli_errors.py); a bug raises
+        cli_errors.report(e, _WORKDIR.value)
 
 
 if __name__ == "__main__":
     flags.mark_flags_as_required(["config"])
-    app.run(main)
+    app.run(main, flags_parser=cli_errors.parse_flags)

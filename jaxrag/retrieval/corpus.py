@@ -37,7 +37,7 @@ def _split_flashrag(contents: str) -> tuple[str, str]:
 def parse_record(record: object, where: str) -> Passage:
     """One decoded JSON record -> Passage; `where` is "file:line" for errors. Formats: {id, title, text},
     FlashRAG {id, contents: '"Title"\\ntext'}, and MedRAG's chunks {id, title, content, contents} (contents = title +
-    content there, so the text is `content`)."""
+    content there, so the text is `content`). A passage with an empty text is an error."""
     if not isinstance(record, dict):
         raise CorpusError(f"{where}: expected a JSON object, got {type(record).__name__}")
     if "id" not in record:
@@ -56,10 +56,14 @@ def parse_record(record: object, where: str) -> Passage:
         title = record["title"]
         if not isinstance(title, str):
             raise CorpusError(f"{where}: key 'title' of record {doc_id!r} is not a string")
-        return Passage(doc_id, title.strip(), body.strip())
-    if body_key == "contents":
-        return Passage(doc_id, *_split_flashrag(body))
-    return Passage(doc_id, "", body.strip())
+        passage = Passage(doc_id, title.strip(), body.strip())
+    elif body_key == "contents":
+        passage = Passage(doc_id, *_split_flashrag(body))
+    else:
+        passage = Passage(doc_id, "", body.strip())
+    if not passage.text:  # nothing to retrieve: a broken export, not a passage
+        raise CorpusError(f"{where}: record {doc_id!r} has an empty text ({body_key!r}); fix or drop the line")
+    return passage
 
 
 def iter_corpus(path: str | Path, check_duplicates: bool = True) -> Iterator[Passage]:
