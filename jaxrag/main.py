@@ -1,5 +1,5 @@
 """python -m jaxrag.main --config=configs/X.py[:preset] --workdir=DIR [--config.a.b=value] [--stages=a,b]
-                        [--force | --rerun_changed]
+                        [--force | --rerun_changed] [--debug]
 
 Runs `config.stages` in order (ARCHITECTURE.md "Stages"): for each name, `config[name].fn = "module:function"` is
 called as fn(config, workdir, name) and `workdir/<name>/DONE` (with the stage's settings fingerprint, its wall
@@ -8,7 +8,9 @@ per stage. Finished stages are skipped on reruns; one whose settings changed is 
 (--rerun_changed reruns it and everything after it; --force reruns the planned stages). --stages picks a subset.
 A config file's preset is its get_config argument, applied before any --config.* override, so overrides win.
 Every stage's fn is imported and the config is checked before any stage runs, so a typo fails before compute
-(unknown --config keys and wrong types are rejected by ml_collections). One run per workdir (jaxrag/workdir.py).
+(unknown --config keys and wrong types are rejected by ml_collections; every stage's trainer sections and input
+paths are checked too). One run per workdir (jaxrag/workdir.py). An error the user can act on ends the run with
+exit 2 and one line (jaxrag/cli_errors.py; --debug shows the traceback); docs/faults.md lists the faults and tests.
 """
 
 from __future__ import annotations
