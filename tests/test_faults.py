@@ -75,6 +75,14 @@ def test_sigkill_anywhere_then_rerun_gives_the_uninterrupted_results(tmp_path, s
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert _digests(work, stages) == want
 
+    # issue 45: a kill while `sft.prev` was being deleted after a finished rerun (its DONE still there, the model
+    # gone): the complete sft stays; the leftover used to be restored over it (DATA LOSS: sft/model emptied, exit 0)
+    (work / "sft.prev").mkdir()
+    (work / "sft.prev" / "DONE").write_text((work / "sft" / "DONE").read_text())
+    again = subprocess.run(_cmd(work), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert _digests(work, stages) == want and not (work / "sft.prev").exists()
+
 
 # --------------------------------------------------------------------------------------------------------------
 # Issue 45: every error a user can cause or meet ends `python -m jaxrag.main` with exit 2 and one line, last in the
