@@ -256,6 +256,15 @@ class Step:
     why: str = ""
 
 
+def _stale_note(name: str, before: str | None, keys: str | None, edited: list[str], older: bool) -> str | None:
+    """Why a finished stage that this run leaves as is cannot feed the planned stages after it (None: it can)."""
+    if keys is not None:
+        return f"the earlier stage {name!r} was finished under other settings (changed: {keys or 'an earlier stage'})"
+    if edited:
+        return f"the input files of the earlier stage {name!r} changed since it finished: {', '.join(edited)}"
+    return _generation_note(f"the earlier stage {name!r}", before) if older else None
+
+
 def _generation_note(name: str, before: str) -> str:
     return (f"{name} was made from other outputs of {before!r} than the ones now in the workdir (an interrupted "
             "--force or rerun)")
@@ -286,31 +295,27 @@ def plan_steps(config, workdir: Path, planned: list[str], force: bool = False,
         edited = [] if done is None or changed else changed_inputs(done.get("inputs"), config, name, workdir)
         if name not in planned:
             step = Step(name, "forget" if invalidated and done is not None else "keep", fp, settings)
-            if step.action == "keep" and stale is None and (changed or older or edited):
-                stale = (f"the earlier stage {name!r} was finished under other settings (changed: "
-                         f"{keys or 'an earlier stage'})" if changed else
-                         f"the input files of the earlier stage {name!r} changed since it finished: "
-                         f"{', '.join(edited)}" if edited else _generation_note(f"the earlier stage {name!r}", before))
+            if step.action == "keep" and stale is None:
+                stale = _stale_note(name, before, keys if changed else None, edited, older)
         else:
             if stale is not None:  # its inputs were made under other settings than the ones it would record
                 raise StageError(f"{name}: {stale}; rerun from there (add it to --stages, or --rerun_changed "
                                  "without --stages)")
+            step = Step(name, "run", fp, settings)
             if done is None or force or invalidated:
-                step = Step(name, "run", fp, settings)
-            elif older:
-                step = Step(name, "run", fp, settings, why=_generation_note(name, before) + "; rerunning")
-            elif edited:
+                pass
+            elif changed or edited:
                 if not rerun_changed:
-                    raise StageError(f"{name}: input file changed since the stage finished: {', '.join(edited)}; "
-                                     "rerun with --rerun_changed (this stage and every later one) or --force")
-                step = Step(name, "run", fp, settings, why=f"input files changed ({', '.join(edited)}), rerunning")
-            elif not changed:
-                step = Step(name, "skip", fp, settings)
-            elif rerun_changed:
-                step = Step(name, "run", fp, settings, why=f"settings changed ({keys or 'upstream'}), rerunning")
+                    what = (f"finished under other settings (changed: {keys or 'an earlier stage'})" if changed
+                            else f"input file changed since the stage finished: {', '.join(edited)}")
+                    raise StageError(f"{name}: {what}; rerun with --rerun_changed (this stage and every later one) "
+                                     "or --force")
+                step.why = (f"settings changed ({keys or 'upstream'}), rerunning" if changed
+                            else f"input files changed ({', '.join(edited)}), rerunning")
+            elif older:
+                step.why = _generation_note(name, before) + "; rerunning"
             else:
-                raise StageError(f"{name}: finished under other settings (changed: {keys or 'an earlier stage'}); "
-                                 "rerun with --rerun_changed (this stage and every later one) or --force")
+                step = Step(name, "skip", fp, settings)
         invalidated = invalidated or step.action == "run"
         upstream_run = None if invalidated or done is None else done.get("run_id")
         before = name
