@@ -1,5 +1,5 @@
 """python -m jaxrag.main --config=configs/X.py[:preset] --workdir=DIR [--config.a.b=value] [--stages=a,b]
-                        [--force | --rerun_changed]
+                        [--force | --rerun_changed] [--debug]
 
 Runs `config.stages` in order (ARCHITECTURE.md "Stages"): for each name, `config[name].fn = "module:function"` is
 called as fn(config, workdir, name) and `workdir/<name>/DONE` (with the stage's settings fingerprint, its wall
@@ -9,7 +9,9 @@ whose settings changed is refused with the keys named (--rerun_changed reruns it
 reruns the planned stages). --stages picks a subset.
 A config file's preset is its get_config argument, applied before any --config.* override, so overrides win.
 Every stage's fn is imported and the config is checked before any stage runs, so a typo fails before compute
-(unknown --config keys and wrong types are rejected by ml_collections). One run per workdir (jaxrag/workdir.py).
+(unknown --config keys and wrong types are rejected by ml_collections; every stage's trainer sections and input
+paths are checked too). One run per workdir (jaxrag/workdir.py). An error the user can act on ends the run with
+exit 2 and one line (jaxrag/cli_errors.py; --debug shows the traceback); docs/faults.md lists the faults and tests.
 Each stage starts with a `[i/N] name` header (time so far, an estimate where the config has `expected_seconds`);
 the console's text is also appended to <workdir>/log.txt, progress-bar redraws collapsed (jaxrag/console.py).
 """
@@ -22,12 +24,12 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
+from jaxrag import cli_errors
 from jaxrag.compilation import compilation
 from jaxrag.console import LogFile, StageClock, quiet
 from jaxrag.provenance import stage_hash
-from jaxrag.settings import changed_keys, flatten
+from jaxrag.settings import flatten
 from jaxrag.stage_fn import StageError, resolve_fn
-from jaxrag.workdir import WorkdirError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file (get_config()).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for every stage's inputs and outputs.")
@@ -35,6 +37,7 @@ _STAGES = flags.DEFINE_list("stages", None, "Run only these stages (default: con
 _FORCE = flags.DEFINE_bool("force", False, "Rerun the planned stages even if finished (and every later stage).")
 _RERUN_CHANGED = flags.DEFINE_bool("rerun_changed", False,
                                    "Rerun the finished stages whose settings changed, and every stage after them.")
+flags.DEFINE_bool("debug", False, "Show the traceback of a user error too (also JAXRAG_DEBUG=1).")
 
 
 def plan(config, only: list[str] | None = None) -> list[tuple[str, object]]:
@@ -60,20 +63,46 @@ def plan(config, only: list[str] | None = None) -> list[tuple[str, object]]:
                 check(config, name)
             except (ValueError, KeyError, TypeError) as e:  # a KeyError's str() is its repr: take the message
                 raise StageError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from None
+        check_train_sections(config, name)
         out.append((name, fn))
     return out
+
+
+def check_train_sections(config, name: str) -> None:
+    """Every trainer section of a stage (a dict with `loss`, `steps` and `optimizer`) passes the trainer's checks
+    (train.config.validate) before any stage runs: a bad value (steps=-5) fails naming its key, not after the stages
+    before it have run. In a stage with an `rl` section the loop sets the batch size itself; it is left out."""
+    from jaxrag.train import config as tconfig
+
+    def walk(v, key):
+        if hasattr(v, "items"):
+            if all(k in v for k in ("loss", "steps", "optimizer")):
+                yield key, v
+            for k, x in v.items():
+                yield from walk(x, f"{key}.{k}")
+
+    for key, section in walk(config[name], f"config.{name}"):
+        try:
+            t = tconfig.resolve(section.to_dict() if hasattr(section, "to_dict") else dict(section), check=False)
+            if "rl" in config[name]:
+                t.batch_size = t.grad_accum * (t.grpo.group_size if t.loss == "grpo" else 1)
+            tconfig.validate(t)
+        except (ValueError, KeyError, TypeError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            raise StageError(f"{key}.{msg.removeprefix('train config: ')}") from None
 
 
 def run(config, workdir: str | Path, only: list[str] | None = None, force: bool = False,
         rerun_changed: bool = False) -> list[str]:
     """Run the planned stages under the workdir lock; returns the names that ran (skipped ones excluded).
 
-    A finished stage is skipped when its recorded settings fingerprint matches; a changed one is refused (naming
-    the keys) unless `rerun_changed` (rerun it and everything after it) or `force` (rerun every planned stage and
-    forget the DONE of every stage after the first one rerun). See jaxrag/workdir.py.
+    What each stage does is decided before any runs (workdir.plan_steps): a finished stage is skipped when its
+    recorded settings fingerprint matches; a changed one is refused (naming the keys) unless `rerun_changed` (rerun
+    it and everything after it) or `force` (rerun every planned stage and forget the DONE of every stage after the
+    first one rerun); one made from an older generation of its inputs reruns. See jaxrag/workdir.py.
     """
-    import shutil
     import time
+    import uuid
 
     import jax
 
@@ -89,40 +118,31 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
     clock = StageClock(list(stages), config.get("expected_seconds"))
     with wd.Lock(workdir) if lead else _Null():
         if lead:
+            for name in config.stages:
+                wd.recover(workdir / name)
+        barrier("main:recover")  # multi-host: every process plans from the DONE records process 0 left
+        steps = wd.plan_steps(config, workdir, list(stages), force, rerun_changed)  # refusals before any change
+        wd.missing_inputs(config, [s.name for s in steps if s.action == "run"], workdir)
+        if lead:
             wd.save_effective_config(workdir, config)
-        upstream, invalidated, stale = "", False, None
-        for name in config.stages:
-            settings = wd.stage_settings(config, name)
-            fp = wd.fingerprint(settings, upstream)
-            upstream = fp
-            sdir = workdir / name
-            if lead:
-                wd.recover(sdir)
-            barrier(f"main:recover:{name}")  # multi-host: every process reads the DONE process 0 left
-            done = wd.read_done(sdir / "DONE")
-            if name not in stages:
-                if invalidated and done is not None:  # its inputs were just rebuilt
-                    if lead:
-                        (sdir / "DONE").unlink()
-                elif done is not None and done.get("fingerprint", fp) != fp and stale is None:
-                    stale = (name, changed_keys(done.get("settings", {}), settings))
+        upstream_run = ""  # the run_id of the stage before (DONE), recorded by the next stage that runs
+        for step in steps:
+            name, sdir = step.name, workdir / step.name
+            if step.action in ("keep", "forget"):
+                if step.action == "forget" and lead:  # its inputs were just rebuilt
+                    (sdir / "DONE").unlink()
+                upstream_run = (wd.read_done(sdir / "DONE") or {}).get("run_id")
                 continue
-            if stale is not None:  # its inputs were made under other settings than the ones it would record
-                raise StageError(f"{name}: the earlier stage {stale[0]!r} was finished under other settings (changed: "
-                                 f"{', '.join(stale[1]) or 'an earlier stage'}); rerun from there (add it to --stages, "
-                                 "or --rerun_changed without --stages)")
-            if done is not None and not (force or invalidated):
-                if done.get("fingerprint", fp) == fp:
-                    print(f"[main] {name}: done already ({sdir / 'DONE'}), skipping")
-                    clock.skip(name)
-                    continue
-                keys = changed_keys(done.get("settings", {}), settings)
-                if not rerun_changed:
-                    raise StageError(f"{name}: finished under other settings (changed: {', '.join(keys) or 'an earlier stage'}); "
-                                     "rerun with --rerun_changed (this stage and every later one) or --force")
-                print(f"[main] {name}: settings changed ({', '.join(keys) or 'upstream'}), rerunning")
+            if step.action == "skip":
+                print(f"[main] {name}: done already ({sdir / 'DONE'}), skipping")
+                clock.skip(name)
+                upstream_run = wd.read_done(sdir / "DONE").get("run_id")
+                continue
+            if step.why:
+                print(f"[main] {name}: {step.why}")
             print(clock.header(name))
             print(f"[main] {name}: running {config[name].fn}", flush=True)
+            inputs = wd.input_records(config, name, workdir) if lead else {}
             prev = wd.set_aside(sdir) if lead else None
             sdir.mkdir(parents=True, exist_ok=True)
             barrier(f"main:start:{name}")
@@ -131,20 +151,21 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
                 stages[name](config, str(workdir), name)
             except BaseException as e:
                 if prev is not None:  # the old, complete outputs go back; the partial new ones go
-                    shutil.rmtree(sdir, ignore_errors=True)
-                    prev.rename(sdir)
+                    wd.restore(sdir, prev)
                 e.stage = name  # main() names it in its one-line report
                 raise
             seconds, compiling = round(time.perf_counter() - t0, 1), round(compilation()[1] - c0, 1)
             print(f"[main] {name}: finished in {seconds:.0f} s ({compiling:.0f} s of it tracing and compiling)")
             clock.done(name, seconds)
+            run_id = uuid.uuid4().hex[:16]
             if lead:
-                wd.write_done(sdir / "DONE", {"fingerprint": fp, "settings": settings, "seconds": seconds,
-                                              "compile_seconds": compiling, "provenance": stage_hash(sdir)})
-                if prev is not None:
-                    shutil.rmtree(prev, ignore_errors=True)
+                wd.write_done(sdir / "DONE", {"fingerprint": step.fingerprint, "settings": step.settings,
+                                              "seconds": seconds, "compile_seconds": compiling, "run_id": run_id,
+                                              "upstream_run": upstream_run, "inputs": inputs,
+                                              "provenance": stage_hash(sdir)})
+                wd.finish(prev)
             barrier(f"main:done:{name}")
-            invalidated = True
+            upstream_run = run_id
             timings[name] = seconds
     if len(timings) > 1:
         total = sum(timings.values())
@@ -181,21 +202,19 @@ def main(argv):
     from absl import logging
 
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+    cli_errors.quiet_disk_errors()  # a full disk is reported in one line at the end, not by every failed write
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required")
+    if "://" in _WORKDIR.value:  # pathlib would read gs://b/x as the local folder gs:/b/x
+        print(f"error: --workdir={_WORKDIR.value}: object-storage workdirs are not supported (stages write through "
+              "local paths); give a local or shared-filesystem (NFS, GCS FUSE mount) path", file=sys.stderr)
+        sys.exit(2)
     quiet()
     with LogFile(Path(_WORKDIR.value) / "log.txt"):  # the console's text, progress-bar redraws collapsed
         _main()
 
 
 def _main():
-    from jaxrag.train.checkpoint import CheckpointCorrupt
-    from jaxrag.train.loop import ConfigChanged, NonFiniteLoss
-
-    if "://" in _WORKDIR.value:  # pathlib would read gs://b/x as the local folder gs:/b/x
-        print(f"error: --workdir={_WORKDIR.value}: object-storage workdirs are not supported (stages write through "
-              "local paths); give a local or shared-filesystem (NFS, GCS FUSE mount) path", file=sys.stderr)
-        sys.exit(2)
     config = _CONFIG.value
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
     print(f"[main] config {config_flags.get_config_filename(flags.FLAGS['config'])}"
@@ -205,13 +224,10 @@ def _main():
     compilation_cache(Path(_WORKDIR.value))
     try:
         run(config, _WORKDIR.value, _STAGES.value, _FORCE.value, _RERUN_CHANGED.value)
-    except (StageError, WorkdirError, CheckpointCorrupt, ConfigChanged, NonFiniteLoss) as e:
-        # errors the user acts on: one line, last in the output, no traceback (options named relative to the stage)
-        stage = getattr(e, "stage", None)
-        print(f"error: {f'stage {stage!r} (config.{stage}): ' if stage else ''}{e}", file=sys.stderr)
-        sys.exit(2)
+    except Exception as e:  # noqa: BLE001  a user error: one line, exit 2 (jaxrag/cli_errors.py); a bug raises
+        cli_errors.report(e, _WORKDIR.value)
 
 
 if __name__ == "__main__":
     flags.mark_flags_as_required(["config"])
-    app.run(main)
+    app.run(main, flags_parser=cli_errors.parse_flags)

@@ -1,21 +1,30 @@
 """A workdir you can trust: one run at a time, settings recorded per stage, outputs visible only when complete.
 
-- Lock: `workdir/.lock` holds the running job's PID and host. A second run meets a clear error naming them; a lock
-  whose process is gone (same host) is stale and taken over.
-- Settings: the effective config is saved as `workdir/config.json` (with the package version and git commit).
-  Each finished stage records in `workdir/<stage>/DONE` the fingerprint of what it depends on: its own section, the
-  config's global keys (seed, model, index, ...) and the fingerprint of the stage before it (so a change upstream
-  reaches every stage downstream). A rerun whose settings changed for a finished stage is refused with the changed
-  keys named, unless asked to rerun (`--force`, or `--rerun_changed` for exactly the stages whose settings changed
-  and everything after them). Settings that cannot change a stage's outputs (settings.NEUTRAL: progress bars, log and
-  checkpoint cadence, which checkpoint to resume from) are left out, so e.g. `restore_step` never blocks a rerun.
+- Lock: `workdir/.lock` holds the running job's PID and host, created whole (written to a temp name, then linked)
+  under an flock on `.lock.guard`, so two starters never both hold it. A second run meets a clear error naming the
+  holder; a lock whose process is gone (same host) is stale and taken over; a live holder never is.
+- Settings: every check (changed settings, inputs made under other settings) runs before any stage does
+  (`plan_steps`); only then is the effective config saved as `workdir/config.json` (with the package version and git
+  commit), so a refused run leaves it as the outputs were made. Each finished stage records in `workdir/<stage>/DONE`
+  the fingerprint of what it depends on: its own section, the config's global keys (seed, model, index, ...) and
+  the fingerprint of the stage before it (so a change upstream reaches every stage downstream). A rerun whose
+  settings changed for a finished stage is refused with the changed keys named, unless asked to rerun (`--force`,
+  or `--rerun_changed` for exactly the stages whose settings changed and everything after them). Settings that
+  cannot change a stage's outputs (settings.NEUTRAL: progress bars, log and checkpoint cadence, which checkpoint to
+  resume from) are left out, so e.g. `restore_step` never blocks a rerun.
+- Generations: DONE also records the stage's `run_id` and the `run_id` of the stage before it as it was used
+  (`upstream_run`). A stage made from other outputs of the stage before it than the ones now there (a --force run
+  killed part way: the stages it had rerun are new, the rest old) is rerun by the next run instead of being taken
+  for done, so a workdir never mixes generations.
 - Atomic reruns: before a finished stage is rerun its old outputs are moved to `<stage>.prev`; they are deleted when
-  the new run completes and put back if it fails (or, after a kill, at the next start), so a failed rerun never
-  leaves old markers over new files nor loses the old good outputs.
+  the new run completes (DONE written) and put back if it fails (or, after a kill, at the next start). A complete
+  new stage always wins over `.prev`; a directory is renamed to `<stage>.deleting` before it is deleted, so no
+  half-deleted tree ever bears a live name and DONE never stands over missing files.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -33,35 +42,57 @@ class WorkdirError(RuntimeError):
 
 # ------------------------------------------------------------------------------------------------------ lock
 class Lock:
+    """`workdir/.lock` names the running job (pid, host). It is created whole: the record is written to a temp file
+    and hard-linked to `.lock` (a link fails if the name exists), so no starter ever reads an empty lock. Deciding
+    that a lock is stale and replacing it happens under an flock on `.lock.guard` (released by the kernel when its
+    holder dies), so two starters never both take over one stale lock. A live holder is never taken over; a lock
+    from another host is taken for live."""
+
     def __init__(self, workdir: Path):
         self.path = Path(workdir) / ".lock"
         self.held = False
 
     def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        me = {"pid": os.getpid(), "host": socket.gethostname()}
+        import fcntl
+
+        workdir = self.path.parent
+        workdir.mkdir(parents=True, exist_ok=True)
+        me = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+        tmp = workdir / f".lock.{os.getpid()}.tmp"
+        tmp.write_text(me)
+        try:
+            with open(workdir / ".lock.guard", "a") as guard:
+                fcntl.flock(guard, fcntl.LOCK_EX)
+                try:
+                    self._take(tmp)
+                finally:
+                    fcntl.flock(guard, fcntl.LOCK_UN)
+        finally:
+            tmp.unlink(missing_ok=True)
+        self.held = True
+        return self
+
+    def _take(self, tmp: Path) -> None:
         for _ in range(2):
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                os.link(tmp, self.path)
+                return
             except FileExistsError:
-                holder = self._holder()
-                if holder is not None and not self._stale(holder):
-                    raise WorkdirError(f"{self.path.parent} is in use by another run (pid {holder['pid']} on "
-                                       f"{holder['host']}); wait for it, or remove {self.path} if it is gone") from None
-                print(f"[main] taking over a stale lock {self.path} ({holder})", flush=True)
-                self.path.unlink(missing_ok=True)
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-            self.held = True
-            return self
+                pass
+            holder = self._holder()
+            if holder is not None and not self._stale(holder):
+                raise WorkdirError(f"{self.path.parent} is in use by another run (pid {holder['pid']} on "
+                                   f"{holder['host']}); wait for it, or remove {self.path} if it is gone")
+            print(f"[main] taking over a stale lock {self.path} ({holder})", flush=True)
+            self.path.unlink(missing_ok=True)
         raise WorkdirError(f"{self.path}: could not take the lock")
 
     def _holder(self) -> dict | None:
         try:
-            return json.loads(self.path.read_text())
+            rec = json.loads(self.path.read_text())
+            return rec if isinstance(rec, dict) else None
         except (OSError, json.JSONDecodeError):
-            return None  # unreadable: a run killed while writing it
+            return None  # unreadable: left by an older version killed while writing it (a lock is written whole)
 
     @staticmethod
     def _stale(holder: dict) -> bool:
@@ -71,7 +102,7 @@ class Lock:
             os.kill(int(holder["pid"]), 0)
         except ProcessLookupError:
             return True
-        except (PermissionError, ValueError, KeyError):
+        except (PermissionError, ValueError, KeyError, TypeError):
             return False
         return False
 
@@ -151,20 +182,268 @@ def save_effective_config(workdir: Path, config) -> None:
 
 
 # ------------------------------------------------------------------------------------------ atomic reruns
+# A stage's directory is complete exactly when it holds DONE (written last). Every move below is one rename, and a
+# directory is deleted only after it was renamed to `<stage>.deleting`, so a kill at any moment leaves: the stage
+# (with or without DONE), maybe `<stage>.prev` (complete old outputs), maybe a `.deleting` leftover; `recover`
+# resolves each case without ever deleting a complete stage.
+def _prev(stage_dir: Path) -> Path:
+    return stage_dir.with_name(stage_dir.name + ".prev")
+
+
+def _discard(path: Path) -> None:
+    """Delete a directory by renaming it to `<stage>.deleting` first: a half-deleted tree never bears a live name."""
+    if not path.exists():
+        return
+    trash = path.with_name(path.name.split(".")[0] + ".deleting")
+    if trash.exists():
+        shutil.rmtree(trash)
+    path.rename(trash)
+    shutil.rmtree(trash)
+
+
 def recover(stage_dir: Path) -> None:
-    """A `<stage>.prev` left by a killed rerun: its old, complete outputs go back in place."""
-    prev = stage_dir.with_name(stage_dir.name + ".prev")
-    if prev.exists():
+    """Resolve what a killed rerun left. A complete new stage (DONE) wins over `<stage>.prev`, which is deleted; an
+    incomplete one gives way to the complete old outputs in `<stage>.prev`."""
+    stage_dir = Path(stage_dir)
+    trash = stage_dir.with_name(stage_dir.name + ".deleting")
+    if trash.exists():
+        shutil.rmtree(trash)
+    prev = _prev(stage_dir)
+    if not prev.exists():
+        return
+    if (stage_dir / "DONE").exists():
+        print(f"[main] {stage_dir.name}: the rerun had finished; deleting the previous outputs {prev}", flush=True)
+        _discard(prev)
+    elif (prev / "DONE").exists():
         print(f"[main] {stage_dir.name}: a rerun was interrupted; restoring the previous outputs", flush=True)
-        shutil.rmtree(stage_dir, ignore_errors=True)
-        prev.rename(stage_dir)
+        restore(stage_dir, prev)
+    else:  # neither is complete (an older version's half-deleted .prev): the stage runs again
+        _discard(prev)
 
 
 def set_aside(stage_dir: Path) -> Path | None:
     """Move a finished stage's outputs to `<stage>.prev` before rerunning it."""
     if not (stage_dir / "DONE").exists():
         return None
-    prev = stage_dir.with_name(stage_dir.name + ".prev")
-    shutil.rmtree(prev, ignore_errors=True)
+    prev = _prev(stage_dir)
+    _discard(prev)
     stage_dir.rename(prev)
     return prev
+
+
+def restore(stage_dir: Path, prev: Path) -> None:
+    """A failed rerun: its partial outputs go, the old complete ones in `prev` come back."""
+    _discard(stage_dir)
+    prev.rename(stage_dir)
+
+
+def finish(prev: Path | None) -> None:
+    """The rerun completed (its DONE is written): the old outputs go."""
+    if prev is not None:
+        _discard(prev)
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+@dataclasses.dataclass
+class Step:
+    """What a run does with one stage of config.stages, decided before any stage runs.
+    action: "run" | "skip" (done under these settings) | "keep" (not planned, left as is) | "forget" (not planned,
+    its DONE dropped once a stage before it has rerun)."""
+    name: str
+    action: str
+    fingerprint: str
+    settings: dict
+    why: str = ""
+
+
+def _stale_note(name: str, before: str | None, keys: str | None, edited: list[str], older: bool) -> str | None:
+    """Why a finished stage that this run leaves as is cannot feed the planned stages after it (None: it can)."""
+    if keys is not None:
+        return f"the earlier stage {name!r} was finished under other settings (changed: {keys or 'an earlier stage'})"
+    if edited:
+        return f"the input files of the earlier stage {name!r} changed since it finished: {', '.join(edited)}"
+    return _generation_note(f"the earlier stage {name!r}", before) if older else None
+
+
+def _generation_note(name: str, before: str) -> str:
+    return (f"{name} was made from other outputs of {before!r} than the ones now in the workdir (an interrupted "
+            "--force or rerun)")
+
+
+def plan_steps(config, workdir: Path, planned: list[str], force: bool = False,
+               rerun_changed: bool = False) -> list[Step]:
+    """Decide every stage's action up front, so a refusal (changed settings or input files, inputs made under other
+    settings) comes before anything runs or is written. Rules: a planned stage runs when it is not done, when
+    --force, or after an earlier stage runs; a done one whose settings or input files (`input_paths`) changed is
+    refused naming them unless rerun_changed; a done one made from an older generation of the stage before it (its
+    DONE's `upstream_run` is not that stage's `run_id`: a forced run killed part way) runs again. A stage that is not
+    planned but is stale in one of these ways refuses every planned stage after it."""
+    from jaxrag.settings import changed_keys
+    from jaxrag.stage_fn import StageError
+
+    steps, upstream, upstream_run, invalidated, stale = [], "", "", False, None
+    before = None
+    for name in config.stages:
+        settings = stage_settings(config, name)
+        fp = fingerprint(settings, upstream)
+        upstream = fp
+        done = read_done(Path(workdir) / name / "DONE")
+        older = (done is not None and upstream_run is not None and "upstream_run" in done
+                 and done["upstream_run"] != upstream_run)
+        changed = done is not None and done.get("fingerprint", fp) != fp
+        keys = ", ".join(changed_keys(done.get("settings", {}), settings)) if changed else ""
+        edited = [] if done is None or changed else changed_inputs(done.get("inputs"), config, name, workdir)
+        if name not in planned:
+            step = Step(name, "forget" if invalidated and done is not None else "keep", fp, settings)
+            if step.action == "keep" and stale is None:
+                stale = _stale_note(name, before, keys if changed else None, edited, older)
+        else:
+            if stale is not None:  # its inputs were made under other settings than the ones it would record
+                raise StageError(f"{name}: {stale}; rerun from there (add it to --stages, or --rerun_changed "
+                                 "without --stages)")
+            step = Step(name, "run", fp, settings)
+            if done is None or force or invalidated:
+                pass
+            elif changed or edited:
+                if not rerun_changed:
+                    what = (f"finished under other settings (changed: {keys or 'an earlier stage'})" if changed
+                            else f"input file changed since the stage finished: {', '.join(edited)}")
+                    raise StageError(f"{name}: {what}; rerun with --rerun_changed (this stage and every later one) "
+                                     "or --force")
+                step.why = (f"settings changed ({keys or 'upstream'}), rerunning" if changed
+                            else f"input files changed ({', '.join(edited)}), rerunning")
+            elif older:
+                step.why = _generation_note(name, before) + "; rerunning"
+            else:
+                step = Step(name, "skip", fp, settings)
+        invalidated = invalidated or step.action == "run"
+        upstream_run = None if invalidated or done is None else done.get("run_id")
+        before = name
+        steps.append(step)
+    return steps
+
+
+# --------------------------------------------------------------------------------------------- input files
+# Keys (the last part of a dotted key) whose string value names a file or directory a stage reads: QA files,
+# corpora, indexes, encoders, checkpoints, tokenizers. A value naming a stage ("stage:<s>", "<s>" or "<s>/...") is an
+# earlier stage's output, covered by the fingerprint chain, and is not an input file.
+PATH_KEYS = ("path", "corpus", "index_dir", "encoder", "query_encoder", "tokenizer", "base_model", "data", "records",
+             "train_questions", "questions")
+HASH_LIMIT = 256 << 20  # files up to this size are hashed (content); larger ones and directories by size and mtime
+
+
+def _unused(section: dict, key: str) -> bool:
+    """A path key its retriever section does not read (pipelines.common.load_retriever): the encoders without an
+    `index_dir`, the `corpus` beside one."""
+    if "index_dir" not in section:
+        return False
+    if key in ("encoder", "query_encoder"):
+        return not section.get("index_dir")
+    return key == "corpus" and bool(section.get("index_dir"))
+
+
+def _walk(v, key: str = ""):
+    """(dotted key with [i] for list items, leaf value, the dict holding it) over a config, lists included."""
+    v = _plain(v)
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+    for k, x in items:
+        sub = f"{key}[{k}]" if isinstance(v, list) else f"{key}.{k}" if key else str(k)
+        if isinstance(x, (dict, list)):
+            yield from _walk(x, sub)
+        elif isinstance(v, dict):
+            yield sub, x, v
+
+
+def input_paths(config, name: str | None, workdir: Path) -> dict[str, Path]:
+    """{config key: path} of the files a stage reads that no stage writes (name=None: the config's global keys; a
+    section with an `fn` that is not a stage is not read). Paths resolve as pipelines.common.resolve does:
+    absolute, or relative to the workdir."""
+    stages = set(config.stages)
+    if name is None:
+        section = {k: v for k, v in _plain(config).items() if k not in stages and k != "stages"
+                   and not (isinstance(v, dict) and "fn" in v)}
+    else:
+        section = config[name]
+    out = {}
+    for key, value, parent in _walk(section, name or ""):
+        last = key.rsplit(".", 1)[-1]
+        if last not in PATH_KEYS or not isinstance(value, str) or not value.strip() or _unused(parent, last):
+            continue
+        if value.startswith("stage:") or value in stages or value.split("/")[0] in stages:
+            continue
+        p = Path(value).expanduser()
+        if not p.is_absolute() and "/" not in value and "." not in value:
+            continue  # a plain word (a mode or a name), not a path
+        out[key] = p if p.is_absolute() else Path(workdir) / p
+    return out
+
+
+def missing_inputs(config, names: list[str], workdir: Path) -> None:
+    """Every input path of the given stages (and the global keys) exists, or one StageError lists all the missing
+    ones with their keys, before any stage runs (not hours later, when the stage that reads one starts)."""
+    from jaxrag.stage_fn import StageError
+
+    missing = {}
+    for name in [None, *names]:
+        for key, p in input_paths(config, name, workdir).items():
+            if not p.exists():
+                missing[key] = p
+    if missing:
+        listed = "; ".join(f"config.{k} = {p}" for k, p in missing.items())
+        raise StageError(f"{len(missing)} input path{'s' if len(missing) > 1 else ''} not found: {listed} (paths "
+                         "are absolute or relative to the workdir; fix them with --config.<key>=... before any "
+                         "stage runs)")
+
+
+def _file_record(p: Path, old: dict | None = None) -> dict:
+    """size, mtime and (for a file up to HASH_LIMIT) sha256 of a file; a directory: file count, total size and the
+    newest mtime of its tree. The hash of an unchanged (size, mtime) is taken from `old` instead of recomputed."""
+    if p.is_dir():
+        n = size = 0
+        mtime = p.stat().st_mtime
+        for root, _, files in os.walk(p):
+            for f in files:
+                try:
+                    st = os.stat(os.path.join(root, f))
+                except OSError:
+                    continue
+                n, size, mtime = n + 1, size + st.st_size, max(mtime, st.st_mtime)
+        return {"files": n, "size": size, "mtime": round(mtime, 3)}
+    st = p.stat()
+    rec = {"size": st.st_size, "mtime": round(st.st_mtime, 3)}
+    if st.st_size <= HASH_LIMIT:
+        if old and old.get("size") == rec["size"] and old.get("mtime") == rec["mtime"] and "sha256" in old:
+            rec["sha256"] = old["sha256"]
+        else:
+            h = hashlib.sha256()
+            with p.open("rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            rec["sha256"] = h.hexdigest()
+    return rec
+
+
+def input_records(config, name: str, workdir: Path, old: dict | None = None) -> dict:
+    """{path: record} of a stage's existing input files (and the global keys'), what DONE keeps as `inputs`."""
+    old = old or {}
+    paths = {**input_paths(config, None, workdir), **input_paths(config, name, workdir)}
+    return {str(p): _file_record(p, old.get(str(p))) for p in paths.values() if p.exists()}
+
+
+def changed_inputs(recorded: dict | None, config, name: str, workdir: Path) -> list[str]:
+    """The input files of a finished stage that changed since it finished (content when hashed, else size or
+    mtime). A file only touched (same hash) is unchanged."""
+    if not recorded:
+        return []
+    now = input_records(config, name, workdir, recorded)
+    out = []
+    for path, rec in recorded.items():
+        cur = now.get(path)
+        if cur is None:
+            continue  # gone: the outputs made from it still stand (a changed path is a changed setting)
+        if "sha256" in rec and "sha256" in cur:
+            if rec["sha256"] != cur["sha256"]:
+                out.append(f"{path} (content changed)")
+        elif rec != cur:
+            out.append(f"{path} (size or mtime changed)")
+    return out

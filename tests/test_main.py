@@ -127,3 +127,46 @@ def test_cli_stage_resolving_a_fn_reference(tmp_path):
                         f"--workdir={tmp_path / 'wd'}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "wd" / "j" / "out.txt").read_text() == "judge fn_stage:judge"
+
+
+def _paper_config(name: str, variant: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"cfg_{name.replace('/', '_')}", ROOT / "configs" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config(variant)
+
+
+NEEDS_BENCHMARKS = pytest.mark.skipif(not __import__("jaxrag.paths").paths.BENCHMARKS.is_dir(),
+                                      reason="no shared benchmarks (JAXRAG_BENCHMARKS)")
+
+
+@NEEDS_BENCHMARKS
+def test_a_paper_configs_missing_paths_are_all_named_before_the_first_stage(tmp_path):
+    """Issue 45: a missing eval_medqa policy used to surface only after the whole eval stage had run."""
+    c = _paper_config("rag_gym/table2", "shared")
+    c.eval.policy.path = str(tmp_path / "no_policy")
+    c.eval_medqa.policy.path = "models/none"
+    c.eval_medqa.retriever.index_dir = "indexes/medcorp"
+    with pytest.raises(StageError, match="input paths not found") as e:
+        run(c, tmp_path / "wd")
+    for key in ("config.eval.policy.path", "config.eval_medqa.policy.path", "config.eval_medqa.retriever.index_dir",
+                "config.eval_medqa.retriever.encoder", "config.eval_medqa.retriever.query_encoder"):
+        assert key in str(e.value)
+    assert "retriever.corpus" not in str(e.value)  # beside an index_dir the corpus is not read
+    assert not (tmp_path / "wd" / "eval").exists()
+
+
+@NEEDS_BENCHMARKS
+@pytest.mark.parametrize("name", ["arena/fig3", "arena/grpo", "arena/table2", "rag_gym/dpo", "rag_gym/fig4",
+                                  "rag_gym/ppo", "rag_gym/sft", "rag_gym/table2", "rag_gym/table3", "rag_gym/table4",
+                                  "reasonrag/table2", "reasonrag/table3", "smartsearch/grpo", "smartsearch/table1",
+                                  "smartsearch/table3"])
+def test_every_smoke_variant_finds_all_its_input_paths(tmp_path, name):
+    """The up-front path check reads only what the stages read (no false alarm on a section's unused keys)."""
+    from jaxrag.workdir import input_paths, missing_inputs
+
+    c = _paper_config(name, "smoke")
+    missing_inputs(c, list(c.stages), tmp_path)
+    assert any(input_paths(c, s, tmp_path) for s in c.stages)  # it did look at some

@@ -13,6 +13,8 @@ from jaxrag.main import StageError, run
 from jaxrag.workdir import Lock, WorkdirError
 
 CALLS = []
+CODE = {}      # stage -> a suffix its output gains: a change of the stage's code, not of its settings
+FAIL_IN = set()  # stages that fail (a kill or a full disk), outside the settings
 
 
 def write_stage(config, workdir, name):
@@ -22,12 +24,12 @@ def write_stage(config, workdir, name):
     i = list(config.stages).index(name)
     if i:
         before = open(os.path.join(workdir, config.stages[i - 1], "out.txt")).read()
-    if config[name].get("fail"):
+    if config[name].get("fail") or name in FAIL_IN:
         with open(os.path.join(workdir, name, "out.txt"), "w") as f:
             f.write("partial")
         raise OSError(28, "No space left on device (injected)")
     with open(os.path.join(workdir, name, "out.txt"), "w") as f:
-        f.write(before + str(config[name].value))
+        f.write(before + str(config[name].value) + CODE.get(name, ""))
 
 
 def _config(**values):
@@ -150,3 +152,167 @@ def test_a_subset_run_refuses_inputs_made_under_other_settings(tmp_path):
         run(_config(b=3), tmp_path, only=["c"], force=True)
     assert _out(tmp_path, "c") == "111" and (tmp_path / "c" / "DONE").exists()
     assert run(c, tmp_path, only=["a", "b", "c"], force=True) == ["a", "b", "c"]  # rerun from there: accepted
+
+
+@pytest.mark.parametrize("prev_done", [True, False])
+def test_a_kill_while_the_old_outputs_are_deleted_keeps_the_new_stage(tmp_path, prev_done):
+    """Issue 45: a kill while `<stage>.prev` was deleted after a successful rerun. The complete new stage (its DONE)
+    stays; the half-deleted old one goes (it used to be restored over the new one: data loss)."""
+    run(_config(), tmp_path)
+    assert run(_config(b=5), tmp_path, only=["b"], force=True) == ["b"]
+    half = tmp_path / "b.prev"   # what rmtree leaves when killed part way: some files gone, maybe DONE still there
+    half.mkdir()
+    if prev_done:
+        (half / "DONE").write_text((tmp_path / "b" / "DONE").read_text())
+    assert run(_config(b=5), tmp_path, only=["b"]) == []
+    assert _out(tmp_path, "b") == "15" and (tmp_path / "b" / "DONE").exists() and not half.exists()
+
+
+def test_a_kill_mid_restore_or_mid_delete_leaves_no_done_over_missing_files(tmp_path):
+    run(_config(), tmp_path)
+    (tmp_path / "b").rename(tmp_path / "b.prev")  # a failed rerun killed while restoring: partial new one deleted
+    (tmp_path / "b.deleting").mkdir()
+    assert run(_config(), tmp_path) == [] and _out(tmp_path, "b") == "11"
+    assert not (tmp_path / "b.prev").exists() and not (tmp_path / "b.deleting").exists()
+    for d in ("a", "b", "c"):
+        assert (tmp_path / d / "DONE").exists() == (tmp_path / d / "out.txt").exists()
+
+
+def test_an_interrupted_forced_run_never_mixes_generations(tmp_path):
+    """Issue 45: --force killed part way (here: b fails after a reran under new code). The next plain run reruns what
+    was made from the old `a` instead of exiting 0 over new upstream and old downstream outputs."""
+    run(_config(), tmp_path)
+    CODE["a"], FAIL_IN_before = "x", set(FAIL_IN)
+    FAIL_IN.add("b")
+    try:
+        with pytest.raises(OSError, match="injected"):
+            run(_config(), tmp_path, force=True)
+        assert _out(tmp_path, "a") == "1x" and _out(tmp_path, "b") == "11"  # b's old outputs came back
+        FAIL_IN.discard("b")
+        CALLS.clear()
+        assert run(_config(), tmp_path) == ["b", "c"] and _out(tmp_path, "c") == "1x11"
+        assert run(_config(), tmp_path) == []
+        # --force --stages=a killed after a finished, before b's DONE was dropped: a subset run of c is refused,
+        # naming the stage to rerun; a plain run reruns b and c
+        old_b = (tmp_path / "b" / "DONE").read_text()
+        run(_config(), tmp_path, only=["a"], force=True)
+        (tmp_path / "b" / "DONE").write_text(old_b)
+        with pytest.raises(StageError, match="the earlier stage 'b' was made from other outputs of 'a'"):
+            run(_config(), tmp_path, only=["c"])
+        assert run(_config(), tmp_path) == ["b", "c"]
+    finally:
+        CODE.clear()
+        FAIL_IN.clear()
+        FAIL_IN.update(FAIL_IN_before)
+
+
+def test_a_refused_run_leaves_config_json_as_the_outputs_were_made(tmp_path):
+    run(_config(), tmp_path)
+    c = _config()
+    c.seed = 1
+    with pytest.raises(StageError, match="changed: seed"):
+        run(c, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["config"]["seed"] == 0
+
+
+LOCK_TRIAL = """
+import sys, time
+from jaxrag.workdir import Lock, WorkdirError
+start = float(sys.argv[2])
+while time.time() < start:
+    pass
+try:
+    with Lock(sys.argv[1]):
+        print("held", flush=True)
+        time.sleep(1.5)
+except WorkdirError as e:
+    print("refused", e, flush=True)
+"""
+
+
+def test_concurrent_starters_never_both_hold_the_lock(tmp_path):
+    """Issue 45: starters racing for one workdir: exactly one holds it (a lock still being written was taken for
+    stale, and both held it, in 26 of 40 trials)."""
+    import time
+
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    for trial in range(3):
+        wd = tmp_path / f"t{trial}"
+        start = time.time() + 2.0
+        procs = [subprocess.Popen([sys.executable, "-c", LOCK_TRIAL, str(wd), str(start)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(6)]
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+        assert sum(o.startswith("held") for o in outs) == 1, outs
+        assert all(o.startswith(("held", "refused")) for o in outs), outs
+        assert not (wd / ".lock").exists()
+
+
+MID_TAKE = """
+import fcntl, json, os, socket, sys, time
+wd = sys.argv[1]
+guard = open(os.path.join(wd, ".lock.guard"), "a")
+fcntl.flock(guard, fcntl.LOCK_EX)
+open(os.path.join(wd, ".lock"), "w").close()       # a starter caught between creating its lock and filling it
+print("ready", flush=True)
+time.sleep(1.0)
+with open(os.path.join(wd, ".lock"), "w") as f:
+    json.dump({"pid": os.getpid(), "host": socket.gethostname()}, f)
+fcntl.flock(guard, fcntl.LOCK_UN)
+time.sleep(30)
+"""
+
+
+def test_a_lock_being_taken_is_never_taken_over(tmp_path):
+    """The deterministic form of the race: a live starter holds the guard while its lock is not yet filled. A
+    second starter waits for it and then meets a live holder (it used to read the empty lock as stale and take it)."""
+    holder = subprocess.Popen([sys.executable, "-c", MID_TAKE, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(WorkdirError, match=f"in use by another run \\(pid {holder.pid}"):
+            run(_config(), tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+
+
+def test_an_empty_lock_left_by_an_older_version_is_taken_over(tmp_path):
+    (tmp_path / ".lock").write_text("")
+    assert run(_config(), tmp_path) == ["a", "b", "c"]
+
+
+def test_an_input_file_edited_in_place_is_reported_and_reruns_on_request(tmp_path):
+    """Issue 45: the fingerprint covers the content of the files a stage reads, not only their path."""
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text('{"id": "1", "question": "q", "golden_answers": ["a"]}\n')
+    c = _config()
+    c.b.path = str(qa)
+    wd = tmp_path / "wd"
+    run(c, wd)
+    rec = json.loads((wd / "b" / "DONE").read_text())["inputs"][str(qa)]
+    assert rec["size"] == qa.stat().st_size and len(rec["sha256"]) == 64
+    os.utime(qa)  # touched, same content: nothing to rerun
+    assert run(c, wd) == []
+    qa.write_text('{"id": "1", "question": "q", "golden_answers": ["b"]}\n')  # same size, new content
+    with pytest.raises(StageError, match=rf"b: input file changed since the stage finished: {qa} \(content changed\)"
+                                         r".*--rerun_changed"):
+        run(c, wd)
+    with pytest.raises(StageError, match=r"c: the input files of the earlier stage 'b' changed"):
+        run(c, wd, only=["c"])
+    assert run(c, wd, rerun_changed=True) == ["b", "c"]
+    assert run(c, wd) == []
+
+
+def test_every_missing_input_path_is_listed_before_any_stage_runs(tmp_path):
+    c = _config()
+    c.a.path = "data/here.jsonl"                   # relative to the workdir: present
+    c.b.retriever = ml_collections.ConfigDict({"index_dir": "indexes/none", "encoder": "/no/such/encoder"})
+    c.c.datasets = [{"name": "x", "path": str(tmp_path / "gone.jsonl")}]
+    c.c.records = "b/records.jsonl"                # an earlier stage's output: not an input file
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "here.jsonl").write_text("{}\n")
+    with pytest.raises(StageError, match=r"3 input paths not found: config.b.retriever.encoder = /no/such/encoder; "
+                                         r"config.b.retriever.index_dir = .*indexes/none; "
+                                         r"config.c.datasets\[0\].path = .*gone.jsonl"):
+        run(c, tmp_path)
+    assert not (tmp_path / "a" / "DONE").exists() and not (tmp_path / "config.json").exists()

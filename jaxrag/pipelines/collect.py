@@ -173,7 +173,7 @@ def ranking_stage(config, workdir, name) -> None:
     from jaxrag.data.qa import load_qa
     from jaxrag.env.mdp import write_episodes
     from jaxrag.supervision.ranking import RankingConfig, collect_ranking
-    from jaxrag.supervision.records import write_pairs, write_records
+    from jaxrag.supervision.records import failures_line, judge_failures, write_pairs, write_records
 
     sc = config[name]
     out = stage_dir(workdir, name)
@@ -189,10 +189,14 @@ def ranking_stage(config, workdir, name) -> None:
     write_rows(out / "dpo.jsonl", dpo)
     write_rows(out / "sft.jsonl", sft)
     write_episodes(out / "episodes.jsonl", episodes)
-    stats.update(pairs=len(pairs), sft_rows=len(sft), judge=judge.name)
+    fails = judge_failures(records)
+    stats.update(pairs=len(pairs), sft_rows=len(sft), judge=judge.name, judge_failed_states=fails["failed_states"],
+                 judge_failure_kinds=fails["kinds"])
     write_json(out / "stats.json", stats)
     log(name, f"{stats['questions']} questions, {stats['trajectories_kept']} kept, {stats['states']} states, "
               f"{len(pairs)} pairs, {stats['judge_failures']} judge failures")
+    if fails["failed_states"]:  # the last line of the stage: what the judge did not score, and why
+        log(name, f"judge {judge.name}: {failures_line(fails)}; each candidate's failure is in {out / 'records.jsonl'}")
     if not pairs:
         raise RuntimeError(f"{name}: no preference pairs from {stats['questions']} questions ({stats['trajectories_kept']} "
                            f"trajectories kept, {stats['judge_failures']} judge failures; see {out}/stats.json): "

@@ -37,7 +37,8 @@ def _split_flashrag(contents: str) -> tuple[str, str]:
 def parse_record(record: object, where: str) -> Passage:
     """One decoded JSON record -> Passage; `where` is "file:line" for errors. Formats: {id, title, text},
     FlashRAG {id, contents: '"Title"\\ntext'}, and MedRAG's chunks {id, title, content, contents} (contents = title +
-    content there, so the text is `content`)."""
+    content there, so the text is `content`). A record whose text field is blank is an error (a FlashRAG `contents`
+    of one line is a title with no text: accepted)."""
     if not isinstance(record, dict):
         raise CorpusError(f"{where}: expected a JSON object, got {type(record).__name__}")
     if "id" not in record:
@@ -52,6 +53,8 @@ def parse_record(record: object, where: str) -> Passage:
     body = record[body_key]
     if not isinstance(body, str):
         raise CorpusError(f"{where}: key {body_key!r} of record {doc_id!r} is not a string")
+    if not body.strip():  # nothing to retrieve: a broken export, not a passage
+        raise CorpusError(f"{where}: record {doc_id!r} has an empty text ({body_key!r}); fix or drop the line")
     if "title" in record:
         title = record["title"]
         if not isinstance(title, str):

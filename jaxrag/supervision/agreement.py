@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from jaxrag.env.parsing import canon
-from jaxrag.supervision.records import ProcessRecord
+from jaxrag.supervision.records import ProcessRecord, failures_line, judge_failures
 
 
 def state_key(rec: ProcessRecord) -> tuple:
@@ -67,18 +67,22 @@ def pairwise_agreement(a: Sequence[ProcessRecord], b: Sequence[ProcessRecord]) -
 
 
 def agreement_table(sources: Mapping[str, Sequence[ProcessRecord]], reference: str = "oracle") -> list[dict]:
-    """One row per source other than `reference`: its agreement with the reference's strict pairs."""
+    """One row per source other than `reference`: its agreement with the reference's strict pairs, and the states
+    its judge failed on, with the reasons by kind (a judge that failed everywhere reads "n/a | 0 | ..." and says
+    why, not only zeros)."""
     if reference not in sources:
         raise ValueError(f"agreement_table: reference source {reference!r} not among {sorted(sources)}")
     rows = []
     for name, recs in sources.items():
         if name == reference:
             continue
-        rows.append({"source": name, "reference": reference, **pairwise_agreement(sources[reference], recs)})
+        fails = judge_failures(recs)
+        rows.append({"source": name, "reference": reference, **pairwise_agreement(sources[reference], recs),
+                     "failed_states": fails["failed_states"], "failures": failures_line(fails) or "-"})
     return rows
 
 
-COLUMNS = ("source", "reference", "agreement", "pairs", "agree", "ties_b", "states")
+COLUMNS = ("source", "reference", "agreement", "pairs", "agree", "ties_b", "states", "failed_states", "failures")
 
 
 def _fmt(v) -> str:
@@ -91,7 +95,8 @@ def agreement_markdown(rows: Sequence[dict]) -> str:
     head = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS) + "\n"
     body = "".join("| " + " | ".join(_fmt(r.get(c)) for c in COLUMNS) + " |\n" for r in rows)
     note = ("\nagreement: fraction of candidate pairs with different reference scores that the source orders the "
-            "same way (a tie under the source counts as disagreement); pairs: those pairs.\n")
+            "same way (a tie under the source counts as disagreement); pairs: those pairs; failed_states: states the "
+            "source's judge failed on (no scores), with the reasons by kind.\n")
     return head + body + note
 
 

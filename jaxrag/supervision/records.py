@@ -149,3 +149,35 @@ def pair_examples(pairs: Sequence[Pair], tokenizer, add_bos: bool = True):
         prompt = tokenizer.encode(p.prompt, add_bos=add_bos)
         out.append(PreferencePair(prompt, tokenizer.encode(p.chosen), tokenizer.encode(p.rejected)))
     return out
+
+
+def failure_kind(failure: str) -> str:
+    """A judge failure's kind, for counting: 'candidate 0,1: HTTP 429 (Retry-After 2s); ...' -> 'HTTP 429',
+    'timeout after 30s' -> 'timeout', 'unparseable reply: no score' -> 'unparseable reply'."""
+    reason = failure.split("; ", 1)[0]
+    if reason.startswith("candidate ") and ": " in reason:
+        reason = reason.split(": ", 1)[1]
+    head = reason.split(":", 1)[0].split(" (", 1)[0].strip()
+    if head.startswith("HTTP"):
+        return " ".join(head.split()[:2])
+    return "timeout" if head.startswith("timeout") else head or "no reason given"
+
+
+def judge_failures(records: Sequence[ProcessRecord]) -> dict:
+    """{"states", "failed_states", "kinds": {kind: failed states}}: a state failed when a candidate has no score and
+    a recorded failure (one judge call per state or per candidate; a state counts once, by its first failure)."""
+    kinds: dict[str, int] = {}
+    for rec in records:
+        why = next((c.failure for c in rec.candidates if c.score is None and c.failure), None)
+        if why is not None:
+            kinds[failure_kind(why)] = kinds.get(failure_kind(why), 0) + 1
+    return {"states": len(records), "failed_states": sum(kinds.values()),
+            "kinds": dict(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))}
+
+
+def failures_line(summary: dict) -> str:
+    """'47 of 47 states failed (HTTP 500: 40, timeout: 7)' | '' when none failed."""
+    if not summary["failed_states"]:
+        return ""
+    kinds = ", ".join(f"{k}: {n}" for k, n in summary["kinds"].items())
+    return f"{summary['failed_states']} of {summary['states']} states failed ({kinds})"

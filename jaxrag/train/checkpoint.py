@@ -1,7 +1,8 @@
 """orbax checkpoints of the train state + a JSON meta record (step, data position), keep-N, async saves.
 
 A checkpoint that cannot be read back (corrupt or partial files) raises CheckpointCorrupt naming its directory and
-how to resume from an older one (train.checkpoint.restore_step); nothing is deleted: resuming from an older step
+how to resume from an older one (train.checkpoint.restore_step), or, with none, which folder to delete to start
+over; nothing is deleted: resuming from an older step
 moves the later step directories aside (`<step>.set_aside`) so training can save those steps again.
 """
 
@@ -44,7 +45,8 @@ class Checkpointer:
         except Exception as e:  # orbax raises many types (ValueError, FileNotFoundError, tensorstore errors)
             others = [s for s in self.all_steps() if s != step]
             hint = (f"; to resume from step {max(others)} set train.checkpoint.restore_step={max(others)}"
-                    if others else "")
+                    if others else f"; no older step to resume from: delete {where} to train this stage from the "
+                    "start")
             raise CheckpointCorrupt(
                 f"checkpoint {where} is corrupt or partial and was left untouched (other steps: {others}{hint}): "
                 f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None

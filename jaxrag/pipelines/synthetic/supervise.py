@@ -78,10 +78,12 @@ def supervision_stage(config, workdir, name) -> None:
             batch_size=s.batch_size * s.n_candidates, max_new_tokens=s.max_new_tokens, seed=config.seed + 2))
     if dev and s.http_judge.get("base_url"):
         from jaxrag.supervision.judges import judge_records
+        from jaxrag.supervision.records import judge_failures
 
         hj = get_judge("http", base_url=s.http_judge.base_url, model=s.http_judge.model)
         agree["http"] = judge_records(hj, agree["oracle"], kind="rank", source=f"rank:{hj.name}")
-        stats["http_judge_failed_states"] = sum(any(c.score is None for c in r.candidates) for r in agree["http"])
+        stats["http_judge_failures"] = judge_failures(agree["http"])
+        stats["http_judge_failed_states"] = stats["http_judge_failures"]["failed_states"]
     for source, recs in agree.items():
         write_records(out / "agreement" / f"records_{source}.jsonl", recs)
     stats["agreement_states"] = {k: len(v) for k, v in agree.items()}
@@ -89,6 +91,11 @@ def supervision_stage(config, workdir, name) -> None:
     log(name, f"{stats['states']} states ({stats['records_kept']} kept), {len(pairs)} pairs, "
               f"{stats['trajectories_kept']}/{stats['questions']} trajectories kept (F1 > {s.outcome_threshold}), "
               f"{stats['states_per_s']:.1f} states/s")
+    if stats.get("http_judge_failed_states"):  # the last line of the stage: what the judge did not score, and why
+        from jaxrag.supervision.records import failures_line
+
+        log(name, f"http judge {s.http_judge.model}: {failures_line(stats['http_judge_failures'])} of the dev "
+                  f"agreement states; each candidate's failure is in {out / 'agreement' / 'records_http.jsonl'}")
 
 
 # jaxrag.main checks the config before any stage runs
