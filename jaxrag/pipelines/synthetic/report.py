@@ -13,6 +13,7 @@ import os
 import matplotlib
 
 from jaxrag.pipelines.synthetic import checks
+from jaxrag.train.distributed import lead_only
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -178,6 +179,7 @@ def write_report(results: dict, curves: dict[str, list[dict]], out_dir: str, tit
     return paths
 
 
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def report_stage(config, workdir, name) -> None:
     """results.md/csv + plots of every system, the training curves of every stage, and (when those stages ran) the
     annotator-agreement table and the best-of-N curve."""
