@@ -29,6 +29,7 @@ from pathlib import Path
 from jaxrag.jsonl import write_atomic
 from jaxrag.pipelines.common import (config_fail, load_policy, load_retriever, log, plain, resolve, stage_dir,
                                      write_json)
+from jaxrag.train.distributed import lead_only
 
 
 JUDGE_KINDS = ("http", "local", "fn")
@@ -169,6 +170,7 @@ def actor(sc, name: str, workdir):
     return policy, retriever, get_agent(sc.agent.name, **opts)
 
 
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def ranking_stage(config, workdir, name) -> None:
     from jaxrag.data.qa import load_qa
     from jaxrag.env.mdp import write_episodes
@@ -236,6 +238,7 @@ def critic_pairs(records, agent, tokenizer, max_len: int, add_bos: bool = True) 
     return rows, dropped
 
 
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def critic_pairs_stage(config, workdir, name) -> None:
     """config[name]: records (a collect stage's records.jsonl, relative to the workdir), agent ({name, opts}: the
     design whose prompts the critic reads, as in the eval stage's critic entry), tokenizer (the critic's: a dir,
@@ -281,6 +284,7 @@ critic_pairs_stage.check_config = check_critic_pairs
 
 
 # ------------------------------------------------------------------------------------- rollout (Math-Shepherd) source
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def rollout_values_stage(config, workdir, name) -> None:
     """RAG-Gym Table 4's "PRM (Rollout)" process source (001 §4.1; Math-Shepherd, METHODS.md §5): every candidate
     of a collection's kept states re-scored by the mean outcome of M continuations from it

@@ -7,6 +7,7 @@ from __future__ import annotations
 from jaxrag.pipelines.collect import (actor, check_actor, check_judge, check_questions, encode_prompt, make_judge,
                                       write_rows)
 from jaxrag.pipelines.common import config_fail, log, plain, resolve, stage_dir, write_json
+from jaxrag.train.distributed import lead_only
 
 
 def mcts_rows(trees, records, policy, min_margin: float, max_new_tokens: int) -> tuple[list[dict], list[dict], list]:
@@ -43,6 +44,7 @@ def _question_sets(sc) -> list[dict]:
     return list(q) if isinstance(q, (list, tuple)) else [q]
 
 
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def mcts_stage(config, workdir, name) -> None:
     """ReasonRAG's process-supervised data (002 §2.2, RAG-ProGuide; METHODS.md §5) on real QA files: MCTS with SPRE
     over the policy's Reasoning / Grounding steps (jaxrag.supervision.mcts + mcts_env.PolicyTreeEnv), `trees_per_round`

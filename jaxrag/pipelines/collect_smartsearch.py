@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from jaxrag.pipelines.collect import actor, check_actor, check_judge, check_questions, make_judge, write_rows
 from jaxrag.pipelines.common import config_fail, log, plain, resolve, stage_dir, write_json
+from jaxrag.train.distributed import lead_only
 
 
 def outcome_pairs(episodes, agent, cfg) -> list:
@@ -27,6 +28,7 @@ def outcome_pairs(episodes, agent, cfg) -> list:
     return out
 
 
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def smartsearch_stage(config, workdir, name) -> None:
     """SmartSearch's curriculum data (004 §4.2-4.4; released scripts/data_construction) on a real QA file: the
     policy's trajectories, dual-level credit (novelty by rule + usefulness by the judge, 004 App. A), and with

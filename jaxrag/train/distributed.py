@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 _done = False
@@ -120,3 +121,40 @@ def allgather_objects(obj) -> list:
 def gather_shares(items: list) -> list:
     """The inverse of `share`: every process's list, concatenated in process order, on every process."""
     return [x for part in allgather_objects(list(items)) for x in part]
+
+
+# ------------------------------------------------------------------------------ work that process 0 does alone
+WAIT_FOR_LEAD_S = 7 * 24 * 3600  # how long the others wait for process 0's host-side work: no bound in practice
+
+
+def wait_all(name: str, timeout_s: float = WAIT_FOR_LEAD_S) -> None:
+    """A barrier through jax.distributed's coordination service, not a device collective: for the others to wait
+    while process 0 works alone (sampling, judging) for as long as it takes, which a collective's own timeout (XLA's
+    CPU collectives) would not allow. `name` must be the same string on every process and used once per run."""
+    if process_count() > 1:
+        from jax._src import distributed  # the client orbax's multihost barriers use too
+
+        distributed.global_state.client.wait_at_barrier(name, timeout_in_ms=int(timeout_s * 1000))
+
+
+def lead_only(stage):
+    """A stage `fn(config, workdir, name)` whose work is host-side (sampling with a process-local policy, judging,
+    tables, plots; no collective inside) run by process 0 alone: its files are written once and its results equal a
+    one-process run's at any temperature (the same seeds, one sampling stream). The others wait until it is done;
+    a stage that fails on process 0 ends the job there (the launchers end the waiting processes)."""
+
+    @functools.wraps(stage)
+    def run(config, workdir, name):
+        if is_lead():
+            stage(config, workdir, name)
+        wait_all(f"lead_only:{workdir}:{name}")
+
+    return run
+
+
+def from_lead(compute, name: str):
+    """`compute()` run on process 0 alone, its (picklable) result returned on every process: the host-side part of
+    a stage whose later part runs on every process (e.g. sampling trajectories, then training on them)."""
+    result = compute() if is_lead() else None
+    wait_all(f"from_lead:{name}")
+    return allgather_objects(result)[0]

@@ -17,8 +17,10 @@ from jaxrag.console import num, standard_error
 from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
+from jaxrag.train.distributed import lead_only
 
 
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def agreement_stage(config, workdir, name) -> None:
     from jaxrag.env.agents import get_agent
     from jaxrag.pipelines.synthetic.preference import critic_scorer
@@ -42,6 +44,7 @@ def agreement_stage(config, workdir, name) -> None:
                         f"({num(r['agreement'])})" for r in rows))
 
 
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def bestofn_stage(config, workdir, name) -> None:
     from jaxrag.env.agents import get_agent
     from jaxrag.env.mdp import write_episodes

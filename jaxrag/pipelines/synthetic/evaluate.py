@@ -16,6 +16,7 @@ from jaxrag.console import num, standard_error
 from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
+from jaxrag.train.distributed import lead_only
 
 FORCED_ANSWER_AGENTS = ("direct", "rag")
 
@@ -68,6 +69,7 @@ def rollout_config(config, s, **over):
                          max_new_tokens=s.max_new_tokens, reward="em", seed=config.seed, **over)
 
 
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def eval_stage(config, workdir, name) -> None:
     from jaxrag.env.agents import get_agent
     from jaxrag.env.mdp import write_episodes

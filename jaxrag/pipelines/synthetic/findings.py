@@ -15,6 +15,7 @@ from pathlib import Path
 
 from jaxrag.pipelines.common import log, read_json, stage_dir
 from jaxrag.pipelines.synthetic import checks
+from jaxrag.train.distributed import lead_only
 
 
 def _systems(workdir, *stages) -> dict:
@@ -57,6 +58,7 @@ def plot_grpo(curves: dict[str, list[dict]], path) -> None:
     save_figure(fig, (a, b, c), path)
 
 
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def findings_stage(config, workdir, name) -> None:
     s = config[name]
     systems = _systems(workdir, s.eval, s.eval_findings)

@@ -19,11 +19,13 @@ from pathlib import Path
 from jaxrag.pipelines.common import log, read_json, write_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.supervise import sampling_setup
+from jaxrag.train.distributed import lead_only
 
 SUMMED = ("iterations", "expand_calls", "rollout_calls", "expanded", "rollouts", "revisits", "nodes", "expand_s",
           "rollout_s", "total_s")
 
 
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def mcts_stage(config, workdir, name) -> None:
     from tqdm import tqdm
 

@@ -16,16 +16,33 @@ from jaxrag.pipelines.common import read_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.sft import sft_on_episodes
 from jaxrag.pipelines.synthetic.supervise import sampling_setup
+from jaxrag.train.distributed import from_lead
 
 
 def outcome_stage(config, workdir, name) -> None:
-    from jaxrag.env.mdp import write_episodes
-    from jaxrag.env.rollout import RolloutConfig, rollout
+    from jaxrag.env.agents import get_agent
     from jaxrag.metrics import f1_score
 
     s = config[name]
     budget = int(read_json(Path(workdir) / s.budget_from / "stats.json")["sampled_actions_all"])
-    _, out, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
+    # multi-host: process 0 samples (one stream, as on one process) and writes episodes.jsonl; every process then
+    # trains on the same episodes
+    episodes, sampled, rounds = from_lead(lambda: sample_budget(config, workdir, name, budget), f"{workdir}:{name}")
+    correct = [e for e in episodes if f1_score(e.answer, e.gold) >= s.keep_f1]
+    if not correct:
+        raise ValueError(f"{name}: none of {len(episodes)} sampled trajectories is correct; nothing to train on")
+    sft_on_episodes(workdir, name, correct, get_agent(s.agent, mode="plain"), s.policy, s.max_len, s.train,
+                    {"budget_actions": budget, "sampled_actions": sampled, "trajectories": len(episodes),
+                     "correct": len(correct), "rounds": rounds})
+
+
+def sample_budget(config, workdir, name, budget: int) -> tuple[list, int, int]:
+    """Whole trajectories from the policy until `budget` actions are sampled (at most 100 rounds over the
+    questions, each with its own seed); writes them to episodes.jsonl. -> (episodes, actions sampled, rounds)."""
+    from jaxrag.env.mdp import write_episodes
+    from jaxrag.env.rollout import RolloutConfig, rollout
+
+    s, out, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
     episodes, sampled, rounds = [], 0, 0
     while sampled < budget and rounds < 100:
         rc = RolloutConfig(k=config.index.k, max_steps=s.max_steps, batch_size=s.batch_size, temperature=s.temperature,
@@ -38,12 +55,7 @@ def outcome_stage(config, workdir, name) -> None:
             sampled += len(ep.steps)
         rounds += 1
     write_episodes(out / "episodes.jsonl", episodes)
-    correct = [e for e in episodes if f1_score(e.answer, e.gold) >= s.keep_f1]
-    if not correct:
-        raise ValueError(f"{name}: none of {len(episodes)} sampled trajectories is correct; nothing to train on")
-    sft_on_episodes(workdir, name, correct, agent, s.policy, s.max_len, s.train,
-                    {"budget_actions": budget, "sampled_actions": sampled, "trajectories": len(episodes),
-                     "correct": len(correct), "rounds": rounds})
+    return episodes, sampled, rounds
 
 
 # jaxrag.main checks the config before any stage runs

@@ -13,6 +13,7 @@ from jaxrag.console import summary
 from jaxrag.pipelines.common import load_checkpoint, log, model_dir, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.world import load_tokenizer, tokenizer_path
+from jaxrag.train.distributed import is_lead
 
 
 def pair_stream(workdir, s, tok, tc):
@@ -53,7 +54,8 @@ def preference_stage(config, workdir, name) -> None:
     from jaxrag.pipelines.common import save_checkpoint
 
     save_checkpoint(model_dir(workdir, name), mcfg, result.params, tokenizer_path(workdir), head=result.head)
-    write_json(stage_dir(workdir, name) / "summary.json", {**info, "steps": result.step, "final": result.metrics})
+    if is_lead():  # every process trained and saved together; one writes the summary
+        write_json(stage_dir(workdir, name) / "summary.json", {**info, "steps": result.step, "final": result.metrics})
     log(name, f"{result.step} steps, last batch: " + summary(result.metrics, (
         "loss", f"{tc.loss}/accuracy", "dpo/reward_margin", "bt/margin")))
 

@@ -13,6 +13,7 @@ import os
 import matplotlib
 
 from jaxrag.pipelines.synthetic import checks
+from jaxrag.train.distributed import lead_only
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -203,6 +204,7 @@ def curve_size(section) -> int:
     return int(section.get("eval_max_sequences", 0) or 0)
 
 
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def report_stage(config, workdir, name) -> None:
     """results.md/csv + plots of every system, the training curves of every stage, and (when those stages ran) the
     annotator-agreement table and the best-of-N curve."""

@@ -19,6 +19,7 @@ from jaxrag.pipelines.common import load_checkpoint, log, model_dir, save_checkp
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.world import (load_questions, load_teacher_episodes, load_tokenizer, tokenizer_path,
                                               unseen_pool)
+from jaxrag.train.distributed import is_lead
 
 
 def model_config(config, tok):
@@ -94,7 +95,8 @@ def sft_stage(config, workdir, name) -> None:
     unseen = unseen_pool(config, workdir)
     held = {q["id"] for q in unseen}
     train_eps = [e for e in train_eps if e.qid not in held]  # kept for the later stages (world.unseen_pool)
-    write_jsonl(stage_dir(workdir, name) / "pool_questions.jsonl", unseen or load_questions(workdir, "train"))
+    if is_lead():  # multi-host: one writer (read by later stages, after jaxrag.main's barrier)
+        write_jsonl(stage_dir(workdir, name) / "pool_questions.jsonl", unseen or load_questions(workdir, "train"))
     if s.only_correct:
         train_eps = [e for e in train_eps if e.reward > 0]
     train, train_info = sft_arrays(train_eps, agent, tok, s.max_len, pack=s.pack)
@@ -117,7 +119,9 @@ def sft_stage(config, workdir, name) -> None:
         evaluate=lambda p, step: {sp: teacher_forced(eval_fn, p, a, buckets) for sp, a in evals.items()},
         eval_every=s.eval_every,
     )
-    save_checkpoint(model_dir(workdir, name), mcfg, result.params, tokenizer_path(workdir))
+    save_checkpoint(model_dir(workdir, name), mcfg, result.params, tokenizer_path(workdir))  # every process
+    if not is_lead():  # process 0 wrote metrics.jsonl and writes the summary
+        return
     from jaxrag.train.metrics_log import read_eval_metrics
 
     last = {r["split"]: r for r in read_eval_metrics(stage_dir(workdir, name) / "metrics.jsonl")}
@@ -150,7 +154,8 @@ def sft_on_episodes(workdir, name: str, episodes, agent, init: str, max_len: int
                  workdir=stage_dir(workdir, name))
     save_checkpoint(model_dir(workdir, name), mcfg, result.params, tokenizer_path(workdir))
     summary.update({"steps": result.step, "final_loss": result.metrics.get("loss")})
-    write_json(stage_dir(workdir, name) / "summary.json", summary)
+    if is_lead():
+        write_json(stage_dir(workdir, name) / "summary.json", summary)
     log(name, fmt_summary(summary, ("steps", "final_loss", *(info or {}))))
     return summary
 

@@ -22,8 +22,10 @@ from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.sft import sft_on_episodes
 from jaxrag.pipelines.synthetic.supervise import sampling_setup
 from jaxrag.pipelines.synthetic.world import tokenizer_path
+from jaxrag.train.distributed import is_lead, lead_only
 
 
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def curriculum_data_stage(config, workdir, name) -> None:
     from jaxrag.env.mdp import write_episodes
     from jaxrag.env.rollout import RolloutConfig, rollout
@@ -74,7 +76,8 @@ def episodes_sft_stage(config, workdir, name) -> None:
         log(name, f"{path}: no trajectory passed the stage-1 filter; stage 1 SKIPPED, {s.init}'s model kept as is")
         mcfg, params = load_checkpoint(model_dir(workdir, s.init))
         save_checkpoint(model_dir(workdir, name), mcfg, params, tokenizer_path(workdir))
-        write_json(stage_dir(workdir, name) / "summary.json", {"episodes": 0, "steps": 0, "skipped": True})
+        if is_lead():
+            write_json(stage_dir(workdir, name) / "summary.json", {"episodes": 0, "steps": 0, "skipped": True})
         return
     sft_on_episodes(workdir, name, episodes, get_agent(s.agent, mode="plain"), s.init, s.max_len, s.train)
 

@@ -21,6 +21,7 @@ from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.world import (load_questions, load_tokenizer, make_retriever, sampling_questions,
                                               stage_policy)
+from jaxrag.train.distributed import lead_only
 
 
 class Sampling(NamedTuple):
@@ -43,6 +44,7 @@ def sampling_setup(config, workdir, name) -> Sampling:
                     sampling_questions(config, workdir, s.max_questions))
 
 
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def supervision_stage(config, workdir, name) -> None:
     from jaxrag.env.mdp import write_episodes
     from jaxrag.supervision.judges import get_judge

@@ -14,6 +14,7 @@ from jaxrag.jsonl import read_jsonl
 from jaxrag.console import num, summary
 from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
+from jaxrag.train.distributed import lead_only
 
 
 # ------------------------------------------------------------------------------------------------ loaders
@@ -115,6 +116,7 @@ def world_seed(config) -> int:
     return int(config.get("world_seed", config.seed))
 
 
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def world_stage(config, workdir, name) -> None:
     s = config[name]
     w = generate_world(
@@ -130,6 +132,7 @@ def world_stage(config, workdir, name) -> None:
     log(name, f"{len(w.passages)} passages, {len(qs)} questions ({summary(dict(sorted(by_split.items())))})")
 
 
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def index_stage(config, workdir, name) -> None:
     retriever = make_retriever(config, workdir, out_dir=str(stage_dir(workdir, name) / "bm25"))
     # Diagnostic: does the first good teacher query of each hop find its gold passage at k?
@@ -144,6 +147,7 @@ def index_stage(config, workdir, name) -> None:
               f"{len(hops)} dev hops (each hop's first query template)")
 
 
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def teacher_stage(config, workdir, name) -> None:
     from jaxrag.env.mdp import write_episodes
     from jaxrag.retrieval import load_corpus
@@ -174,6 +178,7 @@ def teacher_stage(config, workdir, name) -> None:
     write_json(out / "stats.json", stats)
 
 
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def tokenizer_stage(config, workdir, name) -> None:
     """sentencepiece on the non-held-out passages, the train questions and the train SFT texts of every agent
     named in config[name].agents (the formats the policies will be trained in)."""
