@@ -29,6 +29,7 @@ import numpy as np
 
 from jaxrag.pipelines.common import config_fail, log, stage_dir, write_json
 from jaxrag.pipelines.synthetic.report import plt, save_figure
+from jaxrag.train.distributed import lead_only
 
 
 def seed_dir(workdir, seed: int) -> Path:
@@ -45,6 +46,7 @@ def seed_command(s, seed: int, workdir) -> list[str]:
     return cmd
 
 
+@lead_only  # host-side: process 0 launches the seeds' runs (docs/multihost.md)
 def seed_runs_stage(config, workdir, name) -> None:
     import jaxrag
     from jaxrag.workdir import read_done
@@ -206,6 +208,7 @@ def plot(res: dict, path) -> None:
     save_figure(fig, (a, b), path)
 
 
+@lead_only  # host-side: process 0 alone (docs/multihost.md)
 def seeds_study_stage(config, workdir, name) -> None:
     s = config[name]
     runs = json.loads((Path(workdir) / s.runs / "runs.json").read_text())["runs"]
