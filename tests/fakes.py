@@ -1,6 +1,6 @@
 """Reusable test fakes: the policy and tokenizer stand-ins of jaxrag.fakes, and a term-overlap retriever.
 
-They implement the same protocols as the real things (jaxrag.policy.Policy, jaxrag.retrieval.Retriever,
+They implement the same protocols as the real things (jaxrag.sampling.policy.Policy, jaxrag.retrieval.Retriever,
 jaxrag.tokenizer.Tokenizer) so the rollout engine and the eval job can be tested without a model or index.
 """
 from __future__ import annotations

@@ -54,16 +54,16 @@ Sessions (opt-in: `SlotPool(..., sessions=True)`, `submit(..., session=key)`, `r
 with a session key finishes, its row is PARKED in its slot: it keeps the keys/values of prompt + completion (tokens
 decoded past a host stop-string cut are made not valid: `forget`), is done on device (a done row writes nothing
 valid while others decode) and the host remembers the ids it holds. When the session's next request is inserted
-and its ids extend the held ones (kv_sessions.extends: the token-level test of the lock-step sessions), only the
+and its ids extend the held ones (sessions.extends: the token-level test of the lock-step sessions), only the
 appended ids are prefilled, into the same slot; when they do not extend them but share a prefix of at least
-`min_shared` ids with them (kv_sessions.shared_prefix: a design whose question follows the growing history, a
+`min_shared` ids with them (sessions.shared_prefix: a design whose question follows the growing history, a
 tokenizer merge at the completion's end), the row keeps that prefix and the rest of the prompt is prefilled
 (counted in `reused_partial`). Either way (`extend_rows`: the row's kept keys/values gathered into a small cache,
 the appended ids run through `forward_cached` at positions continuing the row's, the result compacted and written
 back by `place`, right-aligned before the index, so the row holds exactly its prompt's tokens as after a full
-insert; groups of power-of-two rows, the kept ids padded to a power-of-two bucket (kv_sessions' finer buckets for
+insert; groups of power-of-two rows, the kept ids padded to a power-of-two bucket (sessions' finer buckets for
 them compiled 1.5x as long in bench.rollout --kv's first runs for the same throughput), the appended ids to
-kv_sessions.fine_bucket (a shared-prefix turn may append hundreds of ids: 689 pad to 768, not 1,024)). Otherwise
+sessions.fine_bucket (a shared-prefix turn may append hundreds of ids: 689 pad to 768, not 1,024)). Otherwise
 the request is a full insert, a fallback counted by reason in `stats` (fallback_new, fallback_not_prefix,
 fallback_evicted). Parked rows hold a slot and count as live for the left shift (never rolled out); a parked row
 whose span from its first token to the index would exceed T is evicted instead (evicted_span), and a request that
@@ -106,11 +106,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrag.generate import (SamplingParams, _decode_chunk, _first_stop, _prefill, bucket, finish_row,
-                             left_pad, on_params_mesh, params_mesh, stop_ids_of)
-from jaxrag.kv_sessions import MIN_SHARED, fine_bucket, shared_prefix, take_slots
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import forward_cached_hidden, init_cache, logits_from_hidden
+from jaxrag.sampling.generate import (SamplingParams, _decode_chunk, _first_stop, _prefill, bucket, finish_row,
+                                      left_pad, on_params_mesh, params_mesh, stop_ids_of)
+from jaxrag.sampling.sessions import MIN_SHARED, fine_bucket, shared_prefix, take_slots
 
 
 _CACHED = "cached row"   # a cached row's session key is (_CACHED, its slot)
@@ -500,7 +500,7 @@ class SlotPool:
         """Waiting requests out of the queue, in order: (fresh: (free slot, request) to prefill in full, continued:
         [(source slot, ids kept, [(slot, request), ...])]: rows whose other ids alone are prefilled, once, and
         copied to each of their requests' slots). A request continues the branch of its session (the parked rows of
-        the session's last turn: one per candidate) that keeps the most of its ids (kv_sessions.shared_prefix: one
+        the session's last turn: one per candidate) that keeps the most of its ids (sessions.shared_prefix: one
         whose held ids it extends, else the longest common prefix of at least min_shared ids and a quarter of the
         prompt, counted in reused_partial), into that branch's own slot; the session's other branches are freed
         (the episode went on from that one), and the requests after it with the same session and ids (the turn's
