@@ -46,7 +46,7 @@ from jaxrag.compilation import compilation
 from jaxrag.data.qa import load_qa
 from jaxrag.env.agents import get_agent
 from jaxrag.env.rollout import RolloutConfig, rollout
-from jaxrag.fakes import LatencyPolicy, tiny_jax_policy
+from jaxrag.testing import LatencyPolicy, tiny_jax_policy
 from jaxrag.paths import BENCHMARKS
 
 BENCH = BENCHMARKS

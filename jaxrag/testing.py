@@ -135,5 +135,5 @@ class ShortestJudge:
 
 
 def shortest_judge(judge_section=None, workdir=None) -> ShortestJudge:
-    """config `judge: {kind: "fn", fn: "jaxrag.fakes:shortest_judge"}`."""
+    """config `judge: {kind: "fn", fn: "jaxrag.testing:shortest_judge"}`."""
     return ShortestJudge()
