@@ -1,6 +1,6 @@
-"""Reusable test fakes: the policy and tokenizer stand-ins of jaxrag.fakes, and a term-overlap retriever.
+"""Reusable test fakes: the policy and tokenizer stand-ins of jaxrag.testing, and a term-overlap retriever.
 
-They implement the same protocols as the real things (jaxrag.policy.Policy, jaxrag.retrieval.Retriever,
+They implement the same protocols as the real things (jaxrag.sampling.policy.Policy, jaxrag.retrieval.Retriever,
 jaxrag.tokenizer.Tokenizer) so the rollout engine and the eval job can be tested without a model or index.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from jaxrag.fakes import (ByteTokenizer, LatencyPolicy, QueuePolicy, RandomTextPolicy,  # noqa: F401 (re-exported)
+from jaxrag.testing import (ByteTokenizer, LatencyPolicy, QueuePolicy, RandomTextPolicy,  # noqa: F401 (re-exported)
                           ScriptedPolicy, completion, cut_at_stop, tiny_jax_policy)
 from jaxrag.env.agents import base
 from jaxrag.env.mdp import QUERY, Action

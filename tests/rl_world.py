@@ -68,7 +68,7 @@ def tiny_policy(seed: int = 0, max_seq_len: int = 256, std: float = 0.5):
 
     from jaxrag.models.config import ModelConfig
     from jaxrag.models.transformer import init_params
-    from jaxrag.policy import JaxPolicy
+    from jaxrag.sampling import JaxPolicy
     cfg = ModelConfig(vocab_size=259, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64,
                       max_seq_len=max_seq_len, bos_id=1, eos_ids=(2,), pad_id=0)
     return JaxPolicy(cfg, init_params(cfg, jax.random.PRNGKey(seed), std=std), ByteTokenizer())

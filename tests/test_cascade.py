@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from jaxrag.bench.model import bytes_accessed
-from jaxrag.generate import SamplingParams, _fork, _prefill, cascade_cache, cascade_groups, left_pad, sample
 from jaxrag.models import ModelConfig, decode_step, init_cache, init_params, unstack_layers
 from jaxrag.models.transformer import attend, attend_shared
+from jaxrag.sampling.generate import SamplingParams, _fork, _prefill, cascade_cache, cascade_groups, left_pad, sample
 
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=512)
 PARAMS = init_params(CFG, jax.random.PRNGKey(0), std=0.5)

@@ -90,7 +90,7 @@ def judge_url():
 
 def scripted_actor(pcfg=None, workdir=None):
     """Valid, distinct plain-ReAct actions: candidate j of a call searches "fact j", or answers on the second step."""
-    from jaxrag.fakes import ScriptedPolicy
+    from jaxrag.testing import ScriptedPolicy
     return ScriptedPolicy(lambda p, j: f"answer: guess {j}" if "\nsearch: " in p else f"search: fact {j}")
 
 

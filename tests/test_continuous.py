@@ -1,4 +1,4 @@
-"""Continuous batching (jaxrag.continuous + RolloutConfig(continuous=True)): a slot pool smaller than the work gives
+"""Continuous batching (sampling.continuous + RolloutConfig(continuous=True)): a slot pool smaller than the work gives
 the lock-step sampler's tokens per request / per episode, keys that do not depend on the slots, bounded memory."""
 import collections
 import copy
@@ -12,15 +12,13 @@ import pytest
 from fakes import (ByteTokenizer, EchoSearch, Latin1Tokenizer, OverlapRetriever, Passage, ScriptedPolicy,
                    SlotScripted)
 from rl_world import PASSAGES, QUESTIONS, EchoAgent, HashRetriever
-from jaxrag.continuous import RequestTooLong, SlotPool
 from jaxrag.env.agents import get_agent
 from jaxrag.env.mdp import ANSWER, Action, Episode
 from jaxrag.env.rollout import RolloutConfig, rollout
-from jaxrag.generate import SamplingParams, _decode_chunk, bucket, row_keys, sample
-from jaxrag.kv_sessions import extends, shared_prefix
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import init_cache, param_shapes
-from jaxrag.policy import JaxPolicy
+from jaxrag.sampling import JaxPolicy, RequestTooLong, SlotPool, extends, shared_prefix
+from jaxrag.sampling.generate import SamplingParams, _decode_chunk, bucket, row_keys, sample
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import pytest
 
 from jaxrag.env.agents import get_agent
 from jaxrag.env.mdp import Action, Doc, Step
-from jaxrag.fakes import ByteTokenizer
+from jaxrag.testing import ByteTokenizer
 from jaxrag.pipelines.collect import critic_pairs
 from jaxrag.pipelines.train import check_config, epoch_steps
 from jaxrag.supervision.records import ProcessRecord, ScoredCandidate

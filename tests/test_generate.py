@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrag.generate import (SamplingParams, _filter_logits, _pick, _prefill, bucket, decode, draw, fork, left_pad,
-                             sample)
 from jaxrag.models import ModelConfig, forward, init_cache, init_params
+from jaxrag.sampling.generate import (SamplingParams, _filter_logits, _pick, _prefill, bucket, decode, draw, fork,
+                                      left_pad, sample)
 
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, max_seq_len=128)
 PARAMS = init_params(CFG, jax.random.PRNGKey(0), std=0.5)  # large std: peaked, varied distributions
@@ -220,7 +220,7 @@ def test_decode_on_mesh_placed_params_compiles_one_chunk_program():
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from jaxrag import sharding as shd
-    from jaxrag.generate import _decode_chunk
+    from jaxrag.sampling.generate import _decode_chunk
 
     mesh = shd.make_mesh((1, 1, 1), jax.devices()[:1])
     placed = jax.tree.map(lambda a: jax.device_put(a, NamedSharding(mesh, P(*[None] * a.ndim))), PARAMS)

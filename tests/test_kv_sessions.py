@@ -1,4 +1,4 @@
-"""Cross-turn KV reuse (jaxrag.kv_sessions): the reuse path equals the full-prefill path over multi-turn episodes."""
+"""Cross-turn KV reuse (sampling.sessions): the reuse path equals the full-prefill path over multi-turn episodes."""
 import collections
 import random
 
@@ -10,9 +10,9 @@ from fakes import EchoSearch, Latin1Tokenizer, OverlapRetriever, Passage, tiny_j
 from jaxrag.env.agents import get_agent
 from jaxrag.env.mdp import QUERY, Action, Doc, State, Step
 from jaxrag.env.rollout import RolloutConfig, rollout
-from jaxrag.generate import bucket, left_pad
-from jaxrag.kv_sessions import PoolFull, SessionPool, extends, fine_bucket, shared_prefix
 from jaxrag.models.transformer import init_cache, prefill
+from jaxrag.sampling import bucket, left_pad
+from jaxrag.sampling.sessions import PoolFull, SessionPool, extends, fine_bucket, shared_prefix
 
 
 def policy(slots=0, tokens=None):

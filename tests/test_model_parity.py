@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from jaxrag.generate import SamplingParams, sample
+from jaxrag.sampling import SamplingParams, sample
 from jaxrag.models import (forward, forward_cached, init_cache, load_hf, param_logical_axes, save_hf)
 
 ATOL = 1e-4

@@ -6,7 +6,7 @@ import pytest
 
 from fakes import ByteTokenizer
 from jaxrag.models.config import ModelConfig
-from jaxrag.policy import JaxPolicy
+from jaxrag.sampling import JaxPolicy
 
 
 def policy(max_seq_len=128, max_prompt_tokens=None):
@@ -26,7 +26,7 @@ def test_budget_counts_bos_and_takes_the_tighter_limit():
 def test_over_budget_keeps_the_question_and_the_end(caplog):
     pol = policy(max_seq_len=128)
     prompt = "question: who won?\n" + "doc: filler text\n" * 20 + "[assistant] "
-    with caplog.at_level(logging.WARNING, logger="jaxrag.policy"):
+    with caplog.at_level(logging.WARNING, logger="jaxrag.sampling.policy"):
         ids = pol.encode_prompt(prompt, 28)
         pol.encode_prompt(prompt + " ", 28)
     assert len(ids) == 100 and ids[0] == 1 and ids.count(1) == 1

@@ -2,7 +2,7 @@
 
 from fakes import ByteTokenizer, tiny_jax_policy
 
-from jaxrag.policy import JaxPolicy
+from jaxrag.sampling import JaxPolicy
 
 
 def test_n_samples_share_one_prefill_and_equal_the_replicate_path():

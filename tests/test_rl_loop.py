@@ -8,7 +8,7 @@ import pytest
 from rl_world import QUESTIONS, world
 
 from jaxrag.env.mdp import read_episodes
-from jaxrag.kv_sessions import extends, shared_prefix
+from jaxrag.sampling import extends, shared_prefix
 from jaxrag.rl import RLConfig, train_rl
 from jaxrag.train.loop import ConfigChanged
 from jaxrag.train.metrics_log import read_metrics
@@ -69,7 +69,7 @@ def test_first_step_loss_and_advantages_match_hand_values(tmp_path, continuous):
         st = policy.pool_stats
         assert st["finished"] == m["rows"] and st["prefill_shared"] == 2 * 2 and st["fallback_new"] == 6
         # EchoAgent's second prompt is not its first + the completion (it renders the parsed action): a second turn
-        # keeps the common prefix of the two (kv_sessions.shared_prefix) and prefills the rest
+        # keeps the common prefix of the two (sessions.shared_prefix) and prefills the rest
         ids = lambda step: policy.encode_prompt(step.prompt, rc.max_new_tokens)   # episodes.jsonl keeps no ids
         turns = [(ids(a) + a.token_ids, ids(b)) for e in eps for a, b in zip(e.steps, e.steps[1:])]
         common = [shared_prefix(held, nxt) for held, nxt in turns]

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = textwrap.dedent('''
     import json, re, sys
     import jax, jax.numpy as jnp, numpy as np
-    from jaxrag import generate as G, sharding as shd
+    from jaxrag.sampling import generate as G, sharding as shd
     from jaxrag.compilation import compilation
     from jaxrag.models import ModelConfig, init_params
     assert len(jax.devices()) == 8, jax.devices()
@@ -84,7 +84,7 @@ SCRIPT = textwrap.dedent('''
     out["cache_dims"] = [cfg.n_kv_heads, S, cfg.head_dim]
 
     # the continuous slot pool: 8 slots (one a device), 10 requests through them, T > 0
-    from jaxrag.continuous import SlotPool
+    from jaxrag.sampling import SlotPool
     from jaxrag.models import unstack_layers
     def drain(p):
         pool = SlotPool(cfg, p, 8, 40, hot, jax.random.PRNGKey(3), chunk=4)
@@ -99,7 +99,7 @@ SCRIPT = textwrap.dedent('''
     out["pool/rows8"], out["pool_shard_rows"] = drain(unstack_layers(p8))
 
     # the session pool: two turns of 4 sessions x 2 candidates, the second continuing the first's branches
-    from jaxrag.kv_sessions import SessionPool, sample_sessions
+    from jaxrag.sampling.sessions import SessionPool, sample_sessions
     def sessions(p):
         pool, ps, turns = SessionPool(cfg, 8, 64), [list(q) for q in prompts[:4]], []
         for turn in range(2):

@@ -4,7 +4,7 @@ import jax
 import pytest
 
 from jaxrag.models import ModelConfig, init_params
-from jaxrag.policy import JaxPolicy
+from jaxrag.sampling import JaxPolicy
 from jaxrag.tokenizer import HFTokenizer, SentencePieceTokenizer, load_tokenizer
 
 TEXT = ["the film was directed by alora venn", "where was the director of the film born",

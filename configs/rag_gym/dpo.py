@@ -82,7 +82,7 @@ def get_config(variant: str = ""):
 
 def smoke(c, agent: str) -> None:
     """A tiny random checkpoint, 4 shared HotpotQA questions, 3 candidates ranked by a stand-in judge with no model
-    (jaxrag.fakes.ShortestJudge: valid first, then shorter), every trajectory kept, 2 DPO steps, then the eval."""
+    (jaxrag.testing.ShortestJudge: valid first, then shorter), every trajectory kept, 2 DPO steps, then the eval."""
     from jaxrag.pipelines.rl import tiny_checkpoint_config
 
     c.stages = ["setup", "collect", "dpo", "eval"]
@@ -93,7 +93,7 @@ def smoke(c, agent: str) -> None:
     c.collect.retriever.update(dict(index_dir="", corpus=paper.SHARED_CORPUS, max_passages=300, kind="bm25"))
     c.collect.questions.update(dict(path=str(paper.BENCHMARKS / paper.SHARED["HotpotQA"]), select="first:4"))
     c.collect.agent.opts.max_doc_chars = 60
-    c.collect.judge = {"kind": "fn", "fn": "jaxrag.fakes:shortest_judge"}
+    c.collect.judge = {"kind": "fn", "fn": "jaxrag.testing:shortest_judge"}
     c.collect.ranking.update(dict(n_candidates=3, max_steps=2, k=2, batch_size=8, max_new_tokens=16,
                                   outcome_threshold=-1.0))
     c.dpo.epochs = 0

@@ -113,13 +113,13 @@ def critic_entry(agent: str, critic: str = "stage:critic", n: int = 10, **extra)
 
 # ---- smoke -----------------------------------------------------------------------------------------------
 def smoke_collect(c: ml_collections.ConfigDict, name: str = "collect") -> None:
-    """4 shared HotpotQA questions, 3 candidates ranked by a stand-in judge (jaxrag.fakes.shortest_judge)."""
+    """4 shared HotpotQA questions, 3 candidates ranked by a stand-in judge (jaxrag.testing.shortest_judge)."""
     s = c[name]
     s.policy.max_prompt_tokens = 384
     s.retriever.update(dict(index_dir="", corpus=paper.SHARED_CORPUS, max_passages=300, kind="bm25"))
     s.questions.update(dict(path=str(paper.BENCHMARKS / paper.SHARED["HotpotQA"]), select="first:4"))
     s.agent.opts.max_doc_chars = 60
-    s.judge = {"kind": "fn", "fn": "jaxrag.fakes:shortest_judge"}
+    s.judge = {"kind": "fn", "fn": "jaxrag.testing:shortest_judge"}
     s.ranking.update(dict(n_candidates=3, max_steps=2, k=2, batch_size=8, max_new_tokens=16, outcome_threshold=-1.0))
 
 

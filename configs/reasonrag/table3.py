@@ -145,7 +145,7 @@ def smoke_actor(section=None, workdir=None):
     question's last two words" (F1 > 0 on the smoke questions), and every Grounding prompt an evidence line."""
     import re
 
-    from jaxrag.fakes import ScriptedPolicy
+    from jaxrag.testing import ScriptedPolicy
 
     def respond(prompt: str, j: int) -> str:
         if "extract relevant evidence" in prompt:

@@ -179,7 +179,7 @@ def smoke_actor(section=None, workdir=None):
     import re
 
     from jaxrag.env.agents.smartsearch import SYSTEM
-    from jaxrag.fakes import ScriptedPolicy
+    from jaxrag.testing import ScriptedPolicy
 
     calls = itertools.count()
 

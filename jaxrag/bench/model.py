@@ -42,9 +42,9 @@ import numpy as np
 
 from jaxrag.bench.common import table, time_it, write_result
 from jaxrag.bench.trainer_step import trainer_step
-from jaxrag.generate import SamplingParams, sample
 from jaxrag.models import ModelConfig, forward, init_params
 from jaxrag.models.transformer import cache_block, decode_step, init_cache, unstack_layers
+from jaxrag.sampling import SamplingParams, sample
 from jaxrag.train.batching import SFTExample, sft_batch
 
 CONFIG = ModelConfig(vocab_size=32000, d_model=512, n_layers=8, n_heads=8, n_kv_heads=2, head_dim=64, d_ff=1536, max_seq_len=1024)

@@ -19,7 +19,7 @@ def pure_decode(pol, states: int, new_tokens: int, repeats: int = 3, context: in
     speed over a rollout's context, its prefill left out. temperature: the rollout's (a draw per row and step)."""
     import jax
 
-    from jaxrag.generate import SamplingParams, sample
+    from jaxrag.sampling import SamplingParams, sample
 
     cfg = dataclasses.replace(pol.cfg, eos_ids=())
     sp = SamplingParams(temperature=temperature, max_new_tokens=new_tokens)

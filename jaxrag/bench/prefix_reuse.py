@@ -10,8 +10,8 @@ encoded by the world's tokenizer (one BOS), the teacher's action as the turn's c
 string, encoded as the SFT data encodes it: what a policy trained on it generates).
 
 Part 1, token accounting (host only), per design x mode, over every transition (turn t -> t + 1 of one episode):
-`extend%` the share whose next prompt extends prompt + completion (kv_sessions.extends: reused in full),
-`shared%` the share that does not but keeps a common prefix of >= 16 ids (kv_sessions.shared_prefix), and the
+`extend%` the share whose next prompt extends prompt + completion (sessions.extends: reused in full),
+`shared%` the share that does not but keeps a common prefix of >= 16 ids (sessions.shared_prefix), and the
 prompt tokens a turn prefills: `full` (no sessions), `extensions` (sessions, min_shared = 0: jaxrag before shared
 prefixes) and `shared` (min_shared = 16, the default), with `saved` = 1 - shared / full.
 
@@ -60,7 +60,7 @@ def turns_of(episode, agent, tok) -> list[tuple[list[int], list[int]]]:
 
 def account(episodes, agent, tok) -> dict:
     """Part 1 for one design x mode (module doc)."""
-    from jaxrag.kv_sessions import extends, shared_prefix
+    from jaxrag.sampling import extends, shared_prefix
 
     n = ext = shared = 0
     full = only_ext = with_shared = 0
@@ -88,8 +88,7 @@ def replay(model_cfg, params, turns_by_episode, batch: int, new_tokens: int, ses
     """Part 2 for one variant: every episode's prompts through one SlotPool, `batch` episodes at a time."""
     import jax
 
-    from jaxrag.continuous import SlotPool
-    from jaxrag.generate import SamplingParams
+    from jaxrag.sampling import SamplingParams, SlotPool
 
     pool = SlotPool(model_cfg, params, batch, pool_tokens, SamplingParams(max_new_tokens=new_tokens),
                     jax.random.PRNGKey(0), sessions=sessions, min_shared=min_shared, setting="--pool-tokens")

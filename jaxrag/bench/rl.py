@@ -61,7 +61,7 @@ class ScriptedActions:
         return getattr(self.inner, name)
 
     def generate(self, prompts, **kw):
-        from jaxrag.policy import Completion
+        from jaxrag.sampling import Completion
 
         out = self.inner.generate(prompts, **kw)
         return [[Completion(_script(p), c.token_ids, c.logprobs, c.finish_reason, c.prompt_ids) for c in row]
@@ -85,7 +85,7 @@ class ScriptedSession:
         self.inner.submit(rid, prompt, fold, *session)
 
     def collect(self):
-        from jaxrag.policy import Completion
+        from jaxrag.sampling import Completion
 
         return [(rid, Completion(_script(self.prompts.pop(rid)), c.token_ids, c.logprobs, c.finish_reason,
                                  c.prompt_ids)) for rid, c in self.inner.collect()]
@@ -99,7 +99,7 @@ def make_policy(preset: str, max_prompt_tokens: int):
     import jax
 
     from jaxrag.models import ModelConfig, init_params
-    from jaxrag.policy import JaxPolicy
+    from jaxrag.sampling import JaxPolicy
 
     class ByteTok:
         pad_id, bos_id, eos_id, vocab_size, eos_ids = 0, 1, 2, 259, (2,)
@@ -162,7 +162,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=2, help="untimed RL steps per mode (compilation)")
     ap.add_argument("--modes", default="batch1,batched,batched_groups,continuous")
     args = ap.parse_args(argv)
-    logging.getLogger("jaxrag.policy").setLevel(logging.ERROR)
+    logging.getLogger("jaxrag.sampling.policy").setLevel(logging.ERROR)
     from jaxrag.data.qa import load_qa
     from jaxrag.env.agents import get_agent
     from jaxrag.retrieval import build_bm25, load_corpus

@@ -15,7 +15,7 @@ Policies measured in the same run:
   episode is 2 searches then an answer, for every policy. Two peers over the same JaxPolicy: "lock-step" (one
   generate call per engine step, the decode batch runs until its longest row is done) and "continuous"
   (RolloutConfig(continuous=True): a slot pool of batch_size slots, a finished turn's slot takes the next waiting
-  prompt after every 16-step chunk; jaxrag.continuous). Action lengths: besides the agent's "\n", `--stop-chars`
+  prompt after every 16-step chunk; sampling.continuous). Action lengths: besides the agent's "\n", `--stop-chars`
   one-byte stop strings end a row (a random model emits each byte with probability about 1/259), so actions run a
   geometric number of tokens up to --new-tokens, as real actions of different lengths do.
   idle% = decode slot-steps that held no live row (a finished row waiting for its batch, padding rows, free
@@ -46,7 +46,7 @@ from jaxrag.compilation import compilation
 from jaxrag.data.qa import load_qa
 from jaxrag.env.agents import get_agent
 from jaxrag.env.rollout import RolloutConfig, rollout
-from jaxrag.fakes import LatencyPolicy, tiny_jax_policy
+from jaxrag.testing import LatencyPolicy, tiny_jax_policy
 from jaxrag.paths import BENCHMARKS
 
 BENCH = BENCHMARKS
@@ -180,7 +180,7 @@ def main(argv=None):
     ap.add_argument("--candidates", type=int, default=1,
                     help="N candidate actions per state (RolloutConfig.n_candidates; the first valid is executed)")
     args = ap.parse_args(argv)
-    logging.getLogger("jaxrag.policy").setLevel(logging.ERROR)   # one "prompt truncated" line per long prompt
+    logging.getLogger("jaxrag.sampling.policy").setLevel(logging.ERROR)   # one "prompt truncated" line per long prompt
     from jaxrag.retrieval import build_bm25, load_corpus
 
     t0 = time.perf_counter()

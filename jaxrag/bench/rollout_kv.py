@@ -147,8 +147,8 @@ def main(argv=None):
     from jaxrag.bench.peers import pure_decode, pure_prefill
     from jaxrag.env.agents import get_agent
     from jaxrag.env.rollout import RolloutConfig
-    from jaxrag.kv_sessions import SessionPool
     from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
+    from jaxrag.sampling import SessionPool
 
     t0 = time.perf_counter()
     config = synthetic_world(Path(args.workdir), args.sft_steps)

@@ -61,7 +61,7 @@ def decode_args(cfg, B: int, P: int, N: int, mesh, rows_split: bool):
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from jaxrag import generate as G
+    from jaxrag.sampling import generate as G
 
     cache = G.init_cache(cfg, B, P + N)
     cache["valid"] = jnp.asarray(np.arange(P + N)[None].repeat(B, 0) < P)
@@ -94,7 +94,7 @@ def main(argv=None):
     import jax
     import numpy as np
 
-    from jaxrag import generate as G, sharding as shd
+    from jaxrag.sampling import generate as G, sharding as shd
     from jaxrag.bench.common import matmul_gflops, table, write_result
     from jaxrag.bench.model import PRESETS, device_name
     from jaxrag.models import ModelConfig, init_params, param_logical_axes, unstack_layers

@@ -97,7 +97,7 @@ class ScriptedCandidates:
     def generate(self, prompts, *, n=1, temperature=0.0, max_new_tokens=32, stop=None, seed=0):
         out = self.pol.generate(prompts, n=n, temperature=temperature, max_new_tokens=self.new_tokens, stop=stop,
                                 seed=seed)
-        from jaxrag.generate import bucket
+        from jaxrag.sampling import bucket
 
         self.generated += sum(len(c.token_ids) for row in out for c in row)
         lens = [len(p.encode("utf-8")) + 1 for p in prompts]  # byte tokenizer + BOS
@@ -247,7 +247,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=2, help="timed runs per mode (the fastest is kept)")
     args = ap.parse_args(argv)
-    logging.getLogger("jaxrag.policy").setLevel(logging.ERROR)
+    logging.getLogger("jaxrag.sampling.policy").setLevel(logging.ERROR)
     t0 = time.perf_counter()
     s = make_setup(args)
     print(f"setup (world, BM25, model): {time.perf_counter() - t0:.1f}s; {len(s.questions)} questions", flush=True)

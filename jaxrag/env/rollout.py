@@ -8,7 +8,7 @@ finished episodes leave and pending ones refill the batch.
 Knows only the Policy protocol (`generate(prompts, n, temperature, max_new_tokens, stop, seed) ->
 list[list[Completion]]`) and the Retriever protocol (`search(queries, k) -> list[list[Hit]]`).
 
-A policy that keeps sessions (`policy.keeps_sessions`, a JaxPolicy with session_slots: jaxrag.kv_sessions) gets
+A policy that keeps sessions (`policy.keeps_sessions`, a JaxPolicy with session_slots: jaxrag.sampling.sessions) gets
 one session key per episode with each action call and `release(keys)` when episodes finish: an episode's KV cache
 then lives across its turns and only what its prompt appends is prefilled. At n_candidates = N > 1 the session
 keeps a branch per candidate (batch_size x N slots) and the next turn continues the one `select` picked, its
@@ -16,7 +16,7 @@ appended tokens prefilled once for the N new candidates.
 
 Continuous batching (RolloutConfig(continuous=True), a policy with `continuous`: JaxPolicy): instead of one
 generate call per engine step, the episodes' turns go through a slot pool of batch_size decode slots (x N below)
-(jaxrag.continuous): after every decode chunk (up to 16 steps; it ends sooner once a quarter of the slots are done)
+(sampling.continuous): after every decode chunk (up to 16 steps; it ends sooner once a quarter of the slots are done)
 the turns that finished are parsed, their retrieval run (batched over the turns that finished in the same chunk),
 their next prompts rendered and queued, and finished episodes replaced by pending ones, while the other slots'
 turns keep decoding; a freed slot idles only until the chunk ends. With overlap=True that host work runs while the

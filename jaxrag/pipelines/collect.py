@@ -11,7 +11,7 @@ config[name]:
   judge       {kind: "http", base_url, model, api_key_env, max_retries, timeout_s, max_workers}: an OpenAI-compatible
               endpoint with RAG-Gym's ranking prompt (001 App. H Fig. 10) | {kind: "local", path, ...}: a local
               checkpoint with the same prompt (empty path: the policy itself) | {kind: "fn", fn: "module:function"}:
-              fn(judge_section, workdir) -> a judge (e.g. jaxrag.fakes:shortest_judge, the smoke variant's stand-in);
+              fn(judge_section, workdir) -> a judge (e.g. jaxrag.testing:shortest_judge, the smoke variant's stand-in);
               http / local: `options` = supervision.prompts.PromptOptions fields (rank_parse "strict" | "lenient")
   ranking     jaxrag.supervision.ranking.RankingConfig fields (N = 10 candidates at T = 1.0, 10 steps, keep a
               trajectory iff F1 > 0.75, ...)

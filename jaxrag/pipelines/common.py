@@ -139,18 +139,17 @@ def load_policy(pc, workdir):
     """A JaxPolicy from a config section (dict or ConfigDict): `path` (a HF checkpoint dir: absolute, relative to the
     workdir, or "stage:<s>"), optional `tokenizer` (a tokenizer dir / *.model; default: the checkpoint dir), `dtype`,
     `max_prompt_tokens` (agents render over-long prompts shorter), `top_k`, `top_p`, `add_bos`, and the cross-turn
-    KV reuse pool (jaxrag.kv_sessions; off unless set): `session_slots` (>= the rollout batch x n_candidates),
+    KV reuse pool (jaxrag.sampling.sessions; off unless set): `session_slots` (>= the rollout batch x n_candidates),
     `session_tokens` (per episode; default max_seq_len); `pool_tokens`: tokens per slot of the continuous-batching
-    pool (jaxrag.continuous, used with rollout `continuous: True`; default max_seq_len) and `pool_sessions` (that
+    pool (sampling.continuous, used with rollout `continuous: True`; default max_seq_len) and `pool_sessions` (that
     pool keeps each episode's KV cache between turns; default off), `prefix_cache` (that pool outlives a call and
     new sessions fork from finished ones' rows: MCTS rollouts; default off), `min_shared` (both session kinds keep
     a common prefix of at least this many ids when a prompt does not extend the last one; default 16, 0 = off);
     `min_rows`, `min_prompt`:
     the sampler's shape floors (generate.sample; defaults 1 and 16).
     `policy.tokenizer_path` says where the tokenizer came from (stages copy it beside the models they train)."""
-    from jaxrag.kv_sessions import MIN_SHARED
     from jaxrag.models import load_hf
-    from jaxrag.policy import JaxPolicy
+    from jaxrag.sampling import MIN_SHARED, JaxPolicy
     from jaxrag.tokenizer import load_tokenizer
 
     if not pc.get("path"):

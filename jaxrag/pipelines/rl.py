@@ -5,7 +5,7 @@ config.<name> (configs/arena/grpo.py, configs/smartsearch/grpo.py):
   policy     path: a HF checkpoint dir (jaxrag.models.load_hf; every stage's model/ is one); "stage:<s>" =
              workdir/<s>/model, a relative path is under the workdir. tokenizer: "" = the checkpoint dir, else a
              tokenizer dir / *.model. dtype ("" = checkpoint's), max_prompt_tokens (0 = max_seq_len -
-             max_new_tokens; agents render over-long prompts shorter, jaxrag.policy).
+             max_new_tokens; agents render over-long prompts shorter, jaxrag.sampling.policy).
   retriever  corpus (JSONL, BM25 built in memory over its first max_passages, 0 = all, backend bm25s | lucene) or
              index_dir (a built index, jaxrag.retrieval.load_retriever; encoder, query_encoder, rrf_k, depth as
              jaxrag.pipelines.common.load_retriever reads them, "" / 0 = the index's own).

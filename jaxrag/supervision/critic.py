@@ -27,10 +27,10 @@ import numpy as np
 
 from jaxrag.env.mdp import INVALID, State
 from jaxrag.env.rollout import Candidate
-from jaxrag.generate import fork, left_pad
 from jaxrag.models import critic_scores
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import forward_cached_hidden, init_cache, prefill
+from jaxrag.sampling import fork, left_pad
 from jaxrag.supervision.judges import ranks_from_scores
 from jaxrag.supervision.records import ProcessRecord
 from jaxrag.train.batching import pick_bucket

@@ -26,7 +26,7 @@ def default_train_config() -> ml_collections.ConfigDict:
     c.compute_dtype = "float32"  # model matmul dtype (bfloat16 for mixed precision); params stay param_dtype
     c.remat = False  # rematerialize each layer in the backward pass
     # grpo/ppo: the behaviour policy's sampling temperature T; policy and reference log-probs are
-    # log_softmax(logits / T), the values jaxrag.generate records, so the importance ratio is exact at T != 1
+    # log_softmax(logits / T), the values jaxrag.sampling.generate records, so the importance ratio is exact at T != 1
     c.sampling_temperature = 1.0
 
     c.optimizer = ml_collections.ConfigDict()

@@ -44,7 +44,7 @@ def reference_params(trainable, frozen):
 
 
 def sampled_logprobs(logits, tokens, temperature: float):
-    """Token log-probs under the sampling distribution log_softmax(logits / T) (what jaxrag.generate records)."""
+    """Token log-probs under the sampling distribution log_softmax(logits / T) (what sampling.generate records)."""
     return losses.token_logprobs(logits if temperature == 1.0 else logits / temperature, tokens)
 
 

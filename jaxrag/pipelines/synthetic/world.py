@@ -87,7 +87,7 @@ def stage_policy(workdir, stage: str, tok, shapes=None):
     shapes: the config's optional `sampler` section (min_rows, min_prompt: the sampler's shape floors, which the
     tiny preset sets so its stages share a few compiled programs; absent = the sampler's own buckets)."""
     from jaxrag.pipelines.common import load_checkpoint, model_dir
-    from jaxrag.policy import JaxPolicy
+    from jaxrag.sampling import JaxPolicy
 
     mcfg, params = load_checkpoint(model_dir(workdir, stage))
     return JaxPolicy(mcfg, params, tok, **dict(shapes or {}))   # keys checked before any stage: checks.SAMPLER_KEYS

@@ -287,7 +287,7 @@ def _decode_chunk(cfg: ModelConfig, sp: SamplingParams, chunk: int, params, cach
     Each row runs its own step count: row b writes its next token at column lengths[b] and draws with
     fold_in(keys[b], lengths[b]), and is done at a stop id or once it holds max_new_tokens (the token buffer's
     width). In one `sample` batch every live row is at step t (the same values as a shared step counter); the slot
-    pool (jaxrag.continuous) runs rows inserted at different times through this same loop, and with
+    pool (jaxrag.sampling.continuous) runs rows inserted at different times through this same loop, and with
     state["exit_done"] (an int32 scalar) the loop also ends once that many rows are done; in a cache with a
     "prefix" (rows in groups of m continuing one prefix row each), once that many whole groups are done, as a
     group's slots take new work only together. The loop also ends when the cache's write index reaches its last

@@ -47,9 +47,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrag.generate import Completions, SamplingParams, _fork, _prefill, bucket, cascade_cache, decode, left_pad
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import forward_cached_hidden, init_cache, logits_from_hidden
+from jaxrag.sampling.generate import (Completions, SamplingParams, _fork, _prefill, bucket, cascade_cache, decode,
+                                      left_pad)
 
 
 def extends(held: Sequence[int], ids: Sequence[int]) -> bool:

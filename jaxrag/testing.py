@@ -1,4 +1,4 @@
-"""Stand-ins that implement jaxrag's protocols (jaxrag.policy.Policy, jaxrag.tokenizer.Tokenizer) without a trained
+"""Stand-ins that implement jaxrag's protocols (sampling.policy.Policy, jaxrag.tokenizer.Tokenizer) without a trained
 model: scripted / random / fixed-latency policies, a byte tokenizer and a tiny random JaxPolicy. The tests (through
 tests/fakes.py, which adds the retrieval fakes) and the benches (jaxrag.bench.rollout) use these same classes.
 """
@@ -9,7 +9,7 @@ import random
 import time
 from typing import Callable, Sequence
 
-from jaxrag.policy import Completion
+from jaxrag.sampling import Completion
 
 
 def completion(text: str, finish_reason: str = "stop") -> Completion:
@@ -103,7 +103,7 @@ def tiny_jax_policy(seed: int = 0, max_seq_len: int = 384, *, d_model: int = 32,
 
     from jaxrag.models.config import ModelConfig
     from jaxrag.models.transformer import init_params
-    from jaxrag.policy import JaxPolicy
+    from jaxrag.sampling import JaxPolicy
 
     cfg = ModelConfig(vocab_size=259, d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
                       head_dim=d_model // n_heads, d_ff=d_ff or 2 * d_model, max_seq_len=max_seq_len, bos_id=1,
@@ -135,5 +135,5 @@ class ShortestJudge:
 
 
 def shortest_judge(judge_section=None, workdir=None) -> ShortestJudge:
-    """config `judge: {kind: "fn", fn: "jaxrag.fakes:shortest_judge"}`."""
+    """config `judge: {kind: "fn", fn: "jaxrag.testing:shortest_judge"}`."""
     return ShortestJudge()

@@ -10,13 +10,13 @@ the middle of the token ids, keeping the head (BOS, system prompt) and the tail 
 `prompts_cut` and warned about once.
 
 Sessions (optional, off by default): a JaxPolicy built with `session_slots > 0` keeps each episode's KV cache
-between turns (jaxrag.kv_sessions): `generate(..., n=N, sessions=[key per prompt])` prefills only what a prompt
+between turns (jaxrag.sampling.sessions): `generate(..., n=N, sessions=[key per prompt])` prefills only what a prompt
 appends to its session's last prompt + one of its last N completions (a branch per candidate, a slot each: the
 pool needs prompts x N slots; else the whole prompt, counted as a fallback), once per prompt, and
 `release(keys)` frees finished episodes' slots. `keeps_sessions` tells the rollout engine to pass keys.
 
 Continuous batching (optional part of the protocol): `policy.continuous(slots, temperature=, max_new_tokens=, stop=,
-seed=, group=)` returns a `ContinuousSession` over a jaxrag.continuous.SlotPool of `slots` decode slots x
+seed=, group=)` returns a `ContinuousSession` over a jaxrag.sampling.continuous.SlotPool of `slots` decode slots x
 `pool_tokens` tokens: `submit(rid, prompt, fold)`, `launch()` / `collect() -> [(rid, Completion)]` (or `step()`), so a
 finished request's slot takes the next waiting prompt (requests inserted together with one prompt share its prefill;
 `group` = N > 1: requests come N to a prompt, the candidates of a turn, which the pool may keep in groups of N slots
@@ -36,11 +36,11 @@ from typing import Protocol, Sequence
 
 import jax
 
-from jaxrag.continuous import SlotPool
-from jaxrag.generate import SamplingParams, place_for_decode, sample
-from jaxrag.kv_sessions import MIN_SHARED, SessionPool, sample_sessions
 from jaxrag.models.config import ModelConfig
 from jaxrag.models.transformer import unstack_layers
+from jaxrag.sampling.continuous import SlotPool
+from jaxrag.sampling.generate import SamplingParams, place_for_decode, sample
+from jaxrag.sampling.sessions import MIN_SHARED, SessionPool, sample_sessions
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class JaxPolicy:
     one session per episode; at n_candidates > 1 the session's rows of a turn park as branches and the next turn
     continues the picked one, forked to its candidates); `pool_stats` counts reuses and fallbacks.
     min_shared: both session kinds also reuse a branch whose held ids the next prompt does not extend, keeping
-    their common prefix when it is at least this many ids and a quarter of the prompt (kv_sessions.shared_prefix;
+    their common prefix when it is at least this many ids and a quarter of the prompt (sessions.shared_prefix;
     0: extensions only).
     prefix_cache: with pool_sessions, `continuous` keeps its slot pool between calls of the same settings (slots,
     sampling, stop strings; new params drop it) and a finished session's rows stay in it as cached rows, so a
