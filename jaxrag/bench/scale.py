@@ -12,7 +12,8 @@ decode layouts measured side by side:
   fsdp-sharded weights (what the sampler read in an RL step): each step gathers the weights.
 Columns: rows per device; collective bytes of the compiled decode program (the ops in its loop run every step,
 so this is the bytes moved per decode step) and of the trainer's compiled step (jaxrag.train.loop.build at
-mesh (1, n, 1), one batch of --rows x 2*--prompt tokens); the decode program's memory per device (XLA's
+mesh (1, n, 1), one batch of --rows x 2*--prompt tokens; its scan over layers counted once per layer: bytes per
+step); the decode program's memory per device (XLA's
 compiled memory_analysis: arguments + temporaries; outputs alias the donated cache); the wall seconds of
 --new decode steps of every row (median of --repeats, compiled beforehand). Writes results/bench/scale.json.
 """
