@@ -49,6 +49,19 @@ SCRIPT = textwrap.dedent('''
         out[str(shape)] = {"bytes": sum(collective_bytes(text, loops=True).values()),
                            "once": sum(collective_bytes(text).values()),
                            "constraints": lowered.as_text().count("sharding_constraint")}
+
+    # the LM head's row-chunked log-probs (forced by a small max_logits) on the mesh = the whole logits on one device
+    import jaxrag.train.objectives as O
+    trained = {}
+    for name, shape, max_logits in [("one", (1, 1, 1), O.MAX_LOGITS), ("chunked", (1, 4, 1), 512 * 100)]:
+        O.head_logprobs.__defaults__ = O.picked_head_logprobs.__defaults__ = (1.0, max_logits)
+        mesh = shd.make_mesh(shape, jax.devices()[:int(np.prod(shape))])
+        tr = build(cfg, params, tconfig.resolve({"mesh": shape, "batch_size": B, "seq_buckets": (2 * P,)}), mesh=mesh)
+        state = init_state(put(tr.trainable, tr.state_sh["trainable"]), tr.tx, 0, tr.state_sh)
+        state, m = tr.step_fn(state, put(tr.frozen, tr.frozen_sh), shd.shard_batch(mesh, batch))
+        trained[name] = (float(m["loss"]), np.asarray(jax.device_get(state["trainable"]["model"]["lm_head"])))
+    out["chunked_loss"] = [trained["one"][0], trained["chunked"][0]]
+    out["chunked_head_diff"] = float(np.abs(trained["one"][1] - trained["chunked"][1]).max())
     print(json.dumps(out))
 ''')
 
@@ -80,3 +93,10 @@ def test_layer_loop_counted_per_layer(steps):
 def test_one_device_program_unchanged(steps):
     """No mesh to split over: no sharding constraint in the program, no collective."""
     assert steps["(1, 1, 1)"] == {"bytes": 0, "once": 0, "constraints": 0}
+
+
+def test_chunked_head_on_the_mesh_equals_one_device(steps):
+    """The LM head's row chunks interleaved over the devices (objectives.picked_head_logprobs): same step."""
+    one, chunked = steps["chunked_loss"]
+    assert chunked == pytest.approx(one, rel=1e-6)
+    assert steps["chunked_head_diff"] < 1e-6

@@ -306,19 +306,30 @@ def _embed(cfg, params, tokens):
     return jnp.take(params["embed"], tokens, axis=0).astype(jnp.dtype(cfg.dtype))
 
 
-def constrain_rows(x: jax.Array, rest=None) -> jax.Array:
+def row_devices() -> int:
+    """Devices the rows of an activation are split over under the mesh in context (data x fsdp; 1 without one)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return 1
+    return math.prod(mesh.shape[a] for a in tpu_attention.BATCH_AXES if a in mesh.axis_names)
+
+
+def constrain_rows(x: jax.Array, rest=None, dim: int = 0) -> jax.Array:
     """Pin an activation x [B, ...] to rows split over the batch axes (data x fsdp) of the mesh in context
     (`jax.set_mesh` / `jax.sharding.use_abstract_mesh`: the train step sets it), its other dimensions `rest`
     (None: whole on every device; P.UNCONSTRAINED: XLA's choice). Without it, XLA's partitioner splits the matmuls
     of a training step over the fsdp-sharded weights' embed dimension and keeps every token on every device
-    (activations all-reduced and gathered, not the weights). No mesh, one device, or B not divisible: x as is."""
+    (activations all-reduced and gathered, not the weights). `dim`: the rows' dimension. No mesh, one device, or
+    the rows not divisible: x as is."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
         return x
     axes = tuple(a for a in tpu_attention.BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1)
-    if not axes or x.shape[0] % math.prod(mesh.shape[a] for a in axes):
+    if not axes or x.shape[dim] % math.prod(mesh.shape[a] for a in axes):
         return x
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(axes, *[rest] * (x.ndim - 1))))
+    spec = [rest] * x.ndim
+    spec[dim] = axes
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(*spec)))
 
 
 def logits_from_hidden(cfg: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:
