@@ -12,7 +12,8 @@ decode layouts measured side by side:
   fsdp-sharded weights (what the sampler read in an RL step): each step gathers the weights.
 Columns: rows per device; collective bytes of the compiled decode program (the ops in its loop run every step,
 so this is the bytes moved per decode step) and of the trainer's compiled step (jaxrag.train.loop.build at
-mesh (1, n, 1), one batch of --rows x 2*--prompt tokens); the decode program's memory per device (XLA's
+mesh (1, n, 1), one batch of --rows x 2*--prompt tokens; its scan over layers counted once per layer: bytes per
+step); the decode program's memory per device (XLA's
 compiled memory_analysis: arguments + temporaries; outputs alias the donated cache); the wall seconds of
 --new decode steps of every row (median of --repeats, compiled beforehand). Writes results/bench/scale.json.
 """
@@ -37,13 +38,48 @@ _BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, 
 _COLLECTIVE = re.compile(r"= (.*?) (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)(-start)?\(")
 
 
-def collective_bytes(hlo_text: str) -> dict[str, int]:
-    """Bytes of the results of each kind of collective in a compiled (partitioned: per device) HLO module."""
+def collective_bytes(hlo_text: str, loops: bool = False) -> dict[str, int]:
+    """Bytes of the results of each kind of collective in a compiled (partitioned: per device) HLO module. A
+    collective inside a while loop counts once (the bytes of one iteration), or with `loops`, once per iteration
+    of every enclosing loop whose trip count XLA knows (a training step's scan over layers: bytes per step)."""
     out: dict[str, int] = {}
-    for shapes, op, _ in _COLLECTIVE.findall(hlo_text):
-        n = sum(_BYTES.get(dt, 4) * _prod(dims) for dt, dims in re.findall(r"(\w+)\[([\d,]*)\]", shapes))
-        out[op] = out.get(op, 0) + n
+    for name, body in _computations(hlo_text).items():
+        times = _multipliers(hlo_text).get(name, 1) if loops else 1
+        for shapes, op, _ in _COLLECTIVE.findall(body):
+            n = sum(_BYTES.get(dt, 4) * _prod(dims) for dt, dims in re.findall(r"(\w+)\[([\d,]*)\]", shapes))
+            out[op] = out.get(op, 0) + times * n
     return out
+
+
+_HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) .*\{$", re.M)
+_CALLEE = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=\{?%([\w.\-]+)")
+_WHILE = re.compile(r"while\(.*?body=%([\w.\-]+).*?\"known_trip_count\":\{\"n\":\"(\d+)\"")
+
+
+def _computations(hlo_text: str) -> dict[str, str]:
+    """Computation name -> its text (the entry computation under the key "ENTRY")."""
+    heads = list(_HEADER.finditer(hlo_text))
+    out = {}
+    for i, h in enumerate(heads):
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(hlo_text)
+        out["ENTRY" if h.group(1) else h.group(2)] = hlo_text[h.end():end]
+    return out
+
+
+def _multipliers(hlo_text: str) -> dict[str, int]:
+    """Computation name -> how many times it runs per call of the entry computation (known loop trip counts)."""
+    comps = _computations(hlo_text)
+    times, todo = {"ENTRY": 1}, ["ENTRY"]
+    while todo:
+        name = todo.pop()
+        body = comps.get(name, "")
+        trips = {b: int(n) for b, n in _WHILE.findall(body)}
+        for callee in _CALLEE.findall(body):
+            t = times[name] * trips.get(callee, 1)
+            if t > times.get(callee, 0):
+                times[callee] = t
+                todo.append(callee)
+    return times
 
 
 def _prod(dims: str) -> int:
@@ -126,7 +162,7 @@ def main(argv=None):
         state = init_state(put(tr.trainable, tr.state_sh["trainable"]), tr.tx, 0, tr.state_sh)
         frozen = put(tr.frozen, tr.frozen_sh)
         train_text = tr.step_fn.lower(state, frozen, shd.shard_batch(mesh, train_batch)).compile().as_text()
-        train_coll = sum(collective_bytes(train_text).values())
+        train_coll = sum(collective_bytes(train_text, loops=True).values())
         fsdp = jax.device_put(params, shd.param_shardings(mesh, params, param_logical_axes(cfg)))
         split, _ = G.place_for_decode(cfg, params, mesh)
         for name, p, rows_split in (("rows split", split, True), ("replicated", fsdp, False)):

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxrag.models import tpu_attention
 from jaxrag.models.config import ModelConfig
@@ -305,12 +306,40 @@ def _embed(cfg, params, tokens):
     return jnp.take(params["embed"], tokens, axis=0).astype(jnp.dtype(cfg.dtype))
 
 
+def row_devices() -> int:
+    """Devices the rows of an activation are split over under the mesh in context (data x fsdp; 1 without one)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return 1
+    return math.prod(mesh.shape[a] for a in tpu_attention.BATCH_AXES if a in mesh.axis_names)
+
+
+def constrain_rows(x: jax.Array, rest=None, dim: int = 0) -> jax.Array:
+    """Pin an activation x [B, ...] to rows split over the batch axes (data x fsdp) of the mesh in context
+    (`jax.set_mesh` / `jax.sharding.use_abstract_mesh`: the train step sets it), its other dimensions `rest`
+    (None: whole on every device; P.UNCONSTRAINED: XLA's choice). Without it, XLA's partitioner splits the matmuls
+    of a training step over the fsdp-sharded weights' embed dimension and keeps every token on every device
+    (activations all-reduced and gathered, not the weights). `dim`: the rows' dimension. No mesh, one device, or
+    the rows not divisible: x as is."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return x
+    axes = tuple(a for a in tpu_attention.BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1)
+    if not axes or x.shape[dim] % math.prod(mesh.shape[a] for a in axes):
+        return x
+    spec = [rest] * x.ndim
+    spec[dim] = axes
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(*spec)))
+
+
 def logits_from_hidden(cfg: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:
-    """hidden [..., D] (after the final norm) -> float32 logits [..., V]."""
+    """hidden [..., D] (after the final norm) -> float32 logits [..., V] (rows kept split over the batch axes
+    under a mesh in context: `constrain_rows`; the vocabulary as XLA places it)."""
     dt = jnp.dtype(cfg.dtype)
     head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
     lead = hidden.shape[:-1]
-    logits = head_matmul(hidden.astype(dt).reshape(-1, hidden.shape[-1]), head.astype(dt), cfg.matmul_precision)
+    h = constrain_rows(hidden.astype(dt).reshape(-1, hidden.shape[-1]))
+    logits = constrain_rows(head_matmul(h, head.astype(dt), cfg.matmul_precision), P.UNCONSTRAINED)
     return logits.reshape(*lead, -1)
 
 
@@ -543,13 +572,13 @@ def _forward_kv(cfg, params, tokens, positions=None, segment_ids=None, *, remat=
         lp = _cast_layer(cfg, lp)
         h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
         q, k, v = _project_qkv(cfg, lp, h, positions, inv_freq)
-        x = _attn_out_and_mlp(cfg, lp, x, self_attention(cfg, q, k, v, segment_ids, tree_exit))
+        x = constrain_rows(_attn_out_and_mlp(cfg, lp, x, self_attention(cfg, q, k, v, segment_ids, tree_exit)))
         if kv_dtype is None:
             return x, None
         return x, (k.transpose(0, 2, 1, 3).astype(kv_dtype), v.transpose(0, 2, 1, 3).astype(kv_dtype))
 
-    x, kv = _run_layers(params, _embed(cfg, params, tokens), layer, remat, scan_layers(cfg))
-    return rms_norm(x, params["final_norm"], cfg.rms_eps), kv
+    x, kv = _run_layers(params, constrain_rows(_embed(cfg, params, tokens)), layer, remat, scan_layers(cfg))
+    return constrain_rows(rms_norm(x, params["final_norm"], cfg.rms_eps)), kv
 
 
 def forward(cfg: ModelConfig, params: Params, tokens, positions=None, segment_ids=None, *, return_hidden=False, remat=False):

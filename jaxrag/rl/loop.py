@@ -63,7 +63,7 @@ from jaxrag.train.loop import ConfigChanged, NonFiniteLoss, build, changed_keys
 from jaxrag.train.metrics_log import MetricsWriter, flatten_metrics
 from jaxrag.train.state import abstract_state, init_state, put
 from jaxrag.train.objectives import make_score_fn
-from jaxrag.train.steps import make_apply_fn, make_grad_fn
+from jaxrag.train.steps import make_apply_fn, make_grad_fn, under_mesh
 
 
 @dataclasses.dataclass
@@ -347,9 +347,9 @@ def train_rl(
     frozen = put(tr.frozen, tr.frozen_sh)
     row_multiple = tr.mesh.shape["data"] * tr.mesh.shape["fsdp"] * int(tc.grad_accum)
     pad_id = policy.cfg.pad_id if policy.cfg.pad_id is not None else 0
-    score_jit = jax.jit(make_score_fn(tr.mcfg, tc))
+    score_jit = jax.jit(under_mesh(make_score_fn(tr.mcfg, tc), tr.mesh))
     rep = shd.replicated(tr.mesh)
-    grad_jit = jax.jit(make_grad_fn(tr.mcfg, tc), out_shardings=(tr.state_sh["trainable"], rep))
+    grad_jit = jax.jit(make_grad_fn(tr.mcfg, tc, tr.mesh), out_shardings=(tr.state_sh["trainable"], rep))
     apply_jit = jax.jit(make_apply_fn(tr.tx, tr.schedule), out_shardings=(tr.state_sh, rep), donate_argnums=(0,))
 
     seen_shapes: set = set()

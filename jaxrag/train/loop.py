@@ -91,7 +91,7 @@ def build(model_cfg, params, tc, *, head=None, ref_params=None, mesh=None) -> Tr
     trainable_sh = shd.param_shardings(mesh, t_abs, t_axes)
     frozen_sh = shd.param_shardings(mesh, f_abs, f_axes)
     state_sh = state_shardings(mesh, tx, t_abs, trainable_sh)
-    step_fn = jax.jit(make_train_step(mcfg, tc, tx, schedule), out_shardings=(state_sh, shd.replicated(mesh)),
+    step_fn = jax.jit(make_train_step(mcfg, tc, tx, schedule, mesh), out_shardings=(state_sh, shd.replicated(mesh)),
                       donate_argnums=(0,))
     return Trainer(mcfg, tc, mesh, tx, schedule, trainable, frozen, state_sh, frozen_sh, step_fn)
 

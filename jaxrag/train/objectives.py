@@ -25,7 +25,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from jaxrag import losses
 from jaxrag.models import critic_scores, forward_hidden
-from jaxrag.models.transformer import logits_from_hidden
+from jaxrag.models.transformer import constrain_rows, logits_from_hidden, row_devices
 from jaxrag.models.lora import apply_lora
 
 
@@ -83,10 +83,17 @@ def picked_head_logprobs(mcfg, params, h, targets, temperature: float = 1.0, max
     dt = jnp.dtype(mcfg.dtype)
     n = -(-N // rows)
     pad = n * rows - N
-    hc = jnp.pad(h.astype(dt), ((0, pad), (0, 0))).reshape(n, rows, D)
-    tgt = jnp.pad(targets, (0, pad)).reshape(n, rows)
+    hc = jnp.pad(h.astype(dt), ((0, pad), (0, 0)))
+    tgt = jnp.pad(targets, (0, pad))
     head = params["embed"].T if mcfg.tie_embeddings else params["lm_head"]
-    return chunked_head_logprobs(hc, head, tgt, float(temperature), mcfg.matmul_precision).reshape(-1)[:N]
+    if row_devices() == 1:
+        return chunked_head_logprobs(hc.reshape(n, rows, D), head, tgt.reshape(n, rows), float(temperature),
+                                     mcfg.matmul_precision).reshape(-1)[:N]
+    # rows split over devices (a mesh in context): chunk c takes rows c, c + n, ..., so that each chunk's rows stay
+    # split over the devices as h's are (contiguous chunks would move every hidden state to another device)
+    hc = constrain_rows(hc.reshape(rows, n, D).swapaxes(0, 1), dim=1)
+    logp = chunked_head_logprobs(hc, head, tgt.reshape(rows, n).T, float(temperature), mcfg.matmul_precision)
+    return logp.T.reshape(-1)[:N]
 
 
 # ------------------------------------------------------------------------ the prefix-tree layout's reads

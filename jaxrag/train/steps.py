@@ -47,9 +47,24 @@ def make_optimizer(tc) -> tuple[optax.GradientTransformation, Callable]:
     return optax.chain(*parts), schedule
 
 
-def make_grad_fn(mcfg, tc) -> Callable:
+def under_mesh(fn: Callable, mesh) -> Callable:
+    """fn traced with `mesh` in context (as an abstract mesh), so the model pins its activations to rows over the
+    batch axes (jaxrag.models.transformer.constrain_rows): FSDP moves the weights, not every token's activations.
+    mesh None or one device: fn unchanged (the same program as before)."""
+    if mesh is None or mesh.size == 1:
+        return fn
+
+    def traced(*args):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return fn(*args)
+
+    return traced
+
+
+def make_grad_fn(mcfg, tc, mesh=None) -> Callable:
     """grads(trainable, frozen, batch, rng) -> (grads, metrics): whole-batch prepare, then the loss gradient, averaged
-    over grad_accum microbatches (the train step's gradient, before the optimizer)."""
+    over grad_accum microbatches (the train step's gradient, before the optimizer). mesh: the mesh the step's
+    arrays live on (activations kept split over its batch axes: `under_mesh`)."""
     loss_fn = make_loss_fn(mcfg, tc)
     prepare = make_prepare(tc)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -73,7 +88,7 @@ def make_grad_fn(mcfg, tc) -> Callable:
             metrics = {k: (jnp.max if k.endswith("_max_dev") else jnp.mean)(v, axis=0) for k, v in ms.items()}
         return grads, {**metrics, **extra}
 
-    return grads_of
+    return under_mesh(grads_of, mesh)
 
 
 def make_apply_fn(tx, schedule) -> Callable:
@@ -92,9 +107,10 @@ def make_apply_fn(tx, schedule) -> Callable:
     return apply
 
 
-def make_train_step(mcfg, tc, tx, schedule) -> Callable:
-    """step(state, frozen, batch) -> (state, metrics). state = {step, trainable, opt_state, rng}."""
-    grads_of = make_grad_fn(mcfg, tc)
+def make_train_step(mcfg, tc, tx, schedule, mesh=None) -> Callable:
+    """step(state, frozen, batch) -> (state, metrics). state = {step, trainable, opt_state, rng}; mesh: as in
+    make_grad_fn."""
+    grads_of = make_grad_fn(mcfg, tc, mesh)
     apply = make_apply_fn(tx, schedule)
 
     def step(state, frozen, batch):
