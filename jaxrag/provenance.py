@@ -114,7 +114,7 @@ def file_hash(path: str | Path) -> str:
     reader = _READERS.get(path.suffix, _bytes)
     try:
         reader(path, h)
-    except (ValueError, KeyError, struct.error, OSError) as e:  # a malformed file still gets a (byte) hash
+    except (ValueError, KeyError, struct.error, OSError):  # a malformed file still gets a (byte) hash
         if reader is _bytes:
             raise
         h = hashlib.sha256(b"unparsed\n")
