@@ -505,15 +505,23 @@ def tree_pairs(tree: Tree, min_margin: float = 0.01) -> list[Pair]:
     out = []
     for node in tree.nodes:
         kids = [k for k in tree.kids(node) if k.N > 0 and not k.extra.get("unscored")]
-        for i in range(len(kids)):
-            for j in range(i + 1, len(kids)):
-                a, b = kids[i], kids[j]
-                if abs(a.Q - b.Q) < min_margin - 1e-12:
-                    continue
-                hi, lo = (a, b) if a.Q > b.Q else (b, a)
-                if not hi.valid or hi.content == lo.content:
-                    continue
-                out.append(Pair(hi.prompt, hi.raw, lo.raw, hi.Q - lo.Q, "mcts", tree.qid, node.depth))
+        out += _sibling_pairs(tree, node, kids, lambda k: k.Q, lambda k: k.valid, min_margin)
+    return out
+
+
+def _sibling_pairs(tree: Tree, node, kids, value, preferable, min_margin: float) -> list[Pair]:
+    """Pairs between siblings whose values differ by at least min_margin and whose contents differ, the higher one
+    preferred where `preferable(it)`; the pair's step is the parent's depth."""
+    out = []
+    for i in range(len(kids)):
+        for j in range(i + 1, len(kids)):
+            a, b = kids[i], kids[j]
+            if abs(value(a) - value(b)) < min_margin - 1e-12:
+                continue
+            hi, lo = (a, b) if value(a) > value(b) else (b, a)
+            if not preferable(hi) or hi.content == lo.content:
+                continue
+            out.append(Pair(hi.prompt, hi.raw, lo.raw, value(hi) - value(lo), "mcts", tree.qid, node.depth))
     return out
 
 
@@ -531,15 +539,7 @@ def _code_pairs(tree: Tree, min_margin: float) -> list[Pair]:
         if len(kids) < 2:
             continue
         valid = [k for k in kids if k.reward is not None]
-        for i in range(len(valid)):
-            for j in range(i + 1, len(valid)):
-                a, b = valid[i], valid[j]
-                if abs(a.reward - b.reward) < min_margin - 1e-12:
-                    continue
-                hi, lo = (a, b) if a.reward > b.reward else (b, a)
-                if not hi.tagged or hi.content == lo.content:
-                    continue
-                out.append(Pair(hi.prompt, hi.raw, lo.raw, hi.reward - lo.reward, "mcts", tree.qid, node.depth))
+        out += _sibling_pairs(tree, node, valid, lambda k: k.reward, lambda k: k.tagged, min_margin)
         stack.extend(reversed(valid))  # depth first, children in order (the script's recursion)
     return out
 
