@@ -123,12 +123,20 @@ class _Tee(io.TextIOBase):
 
     def write(self, s: str) -> int:
         self.stream.write(s)
-        self.log.write(s)
+        if self.log is not None:
+            try:
+                self.log.write(s)
+            except OSError:  # a full disk: the console goes on, the log stops (the run reports the disk itself)
+                self.log = None
         return len(s)
 
     def flush(self) -> None:
         self.stream.flush()
-        self.log.flush()
+        if self.log is not None:
+            try:
+                self.log.flush()
+            except OSError:
+                self.log = None
 
     def isatty(self) -> bool:
         return self.stream.isatty()
@@ -143,24 +151,34 @@ class _Tee(io.TextIOBase):
 
 class LogFile:
     """`with LogFile(workdir / "log.txt"):` copies stdout and stderr (this process's Python writes) into the file,
-    appending, with tqdm's carriage-return redraws collapsed to each bar's last state."""
+    appending, with tqdm's carriage-return redraws collapsed to each bar's last state. The log is best effort: a
+    workdir that cannot be written (read-only, full disk) leaves the console as it is, so the run's own one-line
+    report of that error (jaxrag/cli_errors.py) is what the user sees."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
 
     def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = open(self.path, "a", encoding="utf-8")
-        self.logs = _CollapsedLog(self.file), _CollapsedLog(self.file)  # a line buffer per stream
         self.saved = sys.stdout, sys.stderr
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.path, "a", encoding="utf-8")
+        except OSError:
+            self.file = None
+            return self
+        self.logs = _CollapsedLog(self.file), _CollapsedLog(self.file)  # a line buffer per stream
         sys.stdout, sys.stderr = _Tee(sys.stdout, self.logs[0]), _Tee(sys.stderr, self.logs[1])
         return self
 
     def __exit__(self, *exc):
         sys.stdout, sys.stderr = self.saved
-        for log in self.logs:
-            log.close()
-        self.file.close()
+        if self.file is not None:
+            try:
+                for log in self.logs:
+                    log.close()
+                self.file.close()
+            except OSError:
+                pass
         return False
 
 

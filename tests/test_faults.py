@@ -234,6 +234,9 @@ def test_a_corrupt_checkpoint_with_no_older_step_names_the_folder_to_delete(tmp_
 
 # --------------------------------------------------------------------------------------------------------------
 # Issue 45: an OpenAI-compatible judge answering 500 / 429 / malformed JSON / hanging: the failures reach the user.
+GOOD_RANKING = '```json\n{"ranked_indices": [1, 0]}\n```'  # fenced, as RAG-Gym's ranking parse (strict) reads it
+
+
 class _FailingJudge(__import__("http.server").server.BaseHTTPRequestHandler):
     """Answers by the question in the prompt: "Q0" HTTP 500, "Q1" HTTP 429, "Q2" malformed JSON, "Q3" hangs past
     the client's timeout, any other a good ranking."""
@@ -248,7 +251,7 @@ class _FailingJudge(__import__("http.server").server.BaseHTTPRequestHandler):
             time.sleep(1.0)
         status, data = {"Q0": (500, b"oops"), "Q1": (429, b"slow down"), "Q2": (200, b"{not json")}.get(
             kind, (200, json.dumps({"choices": [{"message": {"role": "assistant",
-                                                             "content": '{"ranked_indices": [1, 0]}'}}]}).encode()))
+                                                             "content": GOOD_RANKING}}]}).encode()))
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
