@@ -244,10 +244,11 @@ def report_stage(config, workdir, name) -> None:
     host = cpu()
     xla = ", ".join(f"{k}={v}" for k, v in host["xla_cpu"].items())
     pinned = host["xla_cpu"] == PORTABLE
+    verdict = ("the portable settings: two runs on one machine give the same bytes; another CPU kind may still give "
+               "other numbers (compare the stage hashes above)." if pinned
+               else "not the portable settings, so another CPU kind may give other numbers.")
     extra.append(f"## Machine\n\nMade on {host['model']} (vector extensions: {', '.join(host['vector']) or 'none'}), "
-                 f"XLA:CPU {xla}: " + ("the portable settings, so another x86-64 CPU gives the same numbers." if pinned
-                                       else "not the portable settings, so another CPU kind may give other numbers.")
-                 + " (jaxrag/cpu_numerics.py, README)\n")
+                 f"XLA:CPU {xla}: {verdict} (jaxrag/cpu_numerics.py, docs/reproducibility.md)\n")
     with open(files[0], "a") as f:
         f.write("\n" + "\n".join(extra))
     log(name, ", ".join(files))
