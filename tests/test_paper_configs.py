@@ -367,8 +367,10 @@ def test_training_row_configs_carry_the_released_settings():
         r = s[name]
         assert (r.reward, r.rl.group_rollout, r.rl.refine_keep_m, r.rl.refine_query_loss, r.rl.group_size,
                 r.policy.path) == (reward, "smartsearch_refine", 2, True, 8, "stage:s2_dpo")
-    assert (s.s3_nor.rl.group_rollout, s.s3_std.rl.group_rollout, "judge" in s.s3_nor) == \
-        ("independent", "independent", False)
+    # w/o refinement still credits every query by the PRM judge (the released code scores every trajectory); the
+    # standard-GRPO row has no process reward, so no judge
+    assert (s.s3_nor.rl.group_rollout, s.s3_std.rl.group_rollout, "judge" in s.s3_nor, "judge" in s.s3_std) == \
+        ("independent", "independent", True, False)
     s.judge.base_url = "http://prm"   # one judge section for every data stage and the refinement rollouts
     assert s.s1_data.judge.base_url == s.s2_data_nor.judge.base_url == s.s3.judge.base_url == "http://prm"
 
