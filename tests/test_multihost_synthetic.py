@@ -65,8 +65,11 @@ def check_once(multi: Path, log: str) -> None:
 def check_equal(multi: Path, single: Path) -> None:
     for stage in ("world", "teacher", "tokenizer"):  # host-side and seeded: bit-equal
         assert provenance(multi, stage)["sha256"] == provenance(single, stage)["sha256"], stage
-    for stage in TRAINERS:
-        assert_same_model(multi / stage / "model", single / stage / "model", rtol=2e-5, atol=5e-5)
+    for stage in TRAINERS:  # float rounding only: the two runs reduce in another order. Adam divides each update by
+        # the root of the gradient's second moment, so an embedding row seen in few tokens moves by about the learning
+        # rate whatever its tiny gradient's last bits (outcome: 1 of 32,768 entries 1.0e-4 apart); a wrong layout or a
+        # double-counted batch moves every entry by far more
+        assert_same_model(multi / stage / "model", single / stage / "model", rtol=2e-5, atol=5e-4)
     # sampled on process 0 with the one-process run's seeds (greedy and T > 0 alike): the same tokens
     files = ["supervision/episodes.jsonl", "outcome/episodes.jsonl"] + [
         str(p.relative_to(multi)) for p in sorted((multi / "eval").glob("episodes_*.jsonl"))]
