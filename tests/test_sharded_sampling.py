@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = textwrap.dedent('''
     import json, re, sys
     import jax, jax.numpy as jnp, numpy as np
-    from jaxrag.sampling import generate as G, sharding as shd
+    from jaxrag import sharding as shd
+    from jaxrag.sampling import generate as G
     from jaxrag.compilation import compilation
     from jaxrag.models import ModelConfig, init_params
     assert len(jax.devices()) == 8, jax.devices()

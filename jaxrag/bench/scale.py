@@ -130,7 +130,9 @@ def main(argv=None):
     import jax
     import numpy as np
 
-    from jaxrag.sampling import generate as G, sharding as shd
+    from jaxrag import sharding as shd
+
+    from jaxrag.sampling import generate as G
     from jaxrag.bench.common import matmul_gflops, table, write_result
     from jaxrag.bench.model import PRESETS, device_name
     from jaxrag.models import ModelConfig, init_params, param_logical_axes, unstack_layers
