@@ -159,3 +159,19 @@ class SlotScripted(ScriptedPolicy):
 
         self.session = Session()
         return self.session
+
+
+def run_on_fake_devices(script: str, n: int, tmp_dir: Path, timeout: int) -> dict:
+    """Run `script` in a fresh Python process on n fake CPU devices (XLA reads the device count when its backend
+    starts, so a test process that already made one cannot change it) and return the JSON of its last stdout line."""
+    import os
+    import subprocess
+    import sys
+
+    path = Path(tmp_dir) / "run.py"
+    path.write_text(script)
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -7,16 +7,11 @@ weights in the forward and backward passes and reduces the gradients: about 3x t
 Runs in a subprocess with 4 fake CPU devices (XLA_FLAGS must be set before jax initialises).
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from fakes import run_on_fake_devices
 
-ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent('''
     import json
@@ -68,14 +63,7 @@ SCRIPT = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def steps(tmp_path_factory):
-    script = tmp_path_factory.mktemp("fsdp") / "run.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600,
-                          check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_on_fake_devices(SCRIPT, 4, tmp_path_factory.mktemp("fsdp"), timeout=600)
 
 
 @pytest.mark.parametrize("shape", ["(1, 4, 1)", "(2, 2, 1)"])

@@ -6,17 +6,12 @@ gathers no KV cache; the decode memory check refuses what cannot fit, in one lin
 The 8-device part runs in a subprocess: XLA_FLAGS must be set before jax initialises.
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
+from fakes import run_on_fake_devices
 
-ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent('''
     import json, re, sys
@@ -131,13 +126,7 @@ SCRIPT = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    script = tmp_path_factory.mktemp("sharded_sampling") / "run.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_on_fake_devices(SCRIPT, 8, tmp_path_factory.mktemp("sharded_sampling"), timeout=900)
 
 
 @pytest.mark.parametrize("case, mesh", [("greedy", "rows8"), ("hot_cascade", "rows8"), ("hot_fork", "rows8"),
