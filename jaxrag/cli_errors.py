@@ -66,12 +66,33 @@ class QuietDiskErrors(logging.Filter):
         return not any(t in text for t in _TEXT)
 
 
+def _closed_loop_callback(value: BaseException, tb) -> bool:
+    """True for the RuntimeError that asyncio raises when a background thread (tensorstore finishing one of orbax's
+    writes after the save already failed) calls `call_soon_threadsafe` on the event loop orbax has closed."""
+    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+        return False
+    names = []
+    while tb is not None:
+        names.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return "call_soon_threadsafe" in names
+
+
 def quiet_disk_errors() -> None:
-    """Install QuietDiskErrors on every handler of the root logger (absl's among them) unless --debug."""
+    """Unless --debug: install QuietDiskErrors on every handler of the root logger (absl's among them), and drop the
+    "Event loop is closed" tracebacks that tensorstore reports (as unraisable, sys.unraisablehook) for each write still in flight
+    when a failed save has closed orbax's loop; any other exception is printed as before."""
     if debug():
         return
     for handler in logging.getLogger().handlers:
         handler.addFilter(QuietDiskErrors())
+    previous = sys.unraisablehook
+
+    def hook(args):
+        if not _closed_loop_callback(args.exc_value, args.exc_traceback):
+            previous(args)
+
+    sys.unraisablehook = hook
 
 
 def user_error(e: BaseException, workdir: str | None = None) -> str | None:

@@ -197,6 +197,32 @@ def test_a_read_only_workdir_is_one_line_even_when_every_stage_is_done(tmp_path)
         _umount(wd)
 
 
+def test_the_closed_loop_callbacks_of_a_failed_save_are_dropped_and_nothing_else(monkeypatch):
+    """tensorstore reports each write that finishes after orbax closed its loop as unraisable: the hook that
+    quiet_disk_errors installs drops exactly those (a real closed loop's error) and passes any other one on."""
+    import asyncio
+    import types
+
+    from jaxrag import cli_errors
+
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda args: seen.append(args.exc_value))
+    monkeypatch.delenv("JAXRAG_DEBUG", raising=False)
+    monkeypatch.setattr(sys, "argv", ["jaxrag.main"])
+    cli_errors.quiet_disk_errors()
+    loop = asyncio.new_event_loop()
+    loop.close()
+    try:
+        loop.call_soon_threadsafe(print)
+    except RuntimeError as e:
+        closed = e
+    other = RuntimeError("Event loop is closed")  # the same text raised elsewhere is not the callback's
+    for e in (closed, other, ValueError("x")):
+        sys.unraisablehook(types.SimpleNamespace(exc_type=type(e), exc_value=e, exc_traceback=e.__traceback__,
+                                                 err_msg=None, object=None))
+    assert seen == [other, seen[1]] and isinstance(seen[1], ValueError)
+
+
 def test_a_full_disk_is_one_line_without_orbax_noise(tmp_path):
     """Training stops at its first checkpoint on a 1 MB disk: one line naming the full device and the way out, none of
     orbax's "Event loop is closed" tracebacks (there were 518 lines of them)."""
