@@ -101,6 +101,26 @@ def test_packing_round_trips_every_row():
         PT.pack_tree([([1, 2], [3, 4], None)], 3)
 
 
+def test_a_batch_shape_follows_the_pack_length_and_count_only():
+    """The read slots per pack are fixed by the pack length (a pack closes when its reads would pass them), so two
+    steps whose rows differ compile the same shape whenever they need as many packs; pack counts take two sizes per
+    octave."""
+    rng = np.random.default_rng(5)
+    few = [(ids(rng, 40), ids(rng, 3), None) for _ in range(6)]       # 18 reads
+    many = [(ids(rng, 10), ids(rng, 30), None) for _ in range(2)]     # 60 reads, in one pack by tokens
+    a, b = PT.pack_tree(few, 512), PT.pack_tree(many, 512)
+    assert a.read_pos.shape[1] == b.read_pos.shape[1] == PT.read_bucket(256)
+    two = [(ids(rng, 10), ids(rng, 20), None) for _ in range(2)]
+    assert PT.pack_tree(two, 64, pack_multiple=1).read_pos.shape[1] == 32
+    c = PT.pack_tree(two, 64)   # 60 tokens fit one pack of 64, but 40 reads do not fit its 32 read slots
+    assert len(set(c.row_pack.tolist())) == 2 and (c.read_valid.sum(axis=1) <= 32).all()
+    assert c.read_valid.sum() == 40 and PT.pack_tree(two, 128).row_pack.tolist() == [0, 0]   # 64 slots: one pack
+    big = PT.pack_tree([(ids(rng, 4), ids(rng, 50), None)], 64)   # one row over the cap: its reads set M
+    assert big.read_pos.shape[1] == 64
+    assert [PT.pack_bucket(n) for n in (1, 3, 5, 7, 9, 13, 17)] == [1, 3, 6, 8, 12, 16, 24]
+    assert PT.pack_bucket(5, 4) == 8
+
+
 def test_mask_is_the_ancestor_relation():
     rows = R.action_rows(rag_gym_episodes(np.random.default_rng(1)))
     t = PT.pack_tree(R.tree_inputs(rows), 128)

@@ -20,7 +20,10 @@ World: plain ReAct over BM25 (bm25s) on the multihop contexts corpus (11k passag
 byte tokenizer. The model's tokens are really sampled (and their log-probs trained on), but a random model's text
 would end every episode Invalid at step 1, so the action the environment executes is scripted: 2 searches, then an
 answer (the bench.rollout convention); the rows hold the sampled ids, so the update costs what it would.
-Timings: the median over steps after `--warmup` steps (those compile every shape). --preset 1b is a Llama-3.2-1B
+Timings: the median over steps after `--warmup` steps (those compile most shapes); steady_step_s: the median over
+the timed steps that compiled no new train-step shape (NaN if none did not). A prefix-tree batch's shape is (packs,
+pack length, read slots), and the packs' count follows the step's data, so the tree layout compiles more shapes
+than padded rows early in a run. --preset 1b is a Llama-3.2-1B
 shape (bf16, remat) for an accelerator; it is not meant for this CPU. Writes results/bench/rl.json.
 """
 
@@ -119,6 +122,10 @@ def make_policy(preset: str, max_prompt_tokens: int):
     return ScriptedActions(JaxPolicy(cfg, params, ByteTok(), max_prompt_tokens=max_prompt_tokens))
 
 
+def _median_or_nan(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
 def run_mode(mode: str, args, retriever, agent, questions) -> dict:
     from jaxrag.rl import RLConfig, train_rl
 
@@ -142,7 +149,8 @@ def run_mode(mode: str, args, retriever, agent, questions) -> dict:
            "episodes_per_s": n_ep / step, "trained_tokens_per_s": med("row_tokens") / step,
            "train_tokens_per_s": med("trained_tokens_per_s"), "step_s": step,
            "first_steps_s": sum(m["time/step_s"] for m in res.history[:args.warmup]),
-           "new_shapes_timed": sum(m["train/new_shapes"] for m in timed), "padding%": 100 * (1 - med("batch_fill")),
+           "new_shapes_timed": sum(m["train/new_shapes"] for m in timed),
+           "steady_step_s": _median_or_nan([m["time/step_s"] for m in timed if m["train/new_shapes"] == 0]), "padding%": 100 * (1 - med("batch_fill")),
            "total_s": time.perf_counter() - t0, "layout_tree": med("layout/tree"),
            "update_per_trained": med("update_tokens") / med("row_tokens"),
            "distinct_per_trained": med("distinct_tokens") / med("row_tokens")}
@@ -182,7 +190,7 @@ def main(argv=None):
         for r in rows:
             r["speedup"] = r["episodes_per_s"] / rows[0]["episodes_per_s"]
     cols = ["mode", "episodes", "rows", "trained_tokens", "episodes_per_s", "trained_tokens_per_s", "speedup",
-            "step_s", "sampling%", "retrieval%", "training%", "host%", "sync%", "padding%", "new_shapes_timed", "first_steps_s",
+            "step_s", "sampling%", "retrieval%", "training%", "host%", "sync%", "padding%", "new_shapes_timed", "steady_step_s", "first_steps_s",
             "layout_tree", "update_per_trained", "distinct_per_trained"]
     print(table(rows, cols))
     out = write_result("rl", {"preset": args.preset, "model": PRESETS[args.preset], "questions": args.questions,

@@ -425,8 +425,10 @@ def train_rl(
                     st["trainable"], frozen, shd.shard_batch(tr.mesh, {k: b[k] for k in ("tokens", "positions",
                                                                                          "segment_ids")})))
             host_s = time.perf_counter() - t_host - info.get("time/scoring_s", 0.0)
-            shapes = {(len(subs) > 1, b["tokens"].shape) for subs in batches for b in subs}
-            info["train/new_shapes"] = len(shapes - seen_shapes)  # each one compiles the train step once
+            shapes = {(len(subs) > 1, tuple(sorted((k, np.shape(v)) for k, v in b.items())))
+                      for subs in batches for b in subs}
+            info["train/new_shapes"] = len(shapes - seen_shapes)  # each one compiles the train step once (a prefix
+            # tree's batch shape is its packs, its length and its read slots)
             seen_shapes |= shapes
 
             t_train = time.perf_counter()

@@ -99,16 +99,20 @@ def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def assign_packs(seqs: Sequence[Sequence[int]], length: int, where: str = "row",
-                 units: Sequence[Sequence[int]] | None = None) -> tuple[list[int], list[int], list[int]]:
+                 units: Sequence[Sequence[int]] | None = None, reads: Sequence[int] | None = None,
+                 read_cap: int | None = None) -> tuple[list[int], list[int], list[int]]:
     """The row order, each row's pack and the prefix it shares with the row before it in its pack (0 for a pack's
     first row). units: groups of rows that go into one pack together (a DPO pair); default each row alone. Rows are
     sorted within a unit and units by their first row; greedy: a unit opens a new pack when its new tokens do not
     fit. Sharing only with the previous row keeps the layout a pre-order whatever the order; sorting makes that
-    the longest prefix shared with any earlier row."""
+    the longest prefix shared with any earlier row. reads / read_cap: each row's read tokens and the most a pack
+    may hold (a unit that would pass it opens a new pack; a unit over it alone is one pack)."""
     units = [[i] for i in range(len(seqs))] if units is None else units
     units = sorted((sorted(u, key=lambda i: list(seqs[i])) for u in units), key=lambda u: list(seqs[u[0]]))
     order, pack_of, shared = [], [0] * len(seqs), [0] * len(seqs)
-    n_packs, used, prev = 0, length + 1, None
+    n_packs, used, used_reads, prev = 0, length + 1, 0, None
+    reads = [0] * len(seqs) if reads is None else reads
+    read_cap = sum(reads) if read_cap is None else read_cap
 
     def chain(u, before):
         ks = []
@@ -119,9 +123,10 @@ def assign_packs(seqs: Sequence[Sequence[int]], length: int, where: str = "row",
 
     for u in units:
         ks, cost = chain(u, prev)
-        if used + cost > length:
+        n_reads = sum(reads[i] for i in u)
+        if used + cost > length or (used and used_reads + n_reads > read_cap):
             ks, cost = chain(u, None)
-            n_packs, used = n_packs + 1, 0
+            n_packs, used, used_reads = n_packs + 1, 0, 0
             if cost > length:
                 what = f"{where} {u[0]}" if len(u) == 1 else f"{where}s {sorted(u)} (packed together)"
                 raise ValueError(f"{what} has {cost} tokens, more than the pack length {length}")
@@ -129,24 +134,46 @@ def assign_packs(seqs: Sequence[Sequence[int]], length: int, where: str = "row",
             pack_of[i], shared[i] = n_packs - 1, k
             order.append(i)
         used += cost
+        used_reads += n_reads
         prev = u[-1]
     return order, pack_of, shared
+
+
+def pack_bucket(n: int, multiple: int = 1) -> int:
+    """Packs per batch: 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (two sizes per octave, under 33% empty packs), then up to a
+    multiple of `multiple`. The packs' count follows the step's data (how much its rows share), so it takes fewer
+    sizes than padded rows (bucket_size): each (P, M) pair compiles the train step once."""
+    n = max(int(n), 1)
+    b = 1 << (n - 1).bit_length()
+    if b >= 4 and 3 * b // 4 >= n:
+        b = 3 * b // 4
+    return -(-b // multiple) * multiple
+
+
+def read_bucket(n: int) -> int:
+    """Read slots: a power of two, at least 8 (a read slot costs its logits row)."""
+    return max(8, 1 << (max(int(n), 1) - 1).bit_length())
 
 
 def pack_tree(rows: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int] | None]], length: int,
               pad_id: int = 0, pack_multiple: int = 1, where: str = "row",
               units: Sequence[Sequence[int]] | None = None) -> Tree:
     """rows: (prompt ids, completion ids, completion mask or None = all read) -> a Tree of packs of `length`.
-    P = bucket_size(packs, pack_multiple), M = bucket_size(most reads in a pack). units: see assign_packs."""
+    P = pack_bucket(packs, pack_multiple); M = read slots per pack: read_bucket(length // 2), or the most reads of
+    one unit where that is more. A pack closes when its reads would pass M, so M follows the pack length alone and a
+    run compiles one shape per (packs, length), not per (packs, length, reads). units: see assign_packs."""
     if not rows:
         raise ValueError("no rows to pack")
     seqs = [list(p) + list(c) for p, c, _ in rows]
     for i, (p, c, _) in enumerate(rows):
         if not p:
             raise ValueError(f"{where} {i}: no prompt ids (nothing predicts its first token)")
-    order, pack_of, shared = assign_packs(seqs, length, where, units)
+    n_read = [len(c) if m is None else int(sum(1 for x in m if x)) for _, c, m in rows]
+    unit_reads = max(sum(n_read[i] for i in u) for u in units) if units is not None else max(n_read)
+    M = max(read_bucket(length // 2), read_bucket(unit_reads))
+    order, pack_of, shared = assign_packs(seqs, length, where, units, n_read, M)
     n_packs = max(pack_of) + 1
-    P = bucket_size(n_packs, pack_multiple)
+    P = pack_bucket(n_packs, pack_multiple)
     tokens = np.full((P, length), pad_id, np.int32)
     positions = np.zeros((P, length), np.int32)
     seg = np.zeros((P, length), np.int32)
@@ -178,7 +205,7 @@ def pack_tree(rows: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int] |
                 d = len(prompt) + t
                 reads.append((int(row_index[i][d - 1]), int(seqs[i][d])))
         row_reads.append(slots)
-    M = bucket_size(max(len(r) for r in per_pack), 8)
+    assert max(len(r) for r in per_pack) <= M
     read_pos = np.zeros((P, M), np.int32)
     read_target = np.zeros((P, M), np.int32)
     read_valid = np.zeros((P, M), np.float32)
