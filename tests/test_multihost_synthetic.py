@@ -3,7 +3,6 @@ DPO, critic, outcome SFT, GRPO) on an FSDP 2 x tensor 2 mesh over the 4 devices,
 same 4 devices: every stage finishes, writes one copy of each output, host-side stages run on process 0 alone, and
 the results equal the one-process run's except where they legitimately differ (docs/multihost.md):
 - trained models: equal up to float rounding (cross-process reductions sum in another order);
-- the index's bm25s files: its vocabulary ids follow the process's string hashing (PYTHONHASHSEED);
 - GRPO's episodes: each process samples its share of a step's groups with seed + p * 1000003 (T > 0), so process
   0's groups equal the one-process run's and process 1's do not."""
 
@@ -63,7 +62,7 @@ def check_once(multi: Path, log: str) -> None:
 
 
 def check_equal(multi: Path, single: Path) -> None:
-    for stage in ("world", "teacher", "tokenizer"):  # host-side and seeded: bit-equal
+    for stage in ("world", "index", "teacher", "tokenizer"):  # host-side and seeded: bit-equal
         assert provenance(multi, stage)["sha256"] == provenance(single, stage)["sha256"], stage
     for stage in TRAINERS:  # float rounding only: the two runs reduce in another order. Adam divides each update by
         # the root of the gradient's second moment, so an embedding row seen in few tokens moves by about the learning

@@ -1,6 +1,7 @@
 import json
 import logging
 import math
+import os
 
 import numpy as np
 import pytest
@@ -120,3 +121,24 @@ def test_bm25s_numba_kernels_are_cached_on_disk(bm25s_2k):
 
     for name in ("_retrieve_internal_jitted_serial", "_retrieve_internal_jitted_parallel"):
         assert type(getattr(retrieve_utils, name)._cache).__name__ == "FunctionCache", name
+
+
+def test_two_bm25s_builds_write_the_same_files_whatever_the_string_hashing(tmp_path):
+    """bm25s numbers its vocabulary in a Python set's order, which follows PYTHONHASHSEED: two processes indexing one
+    corpus wrote the same words under other ids. The build sorts the vocabulary, so the files are the same bytes."""
+    import hashlib
+    import subprocess
+    import sys
+
+    script = ("import sys; from pathlib import Path; from jaxrag.retrieval import build_bm25; "
+              "from jaxrag.retrieval.corpus import load_corpus; from jaxrag.paths import BENCHMARKS; "
+              "build_bm25(load_corpus(BENCHMARKS / 'corpus_multihop_contexts.jsonl')[:300], backend='bm25s', "
+              "out_dir=Path(sys.argv[1]))")
+    digests = []
+    for seed in ("1", "2"):
+        out = tmp_path / seed
+        out.mkdir()
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run([sys.executable, "-c", script, str(out)], check=True, env=env, timeout=300)
+        digests.append({f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(out.iterdir())})
+    assert digests[0] == digests[1] and "vocab.index.json" in digests[0]

@@ -93,7 +93,10 @@ class Bm25sScorer:
     def build(cls, passages: Sequence[Passage], show_progress: bool = False) -> "Bm25sScorer":
         model = _bm25s().BM25(k1=K1, b=B, method="lucene", backend="numba")
         tokens = [analyze(p.full_text()) for p in passages]
-        model.index(tokens, show_progress=show_progress)
+        # the vocabulary in sorted order: bm25s numbers it in set order, which follows the process's string hashing
+        # (PYTHONHASHSEED), so two builds of one corpus wrote other index files (same scores)
+        vocab = {t: i for i, t in enumerate(sorted({t for doc in tokens for t in doc}))}
+        model.index(([[vocab[t] for t in doc] for doc in tokens], vocab), show_progress=show_progress)
         return cls(model)
 
     def save(self, out_dir: Path) -> None:
