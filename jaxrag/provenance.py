@@ -26,6 +26,16 @@ import numpy as np
 TIMING_KEYS = frozenset({"seconds", "compile_seconds", "wall_seconds", "elapsed", "elapsed_s", "time", "timestamp",
                          "wall", "tok_s", "tokens_per_s", "steps_per_s", "step_s", "it_s", "date", "created",
                          "started", "finished", "host", "hostname"})
+# ... and any key named as a duration or a rate: "<what>_s", "<what>_seconds", "<what>_per_s" (step_time_s,
+# judge_s, states_per_s) and the RL loop's "time/<part>_s"
+TIMING_SUFFIXES = ("_s", "_seconds", "_per_s", "_ms")
+
+
+def timing_key(key) -> bool:
+    """True for a key whose value is a wall-clock measurement (not a result): dropped before hashing."""
+    return isinstance(key, str) and (key in TIMING_KEYS or key.endswith(TIMING_SUFFIXES) or key.startswith("time/"))
+
+
 SKIP_NAMES = frozenset({"DONE", "DONE.tmp", ".lock", "provenance.json"})
 SKIP_DIRS = frozenset({"tb", "checkpoints", ".xla_cache", "__pycache__", "logs"})
 SKIP_SUFFIXES = (".log", ".tmp", ".pid", ".lock")
@@ -48,7 +58,7 @@ def result_files(root: str | Path) -> list[Path]:
 def _drop_timing(obj, workdir: str = ""):
     """obj without timing keys, and with the run's workdir in strings written as $WORKDIR (stats name their files)."""
     if isinstance(obj, dict):
-        return {k: _drop_timing(v, workdir) for k, v in obj.items() if k not in TIMING_KEYS}
+        return {k: _drop_timing(v, workdir) for k, v in obj.items() if not timing_key(k)}
     if isinstance(obj, list):
         return [_drop_timing(v, workdir) for v in obj]
     if workdir and isinstance(obj, str) and workdir in obj:

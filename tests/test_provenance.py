@@ -98,3 +98,21 @@ def test_stage_hash_is_independent_of_creation_order(tmp_path):
     assert stage_hash(tmp_path / "x") == stage_hash(tmp_path / "y")
     (tmp_path / "y" / "sub" / "r").write_text("changed")
     assert stage_hash(tmp_path / "x")["sha256"] != stage_hash(tmp_path / "y")["sha256"]
+
+
+def test_the_durations_and_rates_jaxrag_writes_do_not_count(tmp_path):
+    """Two runs of the demo differed only in these keys (the trainer's step_time_s, the RL loop's time/*_s, the
+    collection stages' judge_s and states_per_s), and every stage after SFT got another hash: any key named as a
+    duration or a rate is left out; a result key changes the hash, whatever its name's last letter."""
+    timings = ["step_time_s", "time/step_s", "time/sampling_s", "judge_s", "generate_s", "retrieve_s", "total_s",
+               "states_per_s", "episodes_per_s", "tokens_per_s", "trained_tokens_per_s", "judge_seconds"]
+
+    def write(name, stamp, **result):
+        rows = [{"step": i, "loss": 0.5, "searches": 2, **result, **{k: stamp * (i + 1) for k in timings}}
+                for i in range(2)]
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return file_hash(tmp_path / name)
+
+    assert write("a.jsonl", 1.0) == write("b.jsonl", 7.5)
+    assert write("c.jsonl", 1.0, loss=0.25) != write("a.jsonl", 1.0)
+    assert write("d.jsonl", 1.0, searches=3) != write("a.jsonl", 1.0)
