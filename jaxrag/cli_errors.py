@@ -80,8 +80,8 @@ def _closed_loop_callback(value: BaseException, tb) -> bool:
 
 def quiet_disk_errors() -> None:
     """Unless --debug: install QuietDiskErrors on every handler of the root logger (absl's among them), and drop the
-    "Event loop is closed" tracebacks that tensorstore reports (as unraisable, sys.unraisablehook) for each write still in flight
-    when a failed save has closed orbax's loop; any other exception is printed as before."""
+    "Event loop is closed" tracebacks that tensorstore reports (as unraisable: sys.unraisablehook) for each write
+    still in flight when a failed save has closed orbax's loop; any other exception is printed as before."""
     if debug():
         return
     for handler in logging.getLogger().handlers:

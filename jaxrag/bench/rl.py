@@ -21,7 +21,7 @@ byte tokenizer. The model's tokens are really sampled (and their log-probs train
 would end every episode Invalid at step 1, so the action the environment executes is scripted: 2 searches, then an
 answer (the bench.rollout convention); the rows hold the sampled ids, so the update costs what it would.
 Timings: the median over steps after `--warmup` steps (those compile most shapes); steady_step_s: the median over
-the timed steps that compiled no new train-step shape (NaN if none did not). A prefix-tree batch's shape is (packs,
+the timed steps that compiled no new train-step shape (NaN if every one did). A prefix-tree batch's shape is (packs,
 pack length, read slots), and the packs' count follows the step's data, so the tree layout compiles more shapes
 than padded rows early in a run. --preset 1b is a Llama-3.2-1B
 shape (bf16, remat) for an accelerator; it is not meant for this CPU. Writes results/bench/rl.json.
@@ -150,7 +150,8 @@ def run_mode(mode: str, args, retriever, agent, questions) -> dict:
            "train_tokens_per_s": med("trained_tokens_per_s"), "step_s": step,
            "first_steps_s": sum(m["time/step_s"] for m in res.history[:args.warmup]),
            "new_shapes_timed": sum(m["train/new_shapes"] for m in timed),
-           "steady_step_s": _median_or_nan([m["time/step_s"] for m in timed if m["train/new_shapes"] == 0]), "padding%": 100 * (1 - med("batch_fill")),
+           "steady_step_s": _median_or_nan([m["time/step_s"] for m in timed if m["train/new_shapes"] == 0]),
+           "padding%": 100 * (1 - med("batch_fill")),
            "total_s": time.perf_counter() - t0, "layout_tree": med("layout/tree"),
            "update_per_trained": med("update_tokens") / med("row_tokens"),
            "distinct_per_trained": med("distinct_tokens") / med("row_tokens")}
@@ -190,7 +191,8 @@ def main(argv=None):
         for r in rows:
             r["speedup"] = r["episodes_per_s"] / rows[0]["episodes_per_s"]
     cols = ["mode", "episodes", "rows", "trained_tokens", "episodes_per_s", "trained_tokens_per_s", "speedup",
-            "step_s", "sampling%", "retrieval%", "training%", "host%", "sync%", "padding%", "new_shapes_timed", "steady_step_s", "first_steps_s",
+            "step_s", "sampling%", "retrieval%", "training%", "host%", "sync%", "padding%", "new_shapes_timed",
+            "steady_step_s", "first_steps_s",
             "layout_tree", "update_per_trained", "distinct_per_trained"]
     print(table(rows, cols))
     out = write_result("rl", {"preset": args.preset, "model": PRESETS[args.preset], "questions": args.questions,
