@@ -140,9 +140,9 @@ def assign_packs(seqs: Sequence[Sequence[int]], length: int, where: str = "row",
 
 
 def pack_bucket(n: int, multiple: int = 1) -> int:
-    """Packs per batch: 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (two sizes per octave, under 33% empty packs), then up to a
+    """Packs per batch: 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (two sizes per octave, under 34% empty packs), then up to a
     multiple of `multiple`. The packs' count follows the step's data (how much its rows share), so it takes fewer
-    sizes than padded rows (bucket_size): each (P, M) pair compiles the train step once."""
+    sizes than padded rows (bucket_size): each (P, L) pair compiles the train step once."""
     n = max(int(n), 1)
     b = 1 << (n - 1).bit_length()
     if b >= 4 and 3 * b // 4 >= n:
@@ -168,7 +168,7 @@ def pack_tree(rows: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int] |
     for i, (p, c, _) in enumerate(rows):
         if not p:
             raise ValueError(f"{where} {i}: no prompt ids (nothing predicts its first token)")
-    n_read = [len(c) if m is None else int(sum(1 for x in m if x)) for _, c, m in rows]
+    n_read = [len(c) if m is None else sum(1 for x in m if x) for _, c, m in rows]
     unit_reads = max(sum(n_read[i] for i in u) for u in units) if units is not None else max(n_read)
     M = max(read_bucket(length // 2), read_bucket(unit_reads))
     order, pack_of, shared = assign_packs(seqs, length, where, units, n_read, M)
