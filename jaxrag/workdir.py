@@ -45,8 +45,8 @@ class Lock:
     """`workdir/.lock` names the running job (pid, host). It is created whole: the record is written to a temp file
     and hard-linked to `.lock` (a link fails if the name exists), so no starter ever reads an empty lock. Deciding
     that a lock is stale and replacing it happens under an flock on `.lock.guard` (released by the kernel when its
-    holder dies), so two starters never both take over one stale lock. A live holder is never taken over; a lock
-    from another host is taken for live."""
+    holder dies), so two starters never both take over one stale lock. A live holder is never taken over (an exited
+    but unreaped one, a zombie, is not live); a lock from another host is taken for live."""
 
     def __init__(self, workdir: Path):
         self.path = Path(workdir) / ".lock"
@@ -99,16 +99,28 @@ class Lock:
         if holder.get("host") != socket.gethostname():
             return False  # another machine's process: cannot tell, assume alive
         try:
-            os.kill(int(holder["pid"]), 0)
+            pid = int(holder["pid"])
+            os.kill(pid, 0)
         except ProcessLookupError:
             return True
         except (PermissionError, ValueError, KeyError, TypeError):
             return False
-        return False
+        return _exited(pid)
 
     def __exit__(self, *exc):
         if self.held:
             self.path.unlink(missing_ok=True)
+
+
+def _exited(pid: int) -> bool:
+    """A process that has exited but was not yet reaped (a zombie) still answers kill(pid, 0). A run SIGKILLed with
+    its launcher leaves its processes orphaned, and where nothing reaps orphans (a container whose PID 1 is not an
+    init) they stay zombies for good: their lock is stale. Linux only (/proc); elsewhere a live pid counts as live."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:][:1] in ("Z", "X")  # the state follows the parenthesized command name
 
 
 # ------------------------------------------------------------------------------------------------ settings

@@ -166,6 +166,12 @@ def test_killed_two_process_run_resumes_to_the_same_model(train_runs):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (work / "sft" / "DONE").exists()
+    from jaxrag.workdir import Lock
+
+    holder = json.loads((work / ".lock").read_text())  # the killed run's: the rerun takes it over once it is dead
+    while not Lock._stale(holder):  # SIGKILL is delivered, the process may take a moment to exit
+        assert time.time() < deadline, f"{holder} still alive after SIGKILL"
+        time.sleep(0.2)
     out = run_multi(cfg, work, "--stages=data,sft", "--config.sft.train.checkpoint.restore_step=2")
     assert "sft: finished" in out
     train = [r["step"] for r in rows(work / "sft" / "metrics.jsonl") if r["kind"] == "train"]

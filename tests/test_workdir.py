@@ -5,6 +5,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import ml_collections
 import pytest
@@ -112,6 +114,26 @@ def test_lock_names_the_holder_and_stale_lock_is_taken_over(tmp_path):
     assert not (tmp_path / ".lock").exists()
     with Lock(tmp_path), pytest.raises(WorkdirError, match="in use"):
         run(_config(), tmp_path)
+
+
+def test_a_lock_held_by_an_exited_unreaped_process_is_stale(tmp_path):
+    """A run SIGKILLed with its launcher leaves orphans that stay zombies where PID 1 does not reap them (CI's
+    container): kill(pid, 0) still succeeds for them, and the rerun used to be refused as "in use"."""
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("zombies are told by /proc (Linux)")
+    child = subprocess.Popen([sys.executable, "-c", "pass"])  # exits; not waited for, so it stays a zombie
+    try:
+        stat = Path(f"/proc/{child.pid}/stat")
+        deadline = time.time() + 60
+        while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.time() < deadline
+            time.sleep(0.05)
+        os.kill(child.pid, 0)  # still answers as if alive
+        (tmp_path / ".lock").write_text(json.dumps({"pid": child.pid, "host": os.uname().nodename}))
+        assert run(_config(), tmp_path) == ["a", "b", "c"]
+        assert not (tmp_path / ".lock").exists()
+    finally:
+        child.wait()
 
 
 def test_result_neutral_settings_do_not_block_a_rerun(tmp_path):
