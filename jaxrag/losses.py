@@ -111,17 +111,23 @@ def dpo_loss(
 
 # --------------------------------------------------------------------------------------- critic (Bradley–Terry)
 def bradley_terry_loss(
-    chosen_scores: jax.Array, rejected_scores: jax.Array, center_coef: float = 0.0
+    chosen_scores: jax.Array, rejected_scores: jax.Array, center_coef: float = 0.0, weights: jax.Array | None = None
 ) -> tuple[jax.Array, dict]:
-    """-log σ(r⁺ - r⁻) + c·(r⁺ + r⁻)² averaged over pairs (c = 0.01 in RAG-Gym's code). scores [B]."""
+    """-log σ(r⁺ - r⁻) + c·(r⁺ + r⁻)² averaged over pairs (c = 0.01 in RAG-Gym's code). scores [B]. weights [B]
+    (optional, constants summing to 1 over a whole batch): Σ w·x instead of means, as dpo_loss's."""
     diff = chosen_scores - rejected_scores
     losses = -jax.nn.log_sigmoid(diff) + center_coef * (chosen_scores + rejected_scores) ** 2
-    loss = jnp.mean(losses)
+    if weights is None:
+        mean = jnp.mean
+    else:
+        w = jax.lax.stop_gradient(weights)
+        mean = lambda x: jnp.sum(w * x)
+    loss = mean(losses)
     return loss, {
         "loss": loss,
-        "bt/margin": jnp.mean(diff),
-        "bt/accuracy": jnp.mean((diff > 0).astype(jnp.float32)),
-        "bt/score_mean": jnp.mean(0.5 * (chosen_scores + rejected_scores)),
+        "bt/margin": mean(diff),
+        "bt/accuracy": mean((diff > 0).astype(jnp.float32)),
+        "bt/score_mean": mean(0.5 * (chosen_scores + rejected_scores)),
     }
 
 

@@ -224,6 +224,34 @@ def test_dpo_pairs_tree_equals_rows():
     assert PT.pair_batch_auto(pairs, (32,), CFG, "rows")["tokens"].shape == (6, 2, 32)
 
 
+@functools.lru_cache
+def bt_grads(accum):
+    tc = tconfig.resolve({"loss": "bt", "batch_size": 6, "grad_accum": accum, "bt": {"center_coef": 0.01}})
+    return jax.jit(make_grad_fn(CFG, tc))
+
+
+def test_critic_pairs_tree_equals_rows():
+    """Bradley-Terry pairs sharing the state prompt: each row's score read at its last token in the pack; the same
+    loss, metrics and gradient (backbone and head) as the per-row layout in one pack and over 2 microbatches."""
+    pairs = dpo_pairs(np.random.default_rng(8))
+    pairs.append(PreferencePair(pairs[0].prompt, pairs[0].chosen, pairs[0].chosen[:2]))  # rejected: a prefix of chosen
+    params = init_params(CFG, jax.random.PRNGKey(0), std=0.3)
+    args = {"model": params, "head": critic_init(CFG, jax.random.PRNGKey(1))}, {}
+    g_r, m_r = bt_grads(1)(*args, pair_batch(pairs, (32,)), jax.random.PRNGKey(0))
+    for accum, length, multiple in ((1, 128, 1), (2, 32, 2)):
+        b = PT.pair_batch_auto(pairs, (length,), CFG, "tree", pack_multiple=multiple, loss="bt")
+        assert "tree_exit" in b and (b["tokens"].shape[0] > 1) == (accum == 2)
+        assert not b["loss_mask"].any()   # no log-prob reads: the critic reads last tokens
+        g_t, m_t = bt_grads(accum)(*args, b, jax.random.PRNGKey(0))
+        for k in ("loss", "bt/margin", "bt/accuracy", "bt/score_mean"):
+            np.testing.assert_allclose(float(m_t[k]), float(m_r[k]), rtol=1e-5, atol=1e-6)
+        assert_same(g_t, g_r)
+    # the critic's cost has no LM head: auto weighs layers and attention (here the shared prompts win)
+    assert "tree_exit" in PT.pair_batch_auto(pairs, (32,), CFG, "auto", loss="bt")
+    with pytest.raises(ValueError, match="'sft' is not one of"):
+        PT.pair_batch_auto(pairs, (32,), CFG, "tree", loss="sft")
+
+
 # ------------------------------------------------------------------------------------------------ PPO
 def test_ppo_tree_equals_rows():
     """PPO over RAG-Gym episodes: the value head read at the tree's reads equals the per-row values; GAE, whitening

@@ -5,7 +5,9 @@ rows of three formats with the shapes of bench.rl's ReAct episodes:
   question (after the history): consecutive prompts do not extend each other (no merge_turns);
 - append_only: each next prompt = the last prompt + the action + the documents (Search-R1 / plain formats):
   rows.merge_turns joins an episode's turns into one row;
-- dpo_pairs: DPO pairs whose chosen and rejected share the state prompt (several pairs per state).
+- dpo_pairs: DPO pairs whose chosen and rejected share the state prompt (several pairs per state);
+- critic_pairs: the same pairs for the critic's Bradley-Terry loss (a score read at each row's last token, no LM
+  head; "trained" tokens are the completions, as for DPO).
 
 B questions x G episodes, TURNS actions of NEW generated tokens, DOCS observation tokens per search, an
 INSTR-token instruction block; DPO: STATES states x 2 pairs. Per format and layout: the tokens the update computes
@@ -77,19 +79,24 @@ def rl_case(name, rows, eps, mcfg):
     return name, rows_b, tree_b, trained, distinct, rw, tw
 
 
-def dpo_case(mcfg):
+def pair_case(mcfg, loss: str):
+    import dataclasses
+
     from jaxrag.train import prefix_tree as PT
     from jaxrag.train.batching import pair_batch
 
     ps = pairs(np.random.default_rng(2))
     rows_b = pair_batch(ps, BUCKETS)
-    rows, units = PT.pair_rows(ps)
-    tree = PT.best_tree(rows, BUCKETS, mcfg, units=units)
+    rows, units = PT.pair_rows(ps, reads=loss == "dpo")
+    tree = PT.best_tree(rows, BUCKETS, mcfg, units=units, lm_head=loss == "dpo")
     tree_b = PT.pair_tree_batch(ps, tree)
     trained = sum(len(c) for _, c, _ in rows)
     distinct = PT.distinct_tokens([list(p) + list(c) for p, c, _ in rows])
     n, _, T = rows_b["tokens"].shape
-    return "dpo_pairs", rows_b, tree_b, trained, distinct, PT.rows_work([(2 * n, T)]), PT.tree_work(tree)
+    rw, tw = PT.rows_work([(2 * n, T)]), PT.tree_work(tree)
+    if loss == "bt":   # the critic computes no LM head
+        rw, tw = dataclasses.replace(rw, head=0), dataclasses.replace(tw, head=0)
+    return f"{'dpo' if loss == 'dpo' else 'critic'}_pairs", rows_b, tree_b, trained, distinct, rw, tw
 
 
 def grad_step(mcfg, loss: str, batch_size: int):
@@ -102,6 +109,10 @@ def grad_step(mcfg, loss: str, batch_size: int):
     tc = tconfig.resolve({"loss": loss, "batch_size": batch_size, "grpo": {"group_size": G, "beta": 0.0}})
     fn = jax.jit(make_grad_fn(mcfg, tc))
     args = ({"model": init_params(mcfg, jax.random.PRNGKey(0))}, {"ref": init_params(mcfg, jax.random.PRNGKey(0))})
+    if loss == "bt":
+        from jaxrag.models import critic_init
+
+        args = ({**args[0], "head": critic_init(mcfg, jax.random.PRNGKey(1))}, {})
     return lambda batch: (lambda: jax.block_until_ready(fn(*args, batch, jax.random.PRNGKey(0))))
 
 
@@ -115,10 +126,11 @@ def run(steps: int = 2) -> list[dict]:
     eps_rg, eps_ao = episodes(np.random.default_rng(0), True), episodes(np.random.default_rng(1), False)
     cases = [rl_case("react_rag_gym", R.action_rows(eps_rg), eps_rg, mcfg),
              rl_case("append_only (merged rows)", R.merge_turns(R.action_rows(eps_ao)), eps_ao, mcfg),
-             dpo_case(mcfg)]
+             pair_case(mcfg, "dpo"), pair_case(mcfg, "bt")]
     out = []
     for name, rows_b, tree_b, trained, distinct, rw, tw in cases:
-        loss, bs = ("dpo", len(rows_b["tokens"])) if name == "dpo_pairs" else ("grpo", B * G)
+        loss, bs = {"dpo_pairs": ("dpo", len(rows_b["tokens"])), "critic_pairs": ("bt", len(rows_b["tokens"]))
+                    }.get(name, ("grpo", B * G))
         step = grad_step(mcfg, loss, bs)
         auto = PT.choose_layout("auto", rw, tw, mcfg)[0]
         for layout, batch, work in (("rows", rows_b, rw), ("tree", tree_b, tw)):

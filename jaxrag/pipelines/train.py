@@ -39,7 +39,7 @@ from jaxrag.train.batching import BatchStream, Group, PreferencePair, SFTExample
 from jaxrag.train.distributed import barrier, is_lead
 from jaxrag.train.loop import fit, save_summary
 from jaxrag.train.objectives import OBJECTIVES
-from jaxrag.train.prefix_tree import check_layout, pair_batch_auto
+from jaxrag.train.prefix_tree import PAIR_LOSSES, check_layout, pair_batch_auto
 
 
 class DataError(ValueError):
@@ -147,9 +147,9 @@ def train_stage(config, workdir: str, name: str) -> None:
         tconfig.validate(tc)
     layout = sc.get("train_layout", "auto")
     check_layout(layout, f"config.{name}.train_layout")
-    if tc.loss == "dpo" and layout != "rows":   # packs split whole over devices x microbatches
+    if tc.loss in PAIR_LOSSES and layout != "rows":   # packs split whole over devices x microbatches
         multiple = int(tc.grad_accum) * jax.device_count()
-        make = lambda ex, buckets, pad: pair_batch_auto(ex, buckets, cfg, layout, pad, multiple)
+        make = lambda ex, buckets, pad: pair_batch_auto(ex, buckets, cfg, layout, pad, multiple, tc.loss)
     stream = BatchStream(examples, per_batch, lambda ex: make(ex, tuple(tc.seq_buckets), pad), seed=tc.seed)
     out = Path(workdir) / name
     result = fit(cfg, params, stream, None, tc, out)

@@ -258,8 +258,15 @@ def dpo_objective(mcfg, tc):
 
 def bt_objective(mcfg, tc):
     def bt(trainable, frozen, batch, rng):
-        tok, pos, seg = _flat(batch, ("tokens", "positions", "segment_ids"))
         p = policy_params(trainable, frozen, tc, rng)
+        if is_tree(batch):   # each row's last token in its pack (prefix_tree.pair_tree_batch's pair_last [P,Q,2])
+            P, Q, _ = batch["pair_last"].shape
+            h = read_hidden(tree_hidden(mcfg, tc, p, batch), batch["pair_last"].reshape(P, 2 * Q))
+            head = trainable["head"]
+            scores = (h.astype(jnp.float32) @ head["w"] + head["b"]).reshape(-1, 2)
+            return losses.bradley_terry_loss(scores[:, 0], scores[:, 1], tc.bt.center_coef,
+                                             batch["pair_weight"].reshape(-1))
+        tok, pos, seg = _flat(batch, ("tokens", "positions", "segment_ids"))
         scores = critic_scores(mcfg, p, trainable["head"], tok, pos, seg, batch["read_index"].reshape(-1),
                                remat=bool(tc.remat))
         scores = scores.reshape(-1, 2)

@@ -267,14 +267,16 @@ def tree_work(tree: Tree) -> Work:
 
 
 def best_tree(rows, buckets: Sequence[int], mcfg, pad_id: int = 0, pack_multiple: int = 1,
-              where: str = "row", units=None) -> Tree:
-    """pack_tree at the pack length (a bucket holding the longest row) whose work costs the fewest FLOPs."""
+              where: str = "row", units=None, lm_head: bool = True) -> Tree:
+    """pack_tree at the pack length (a bucket holding the longest row) whose work costs the fewest FLOPs
+    (lm_head=False: the objective computes no LM head at the reads, the critic's)."""
     longest = max(len(p) + len(c) for p, c, _ in rows)
     pick_bucket(longest, buckets, f"{where} (prompt + completion ids)")
     best, cost = None, None
     for length in sorted(b for b in buckets if b >= longest):
         t = pack_tree(rows, length, pad_id, pack_multiple, where, units)
-        c = tree_work(t).flops(mcfg)
+        w = tree_work(t)
+        c = (w if lm_head else dataclasses.replace(w, head=0)).flops(mcfg)
         if cost is None or c < cost:
             best, cost = t, c
     return best
@@ -297,12 +299,16 @@ def choose_layout(mode: str, rows: Work, tree: Work | None, mcfg) -> tuple[str, 
     return "rows", f"tree would cost {ratio:.2f} of the rows' FLOPs (> {AUTO_MARGIN})"
 
 
-# ----------------------------------------------------------------------------------------------- DPO pairs
+# ------------------------------------------------------------------------------------------ DPO and critic pairs
 def pair_tree_batch(pairs, tree: Tree) -> dict:
-    """DPO pairs as one prefix-tree batch; `tree` packs their rows (pair i: row 2i chosen, 2i+1 rejected; built by
-    pair_tree with each pair in one pack). Adds read_seq [P,M] (2 * the pair's slot in its pack + side) and
-    pair_weight [P,Q] (1 / pairs on each pair slot): the sequence log-probs are per-pack segment sums, the DPO mean
-    a weighted sum, exact under microbatches of whole packs."""
+    """Preference pairs as one prefix-tree batch; `tree` packs their rows (pair i: row 2i chosen, 2i+1 rejected;
+    built by pair_tree with each pair in one pack). Adds, per pair slot of a pack (Q slots):
+    - pair_weight [P,Q]: 1 / pairs on each pair slot, 0 on padding slots: the mean over pairs is a weighted sum,
+      exact under microbatches of whole packs;
+    - read_seq [P,M] (DPO): 2 * the pair's slot in its pack + side: the sequence log-probs are per-pack segment sums
+      of the reads;
+    - pair_last [P,Q,2] (Bradley-Terry): where the chosen and the rejected row's last token sits in the pack (the
+      critic's score is read there, as batching.pair_batch's read_index)."""
     n = len(pairs)
     slot = np.zeros(n, np.int64)
     per_pack: dict[int, int] = {}
@@ -315,33 +321,47 @@ def pair_tree_batch(pairs, tree: Tree) -> dict:
     b["read_seq"] = tree.scatter([np.full(len(tree.row_reads[r]), 2 * slot[r // 2] + r % 2) for r in range(2 * n)],
                                  np.int32)
     w = np.zeros((tree.tokens.shape[0], Q), np.float32)
+    last = np.zeros((tree.tokens.shape[0], Q, 2), np.int32)
     for i in range(n):
         w[tree.row_pack[2 * i], slot[i]] = 1.0 / n
-    b["pair_weight"] = w
+        for side in (0, 1):
+            last[tree.row_pack[2 * i], slot[i], side] = tree.row_index[2 * i + side][-1]
+    b["pair_weight"], b["pair_last"] = w, last
     return b
 
 
-def pair_rows(pairs) -> list[tuple]:
-    """PreferencePairs -> pack_tree rows (2i chosen, 2i+1 rejected) and their units (each pair in one pack)."""
-    rows = [(p.prompt, c, None) for p in pairs for c in (p.chosen, p.rejected)]
+def pair_rows(pairs, reads: bool = True) -> list[tuple]:
+    """PreferencePairs -> pack_tree rows (2i chosen, 2i+1 rejected) and their units (each pair in one pack).
+    reads=False: no read at the completions (the critic reads each row's last token, not its log-probs)."""
+    rows = [(p.prompt, c, None if reads else [0] * len(c)) for p in pairs for c in (p.chosen, p.rejected)]
     return rows, [[2 * i, 2 * i + 1] for i in range(len(pairs))]
 
 
+PAIR_LOSSES = ("dpo", "bt")
+
+
 def pair_batch_auto(pairs, buckets: Sequence[int], mcfg, mode: str = "auto", pad_id: int = 0,
-                    pack_multiple: int = 1) -> dict:
-    """The batch of DPO pairs in the layout `mode` picks (choose_layout): batching.pair_batch or pair_tree_batch."""
+                    pack_multiple: int = 1, loss: str = "dpo") -> dict:
+    """The batch of preference pairs for `loss` ("dpo" or the critic's "bt") in the layout `mode` picks
+    (choose_layout): batching.pair_batch or pair_tree_batch. The critic computes no LM head, so its cost model
+    weighs the layers and attention alone."""
     from jaxrag.train.batching import pair_batch
 
     check_layout(mode, "train_layout")
+    if loss not in PAIR_LOSSES:
+        raise ValueError(f"pair_batch_auto: loss {loss!r} is not one of {PAIR_LOSSES}")
     rows_b = None
     if mode != "tree":
         rows_b = pair_batch(pairs, buckets, pad_id)
         if mode == "rows":
             return rows_b
-    rows, units = pair_rows(pairs)
-    tree = best_tree(rows, buckets, mcfg, pad_id, pack_multiple, "pair row", units)
+    rows, units = pair_rows(pairs, reads=loss == "dpo")
+    tree = best_tree(rows, buckets, mcfg, pad_id, pack_multiple, "pair row", units, lm_head=loss == "dpo")
     if mode == "auto":
         B, _, T = rows_b["tokens"].shape
-        if choose_layout("auto", rows_work([(2 * B, T)]), tree_work(tree), mcfg)[0] == "rows":
+        rw, tw = rows_work([(2 * B, T)]), tree_work(tree)
+        if loss == "bt":
+            rw, tw = dataclasses.replace(rw, head=0), dataclasses.replace(tw, head=0)
+        if choose_layout("auto", rw, tw, mcfg)[0] == "rows":
             return rows_b
     return pair_tree_batch(pairs, tree)
