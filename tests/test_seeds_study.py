@@ -78,3 +78,35 @@ def test_comparisons_are_paired_differences_with_intervals(study):
     md = (workdir / "seeds" / "results.md").read_text()
     assert all(x["text"] in md for x in res["comparisons"])
     assert os.path.getsize(workdir / "seeds" / "seeds.png") > 0
+
+
+def test_several_eval_stages_give_one_table_of_systems(synthetic_run):
+    """seeds.py:findings reads eval and eval_findings together; a system in both is refused, not overwritten."""
+    from pathlib import Path
+
+    from jaxrag.pipelines.synthetic.seeds import seed_scores
+
+    run = Path(synthetic_run[1])
+    one = seed_scores(run, "eval", "")
+    both = seed_scores(run, "eval, eval_findings", "")
+    findings = json.loads((run / "eval_findings" / "results.json").read_text())["systems"]
+    assert set(one) < set(both) and {s for s, _ in both} == {s for s, _ in one} | set(findings)
+    with pytest.raises(ValueError, match="is in two of the eval stages"):
+        seed_scores(run, "eval,eval", "")
+
+
+def test_the_findings_preset_reuses_the_demo_seed_runs():
+    """seeds.py:findings runs findings.py:paired per seed: its demo stages have the demo's settings (so the seed runs
+    of a demo study in the same workdir are reused, stage by stage), and each paired comparison names a system its
+    eval_findings stage evaluates."""
+    from jaxrag.workdir import stage_settings
+
+    c = config_module("seeds").get_config("findings")
+    assert c.seed_runs.config.endswith("findings.py:paired") and c.seeds.eval == "eval,eval_findings"
+    paired, demo = config_module("findings").get_config("paired"), config_module("pipeline").get_config("demo")
+    for stage in demo.stages:
+        assert stage_settings(paired, stage) == stage_settings(demo, stage), stage
+    evaluated = {s["name"] for s in paired.eval_findings.systems} | {s["name"] for s in demo.eval.systems}
+    for comp in c.seeds.comparisons:
+        assert {comp["a"], comp["b"]} <= evaluated or comp["a"].startswith("bo"), comp
+    assert set(paired.stages) - set(demo.stages) == set(config_module("findings").PAIRED)

@@ -41,9 +41,17 @@ STUDIES = ["sft_re2search", "mcts", "dpo_mcts", "grpo_k3", "bestofn_transfer", "
            "supervision_big", "dpo_big", "critic_big", "agreement_big", "bestofn_big", "eval_findings", "findings"]
 
 
+# the studies behind the paired comparisons the seeds study reports over seeds (configs/synthetic/seeds.py:findings):
+# MCTS vs ranking pairs, k3 vs k2, SmartSearch's curriculum vs SFT
+PAIRED = ["mcts", "dpo_mcts", "grpo_k3", "ss_data", "ss_sft", "ss_dpo", "ss_grpo", "eval_findings"]
+
+
 def get_config(preset: str = "demo"):
-    c = pipeline.get_config(preset)
-    c.stages = list(c.stages) + STUDIES
+    """preset: demo | tiny | paired (the demo's stages and PAIRED alone: eval_findings evaluates the systems those
+    train; every stage's settings are the demo's, so a demo run's workdir is reused)."""
+    paired = preset == "paired"
+    c = pipeline.get_config("demo" if paired else preset)
+    c.stages = list(c.stages) + (PAIRED if paired else STUDIES)
     c.sft_re2search = ml_collections.ConfigDict(c.sft.to_dict())
     c.sft_re2search.update(dict(agent="re2search", init_from="sft", eval_every=50))
     c.sft_re2search.train.steps = 200
@@ -120,6 +128,10 @@ def get_config(preset: str = "demo"):
                                  dict(label=f"critic_big ({c.supervision_big.max_questions} questions' pairs)",
                                       stage="agreement_big")],
                       smartsearch=dict(data="ss_data", systems=["sft_react", "ss_sft", "ss_dpo", "ss_grpo"]))
+    if paired:   # a section that is not a stage counts as a global setting of every stage (workdir.stage_settings)
+        c.eval_findings.systems = [x for x in c.eval_findings.systems if x["model"] in PAIRED]
+        for study in set(STUDIES) - set(PAIRED):
+            del c[study]
     if preset != "tiny":  # the studies' reference wall seconds (2 cores), for the stage headers' estimates
         c.expected_seconds.update(dict(
             sft_re2search=173, mcts=66, dpo_mcts=85, supervision_big=59, dpo_big=99, critic_big=77, bestofn_big=28,

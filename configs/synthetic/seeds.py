@@ -2,6 +2,7 @@
 
 python -m jaxrag.main --config=configs/synthetic/seeds.py --workdir=runs/seeds          # 3 seeds of the demo
 python -m jaxrag.main --config=configs/synthetic/seeds.py:tiny --workdir=runs/seeds_tiny  # 2 seeds of tiny (tests)
+python -m jaxrag.main --config=configs/synthetic/seeds.py:findings --workdir=runs/seeds  # + the findings' pairs
 
   seed_runs  every seed an ordinary run of configs/synthetic/pipeline.py[:preset] with --config.seed=<s> into
              <workdir>/seed_<s>/ (seed: SFT init, data order, sampling; world_seed fixed)
@@ -35,16 +36,30 @@ def comparisons(n: int) -> list[tuple[str, str, str]]:
     ]
 
 
+# findings.py:paired's systems (its eval_findings stage)
+FINDINGS = [
+    ("dpo_mcts", "dpo", "MCTS-SPRE pairs vs ranking pairs (DPO, equal sampled actions)"),
+    ("grpo_k3", "grpo", "GRPO with the k3 KL estimator vs k2 (ARENA), same budget"),
+    ("ss_grpo", "sft_react", "SmartSearch curriculum (SFT -> DPO -> GRPO) vs SFT"),
+    ("ss_sft", "sft_react", "SmartSearch stage 1 (SFT on credited, refined data) vs SFT"),
+]
+
+
 def get_config(preset: str = "demo"):
-    if preset not in ("demo", "tiny"):
-        raise ValueError(f"configs/synthetic/seeds.py: unknown preset {preset!r} (demo | tiny)")
+    """preset: demo (the demo's systems, 3 seeds) | findings (the same and findings.py:paired's: MCTS pairs, k3,
+    SmartSearch's curriculum; a demo study's seed runs in the workdir are reused) | tiny (2 seeds, tests)."""
+    if preset not in ("demo", "findings", "tiny"):
+        raise ValueError(f"configs/synthetic/seeds.py: unknown preset {preset!r} (demo | findings | tiny)")
+    here = Path(__file__).resolve()
     c = ml_collections.ConfigDict()
     c.stages = ["seed_runs", "seeds"]
-    pipeline = Path(__file__).resolve().with_name("pipeline.py")
-    c.seed_runs = dict(fn=f"{P}.seeds:seed_runs_stage", config=f"{pipeline}:{preset}",
-                       seeds=(0, 1, 2) if preset == "demo" else (0, 1), stages=(), flags="")
-    n = 4 if preset == "demo" else 2  # best-of-N's N (the tiny pipeline's bestofn runs N = 1, 2)
-    c.seeds = dict(fn=f"{P}.seeds:seeds_study_stage", runs="seed_runs", eval="eval", bestofn="bestofn",
-                   comparisons=[dict(a=a, b=b, label=label) for a, b, label in comparisons(n)], n_boot=10_000,
-                   level=0.95)
+    config = f"{here.with_name('findings.py')}:paired" if preset == "findings" else \
+        f"{here.with_name('pipeline.py')}:{preset}"
+    c.seed_runs = dict(fn=f"{P}.seeds:seed_runs_stage", config=config,
+                       seeds=(0, 1) if preset == "tiny" else (0, 1, 2), stages=(), flags="")
+    n = 2 if preset == "tiny" else 4  # best-of-N's N (the tiny pipeline's bestofn runs N = 1, 2)
+    pairs = comparisons(n) + (FINDINGS if preset == "findings" else [])
+    c.seeds = dict(fn=f"{P}.seeds:seeds_study_stage", runs="seed_runs",
+                   eval="eval,eval_findings" if preset == "findings" else "eval", bestofn="bestofn",
+                   comparisons=[dict(a=a, b=b, label=label) for a, b, label in pairs], n_boot=10_000, level=0.95)
     return c

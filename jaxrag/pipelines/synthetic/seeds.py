@@ -9,7 +9,8 @@ ordinary run of jaxrag.main in a subprocess (a stage never imports jaxrag.main) 
 finished seed is skipped stage by stage like any run, and one seed can be inspected or rerun on its own.
 Output: <workdir>/<name>/runs.json (per seed: the stages run, their wall seconds, the seed's total).
 
-seeds_study_stage, config[name]: runs (the seed_runs stage), eval (the per-seed eval stage), bestofn (the per-seed
+seeds_study_stage, config[name]: runs (the seed_runs stage), eval (the per-seed eval stage, or several
+comma-separated: "eval,eval_findings", their systems together; a system in two is an error), bestofn (the per-seed
 best-of-N stage, "" = none), comparisons (a list of {a, b, label}: system names of the eval stage, or
 "bo<N>_<selector>" for the best-of-N stage's runs, e.g. "bo4_critic", "bo4_first_valid", "bo1_critic"), n_boot,
 level. Outputs under <workdir>/<name>/: results.md, results.json, seeds.png.
@@ -100,13 +101,17 @@ def per_question_scores(path: Path) -> dict[str, tuple[float, float]]:
 
 
 def seed_scores(run_dir: Path, eval_stage: str, bestofn_stage: str) -> dict[tuple[str, str], dict]:
-    """(system, split) -> {qid: (EM, F1)} of one seed's run: the eval stage's systems and, as "bo<N>_<selector>",
-    the best-of-N stage's runs."""
+    """(system, split) -> {qid: (EM, F1)} of one seed's run: the eval stages' systems (eval_stage: one stage or
+    several comma-separated) and, as "bo<N>_<selector>", the best-of-N stage's runs."""
     out = {}
-    results = json.loads((run_dir / eval_stage / "results.json").read_text())
-    for system, r in results["systems"].items():
-        for split in r["splits"]:
-            out[(system, split)] = per_question_scores(run_dir / eval_stage / f"episodes_{system}_{split}.jsonl")
+    for stage in [x.strip() for x in eval_stage.split(",") if x.strip()]:
+        results = json.loads((run_dir / stage / "results.json").read_text())
+        for system, r in results["systems"].items():
+            for split in r["splits"]:
+                if (system, split) in out:
+                    raise ValueError(f"{run_dir}: system {system!r} ({split}) is in two of the eval stages "
+                                     f"{eval_stage!r}: name it once")
+                out[(system, split)] = per_question_scores(run_dir / stage / f"episodes_{system}_{split}.jsonl")
     if bestofn_stage:
         b = json.loads((run_dir / bestofn_stage / "bestofn.json").read_text())
         for row in b["rows"]:
