@@ -19,6 +19,24 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+# `make test` runs the suite on 2 workers (pytest-xdist, --dist loadgroup). A group runs whole on one worker: a test
+# file (its module fixtures are built once), except that every file using the session's synthetic pipeline run
+# (synthetic_run, minutes) is one group, so that run is made once. Groups start longest first (the files' measured
+# share of the suite, longest first), so no long file starts last and leaves the other worker idle.
+LONGEST_FIRST = ("synthetic_run", "test_continuous.py", "test_kv_sessions.py", "test_multihost_synthetic.py",
+                 "test_multihost.py", "test_cpu_numerics.py", "test_paper_training_rows.py", "test_paper_configs.py",
+                 "test_train.py", "test_generate.py", "test_prefix_tree.py", "test_fsdp_collectives.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    shared = {it.path.name for it in items if "synthetic_run" in getattr(it, "fixturenames", ())}
+    group = {id(it): "synthetic_run" if it.path.name in shared else it.path.name for it in items}
+    rank = {g: i for i, g in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda it: rank.get(group[id(it)], len(rank)))   # stable: each group keeps its own order
+    for it in items:
+        it.add_marker(pytest.mark.xdist_group(group[id(it)]))
+
+
 def _mapped_regions() -> int:
     try:
         with open("/proc/self/maps") as f:
