@@ -210,8 +210,20 @@ def main(argv):
               "local paths); give a local or shared-filesystem (NFS, GCS FUSE mount) path", file=sys.stderr)
         sys.exit(2)
     quiet()
-    with LogFile(Path(_WORKDIR.value) / "log.txt"):  # the console's text, progress-bar redraws collapsed
+    with LogFile(Path(_WORKDIR.value) / log_name()):  # the console's text, progress-bar redraws collapsed
         _main()
+
+
+def log_name() -> str:
+    """log.txt: process 0's console, the run's log (one copy of each line); on several processes (docs/multihost.md)
+    process p > 0 writes log.process<p>.txt beside it (its own errors stay readable)."""
+    from jaxrag.train.distributed import maybe_initialize
+
+    if not maybe_initialize():
+        return "log.txt"
+    import jax
+
+    return "log.txt" if jax.process_index() == 0 else f"log.process{jax.process_index()}.txt"
 
 
 def _main():

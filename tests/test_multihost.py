@@ -146,6 +146,9 @@ def test_every_training_stage_kind_on_two_processes(train_runs):
         assert not list((multi / stage).glob("*.tmp"))
     assert (multi / "critic" / "model" / "head.npz").is_file()
     assert not (multi / ".lock").exists()
+    # the run's log is process 0's console, each line once; process 1's console is beside it
+    log = (multi / "log.txt").read_text()
+    assert log.count("[main] sft: running") == 1 and "[main] sft: running" in (multi / "log.process1.txt").read_text()
 
 
 @pytest.mark.slow
