@@ -244,3 +244,36 @@ def test_shares_cover_the_list_in_order():
         parts = [share(items, i, count) for i in range(count)]
         assert [x for p in parts for x in p] == items
         assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_each_process_scores_its_own_share_of_the_step_once(monkeypatch):
+    """Multi-host RL: a process samples and scores only its share of the step's groups, process rewards (PPO's PRM)
+    included, and returns each episode's step rewards aligned with it (gathering left as identity here; the real
+    gather is the same as for the episodes)."""
+    from jaxrag.rl import loop as L
+    from jaxrag.rl.config import RLConfig
+    from jaxrag.train.distributed import share
+
+    rc = RLConfig(group_size=2, questions_per_step=5)
+    scored = []
+    monkeypatch.setattr(L, "sample_groups", lambda s, qs, rc, rcfg, st: [f"{q}/{g}" for q in qs for g in range(2)])
+    monkeypatch.setattr(L, "score_episodes", lambda eps, reward: [len(e) for e in eps])
+    monkeypatch.setattr(L, "process_count", lambda: 2)
+    monkeypatch.setattr(L, "allgather_objects", lambda obj: [obj])
+    monkeypatch.setattr(L, "gather_shares", lambda items: list(items))
+
+    def prm(episodes):
+        scored.append(list(episodes))
+        return [[float(e.split("/")[1]), 1.0] for e in episodes]
+
+    questions = [f"q{i}" for i in range(5)]
+    for p in (0, 1):
+        monkeypatch.setattr(L, "process_index", lambda p=p: p)
+        monkeypatch.setattr(L, "share", lambda items, p=p: share(items, p, 2))
+        eps, rewards, _, steps = L.sample_and_score(None, questions, rc, L.RolloutConfig(), None, {}, prm)
+        mine = share(questions, p, 2)
+        assert eps == [f"{q}/{g}" for q in mine for g in range(2)] and scored[-1] == eps
+        assert steps == [[float(e.split("/")[1]), 1.0] for e in eps] and rewards == [len(e) for e in eps]
+    assert sum(len(s) for s in scored) == 5 * 2   # every episode scored once over the two processes
+    monkeypatch.setattr(L, "process_count", lambda: 1)
+    assert L.sample_and_score(None, questions, rc, L.RolloutConfig(), None, {}, None)[3] is None

@@ -111,35 +111,41 @@ def score_episodes(episodes: Sequence[Episode], reward) -> list[Reward]:
 SEED_STRIDE = 1_000_003  # multi-host: process p samples its groups with seed + p * SEED_STRIDE (its own row keys)
 
 
-def sample_and_score(sampler, questions: Sequence, rc: RLConfig, rcfg: RolloutConfig, reward, stats: dict
-                     ) -> tuple[list[Episode], list[Reward], float]:
-    """The step's episodes (B contiguous groups of G) and their rewards, and the reward seconds. On several
-    processes each samples, retrieves and scores its contiguous share of the questions (whole groups: advantages
-    stay within a group) with its own sampler, at seed + p * SEED_STRIDE; the episodes and rewards are gathered in
-    question order on every process, so each builds the same global batch as one process would (the update is
-    then split over the mesh by sharding.shard_batch); `stats` gets the slowest process's seconds."""
-    if process_count() == 1:
-        episodes = sample_groups(sampler, questions, rc, rcfg, stats)
+def sample_and_score(sampler, questions: Sequence, rc: RLConfig, rcfg: RolloutConfig, reward, stats: dict,
+                     step_rewards=None) -> tuple[list[Episode], list[Reward], float, list | None]:
+    """The step's episodes (B contiguous groups of G), their rewards, the reward seconds and, with `step_rewards`
+    (PPO's process rewards, e.g. a PRM: episodes -> per-step rewards), each episode's step rewards (else None). On
+    several processes each samples, retrieves and scores (rewards and step rewards) its contiguous share of the
+    questions (whole groups: advantages stay within a group) with its own sampler, at seed + p * SEED_STRIDE; the
+    episodes and their scores are gathered in question order on every process, so each builds the same global
+    batch as one process would (the update is then split over the mesh by sharding.shard_batch); `stats` gets the
+    slowest process's seconds."""
+    def score(episodes):
         t0 = time.perf_counter()
         rewards = score_episodes(episodes, reward)  # a judged reward's LLM calls happen here
-        return episodes, rewards, time.perf_counter() - t0
+        steps = step_rewards(episodes) if step_rewards is not None and episodes else []
+        return rewards, steps, time.perf_counter() - t0
+
+    if process_count() == 1:
+        episodes = sample_groups(sampler, questions, rc, rcfg, stats)
+        rewards, steps, reward_s = score(episodes)
+        return episodes, rewards, reward_s, steps if step_rewards is not None else None
     mine = share(list(questions))
     local: dict = {}
-    episodes, rewards, reward_s = [], [], 0.0
+    episodes, rewards, steps, reward_s = [], [], [], 0.0
     if mine:
         rcfg = dataclasses.replace(rcfg, seed=rcfg.seed + process_index() * SEED_STRIDE,
                                    batch_size=rc.rollout_batch or len(mine) * rc.group_size)
         episodes = sample_groups(sampler, mine, rc, rcfg, local)
-        t0 = time.perf_counter()
-        rewards = score_episodes(episodes, reward)
-        reward_s = time.perf_counter() - t0
+        rewards, steps, reward_s = score(episodes)
     for part in allgather_objects({**{k: v for k, v in local.items() if isinstance(v, (int, float))},
                                    "reward_s": reward_s}):
         for k, v in part.items():  # side by side: seconds are the slowest process's, counts add up
             stats[k] = max(stats.get(k, 0.0), v) if k.endswith("_s") else stats.get(k, 0) + v
     for k in ("generate_s", "summarize_s", "retrieve_s", "total_s"):
         stats.setdefault(k, 0.0)
-    return gather_shares(episodes), gather_shares(rewards), stats.pop("reward_s")
+    return (gather_shares(episodes), gather_shares(rewards), stats.pop("reward_s"),
+            gather_shares(steps) if step_rewards is not None else None)
 
 
 def episode_stats(episodes: Sequence[Episode], rewards: Sequence[Reward], group_size: int) -> dict:
@@ -414,11 +420,11 @@ def train_rl(
                                  summary_max_new_tokens=rc.summary_max_new_tokens, max_invalid=rc.max_invalid,
                                  seed=rollout_seed(rc.seed, step), continuous=rc.continuous)
             stats: dict = {}
-            episodes, rewards, reward_s = sample_and_score(sampler, questions_t, rc, rcfg, score_reward, stats)
+            episodes, rewards, reward_s, steps_r = sample_and_score(sampler, questions_t, rc, rcfg, score_reward,
+                                                                    stats, step_rewards)
             t_host = time.perf_counter()
             batches, info = build_batches(
-                episodes, rewards, rc, tc, pad_id, row_multiple,
-                step_rewards=step_rewards(episodes) if step_rewards is not None else None,
+                episodes, rewards, rc, tc, pad_id, row_multiple, step_rewards=steps_r,
                 score=lambda b: score_jit(state["trainable"], frozen, shd.shard_batch(tr.mesh, b)), mcfg=tr.mcfg)
             if rc.rescore_old_logp:
                 rescore_old_logp(batches, rc, tc.loss, lambda b, st=state: score_jit(
