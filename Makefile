@@ -28,11 +28,11 @@ install-dev: $(VENV)/.dev
 demo: install
 	$(PY) -m jaxrag.main --config=configs/synthetic/pipeline.py --workdir=$(WORKDIR)
 
-# 2 workers (tests/conftest.py: groups, longest first); TEST_WORKERS=0 runs the suite in one process
+# 2 workers, a test file each at a time (tests/conftest.py: scopes, longest first); TEST_WORKERS=0: one process
 TEST_WORKERS ?= 2
 
 test: install-dev
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 bench: install-dev
 	for b in model train retrieval rollout supervision rl; do $(PY) -m jaxrag.bench.$$b || exit 1; done

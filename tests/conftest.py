@@ -1,6 +1,7 @@
 """Shared fixtures: tiny random Hugging Face checkpoints built and saved by transformers itself."""
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -19,22 +20,39 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-# `make test` runs the suite on 2 workers (pytest-xdist, --dist loadgroup). A group runs whole on one worker: a test
+# `make test` runs the suite on 2 workers (pytest-xdist, --dist loadfile). A scope runs whole on one worker: a test
 # file (its module fixtures are built once), except that every file using the session's synthetic pipeline run
-# (synthetic_run, minutes) is one group, so that run is made once. Groups start longest first (the files' measured
-# share of the suite, longest first), so no long file starts last and leaves the other worker idle.
+# (synthetic_run, minutes) is one scope, so that run is made once. Scopes start longest first (the files' measured
+# share of the suite), so no long file starts last and leaves the other worker idle.
 LONGEST_FIRST = ("synthetic_run", "test_continuous.py", "test_kv_sessions.py", "test_multihost_synthetic.py",
                  "test_multihost.py", "test_cpu_numerics.py", "test_paper_training_rows.py", "test_paper_configs.py",
                  "test_train.py", "test_generate.py", "test_prefix_tree.py", "test_fsdp_collectives.py")
+HERE = Path(__file__).resolve().parent
+SHARES_THE_RUN = frozenset(p.name for p in HERE.rglob("test_*.py") if "synthetic_run" in p.read_text())
+
+
+def _scope(path: str) -> str:
+    name = Path(path.split("::", 1)[0]).name
+    return "synthetic_run" if name in SHARES_THE_RUN else name
 
 
 def pytest_collection_modifyitems(config, items):
-    shared = {it.path.name for it in items if "synthetic_run" in getattr(it, "fixturenames", ())}
-    group = {id(it): "synthetic_run" if it.path.name in shared else it.path.name for it in items}
     rank = {g: i for i, g in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda it: rank.get(group[id(it)], len(rank)))   # stable: each group keeps its own order
-    for it in items:
-        it.add_marker(pytest.mark.xdist_group(group[id(it)]))
+    items.sort(key=lambda it: rank.get(_scope(it.nodeid), len(rank)))   # stable: each scope keeps its own order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile with the files sharing the synthetic run as one scope (xdist's loadgroup marks do not reach
+    the scheduler under pytest 9: it reads them from a node id pytest no longer takes from `_nodeid`)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scopes(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+
+    return Scopes(config, log)
 
 
 def _mapped_regions() -> int:
