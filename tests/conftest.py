@@ -41,6 +41,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda it: rank.get(_scope(it.nodeid), len(rank)))   # stable: each scope keeps its own order
 
 
+@pytest.hookimpl(optionalhook=True)   # an xdist hook: pytest without xdist ignores it
 def pytest_xdist_make_scheduler(config, log):
     """--dist loadfile with the files sharing the synthetic run as one scope (xdist's loadgroup marks do not reach
     the scheduler under pytest 9: it reads them from a node id pytest no longer takes from `_nodeid`)."""
