@@ -28,11 +28,11 @@ install-dev: $(VENV)/.dev
 demo: install
 	$(PY) -m jaxrag.main --config=configs/synthetic/pipeline.py --workdir=$(WORKDIR)
 
-# 2 workers, a test file each at a time (tests/conftest.py: scopes, longest first); TEST_WORKERS=0: one process
+# 2 workers, a test file each at a time, longest first (tests/conftest.py; xdist would reorder by test count); TEST_WORKERS=0: one process
 TEST_WORKERS ?= 2
 
 test: install-dev
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 bench: install-dev
 	for b in model train retrieval rollout supervision rl; do $(PY) -m jaxrag.bench.$$b || exit 1; done
