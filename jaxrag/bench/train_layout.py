@@ -80,8 +80,6 @@ def rl_case(name, rows, eps, mcfg):
 
 
 def pair_case(mcfg, loss: str):
-    import dataclasses
-
     from jaxrag.train import prefix_tree as PT
     from jaxrag.train.batching import pair_batch
 
@@ -95,7 +93,7 @@ def pair_case(mcfg, loss: str):
     n, _, T = rows_b["tokens"].shape
     rw, tw = PT.rows_work([(2 * n, T)]), PT.tree_work(tree)
     if loss == "bt":   # the critic computes no LM head
-        rw, tw = dataclasses.replace(rw, head=0), dataclasses.replace(tw, head=0)
+        rw, tw = rw.without_head(), tw.without_head()
     return f"{'dpo' if loss == 'dpo' else 'critic'}_pairs", rows_b, tree_b, trained, distinct, rw, tw
 
 

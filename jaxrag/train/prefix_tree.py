@@ -248,6 +248,10 @@ class Work:
     def __add__(self, other: "Work") -> "Work":
         return Work(self.tokens + other.tokens, self.attention + other.attention, self.head + other.head)
 
+    def without_head(self) -> "Work":
+        """The same work for an objective that computes no LM head (the critic's)."""
+        return dataclasses.replace(self, head=0)
+
     def flops(self, mcfg) -> float:
         """Forward FLOPs for model config `mcfg` (the backward is about twice that for every term alike)."""
         D, H, K, Dh, F = mcfg.d_model, mcfg.n_heads, mcfg.n_kv_heads, mcfg.head_dim, mcfg.d_ff
@@ -276,7 +280,7 @@ def best_tree(rows, buckets: Sequence[int], mcfg, pad_id: int = 0, pack_multiple
     for length in sorted(b for b in buckets if b >= longest):
         t = pack_tree(rows, length, pad_id, pack_multiple, where, units)
         w = tree_work(t)
-        c = (w if lm_head else dataclasses.replace(w, head=0)).flops(mcfg)
+        c = (w if lm_head else w.without_head()).flops(mcfg)
         if cost is None or c < cost:
             best, cost = t, c
     return best
@@ -361,7 +365,7 @@ def pair_batch_auto(pairs, buckets: Sequence[int], mcfg, mode: str = "auto", pad
         B, _, T = rows_b["tokens"].shape
         rw, tw = rows_work([(2 * B, T)]), tree_work(tree)
         if loss == "bt":
-            rw, tw = dataclasses.replace(rw, head=0), dataclasses.replace(tw, head=0)
+            rw, tw = rw.without_head(), tw.without_head()
         if choose_layout("auto", rw, tw, mcfg)[0] == "rows":
             return rows_b
     return pair_tree_batch(pairs, tree)
