@@ -84,9 +84,11 @@ print(hashlib.sha256(np.asarray(out).tobytes()).hexdigest())
 
 def _run(code: str, *, under: tuple = (), **env_vars) -> str:
     """The last word `code` prints in a fresh process (run `under` a command such as qemu's), whose environment has
-    none of the numerics settings but `env_vars`."""
+    none of the numerics settings but `env_vars`, and no persistent compilation cache (the suite's: tests/conftest.py),
+    so each process compiles its programs under its own settings and CPU."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRAG_NATIVE_CPU_MATH", "ONEDNN_MAX_CPU_ISA",
-                                                            "DNNL_MAX_CPU_ISA", "PJRT_NPROC", "NPROC")}
+                                                            "DNNL_MAX_CPU_ISA", "PJRT_NPROC", "NPROC")
+           and not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
     env.update(JAX_PLATFORMS="cpu", **env_vars)
     return subprocess.run([*under, sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                           timeout=1800).stdout.split()[-1]

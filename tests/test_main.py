@@ -15,8 +15,11 @@ from jaxrag.main import StageError, plan, run
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def cli(*args, cwd=ROOT):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+def cli(*args, cwd=ROOT, own_cache=False):
+    """`python -m jaxrag.main *args`; own_cache: without the suite's compilation cache (tests/conftest.py), so the CLI
+    keeps its own in the workdir."""
+    env = {k: v for k, v in os.environ.items() if not (own_cache and k == "JAX_COMPILATION_CACHE_DIR")}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "jaxrag.main", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
 
@@ -55,7 +58,7 @@ def test_unknown_override_and_wrong_type_fail_fast(tmp_path):
 def test_runs_stages_writes_done_and_skips_on_rerun(tmp_path):
     args = ("--config=configs/train_sft.py", f"--workdir={tmp_path}", "--config.sft.train.steps=2",
             "--config.sft.train.progress=False")
-    p = cli(*args)
+    p = cli(*args, own_cache=True)
     assert p.returncode == 0, p.stderr[-3000:]
     for stage in ("data", "sft"):
         done = json.loads((tmp_path / stage / "DONE").read_text())
@@ -66,12 +69,12 @@ def test_runs_stages_writes_done_and_skips_on_rerun(tmp_path):
         f"{s} {json.loads((tmp_path / s / 'DONE').read_text())['seconds']:.0f} s" for s in ("data", "sft"))
     assert (tmp_path / "sft" / "model" / "config.json").exists()
     assert len((tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()) == 2
-    p = cli(*args)
+    p = cli(*args, own_cache=True)
     assert p.returncode == 0 and p.stdout.count("skipping") == 2
     # the CLI keeps XLA's compilation cache in the workdir; a forced rerun compiled from it trains the same numbers
     assert any((tmp_path / ".xla_cache").iterdir())
     losses = [json.loads(r)["loss"] for r in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
-    p = cli(*args, "--force")
+    p = cli(*args, "--force", own_cache=True)
     assert p.returncode == 0, p.stderr[-3000:]
     assert [json.loads(r)["loss"] for r in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()] == losses
 

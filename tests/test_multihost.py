@@ -78,7 +78,6 @@ RL_CONFIG = textwrap.dedent('''
 def _env(devices: int) -> dict:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'launch'}", "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-    env.pop("JAX_COMPILATION_CACHE_DIR", None)
     return env
 
 

@@ -14,7 +14,10 @@ INSTR-token instruction block; DPO: STATES states x 2 pairs. Per format and layo
 (the forward's token slots, padding included) per trained (generated) token, the step's distinct tokens (every
 shared prefix once) per trained token, the tree's slots over the distinct tokens (goal <= 2), the cost model's
 FLOP ratio and the auto choice, and the time of one jitted gradient step (median of `steps` after a compiling one)
-at bench.rl's tiny preset on this CPU. `python -m jaxrag.bench.train --only layouts` runs it alone.
+at bench.rl's tiny preset on this CPU. The "1b" columns are the tree the cost model picks for the same rows at
+bench.rl's 1b preset (Llama-3.2-1B shapes): its batch shape, slots over distinct tokens and FLOP ratio, from the
+host-side packing alone (nothing runs at that size here). `python -m jaxrag.bench.train --only layouts` runs it
+alone.
 """
 
 from __future__ import annotations
@@ -114,19 +117,29 @@ def grad_step(mcfg, loss: str, batch_size: int):
     return lambda batch: (lambda: jax.block_until_ready(fn(*args, batch, jax.random.PRNGKey(0))))
 
 
+def cases(mcfg) -> list[tuple]:
+    from jaxrag.rl import rows as R
+
+    eps_rg, eps_ao = episodes(np.random.default_rng(0), True), episodes(np.random.default_rng(1), False)
+    return [rl_case("react_rag_gym", R.action_rows(eps_rg), eps_rg, mcfg),
+            rl_case("append_only (merged rows)", R.merge_turns(R.action_rows(eps_ao)), eps_ao, mcfg),
+            pair_case(mcfg, "dpo"), pair_case(mcfg, "bt")]
+
+
 def run(steps: int = 2) -> list[dict]:
     from jaxrag.bench.rl import PRESETS
     from jaxrag.models import ModelConfig
-    from jaxrag.rl import rows as R
     from jaxrag.train import prefix_tree as PT
 
     mcfg = ModelConfig(**PRESETS["tiny"], bos_id=1, eos_ids=(2,), pad_id=0)
-    eps_rg, eps_ao = episodes(np.random.default_rng(0), True), episodes(np.random.default_rng(1), False)
-    cases = [rl_case("react_rag_gym", R.action_rows(eps_rg), eps_rg, mcfg),
-             rl_case("append_only (merged rows)", R.merge_turns(R.action_rows(eps_ao)), eps_ao, mcfg),
-             pair_case(mcfg, "dpo"), pair_case(mcfg, "bt")]
+    big = ModelConfig(**PRESETS["1b"], bos_id=1, eos_ids=(2,), pad_id=0)
+    plans = {c[0]: c for c in cases(big)}   # the same rows (same draws), packed for the 1b preset's cost
     out = []
-    for name, rows_b, tree_b, trained, distinct, rw, tw in cases:
+    for name, rows_b, tree_b, trained, distinct, rw, tw in cases(mcfg):
+        _, _, tree_big, _, _, rw_big, tw_big = plans[name]
+        at_1b = {"shape_1b": "x".join(map(str, tree_big["tokens"].shape)),
+                 "update_per_distinct_1b": tw_big.tokens / distinct,
+                 "flops_ratio_1b": tw_big.flops(big) / rw_big.flops(big)}
         loss, bs = {"dpo_pairs": ("dpo", len(rows_b["tokens"])), "critic_pairs": ("bt", len(rows_b["tokens"]))
                     }.get(name, ("grpo", B * G))
         step = grad_step(mcfg, loss, bs)
@@ -138,14 +151,15 @@ def run(steps: int = 2) -> list[dict]:
                         "update_per_trained": work.tokens / trained, "distinct_per_trained": distinct / trained,
                         "update_per_distinct": work.tokens / distinct,
                         "flops_ratio": tw.flops(mcfg) / rw.flops(mcfg), "auto": auto, "update_s": med,
-                        "first_s": first})
+                        "first_s": first, **(at_1b if layout == "tree" else {})})
         out[-1]["speedup"] = out[-2]["update_s"] / out[-1]["update_s"]
         print(table(out[-2:], COLUMNS), flush=True)
     return out
 
 
 COLUMNS = ["format", "layout", "shape", "trained_tokens", "update_tokens", "update_per_trained",
-           "distinct_per_trained", "update_per_distinct", "flops_ratio", "auto", "update_s", "speedup"]
+           "distinct_per_trained", "update_per_distinct", "flops_ratio", "auto", "update_s", "speedup", "shape_1b",
+           "update_per_distinct_1b", "flops_ratio_1b"]
 
 
 def main(steps: int = 2) -> dict:
