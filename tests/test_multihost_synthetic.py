@@ -17,13 +17,17 @@ CONFIG = ROOT / "configs" / "synthetic" / "pipeline.py"
 TRAINERS = ("sft", "dpo", "critic", "outcome", "grpo")
 LEAD_ONLY = ("world", "index", "teacher", "tokenizer", "supervision", "agreement", "bestofn", "eval", "report")
 MESH = [f"--config.{s}.train.mesh=(1, 2, 2)" for s in TRAINERS]
+# SFT's 300 steps are most of a 2-process run's time (a step's collectives cross processes); 100 leave a policy that
+# still yields supervision pairs, and the checks compare the two runs, not how well the policy learned
+SFT_STEPS = 100
+ARGS = [*MESH, f"--config.sft.train.steps={SFT_STEPS}"]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mh_synthetic")
-    log = run_multi(f"{CONFIG}:tiny", tmp / "multi", *MESH, timeout=1800)
-    run_single(f"{CONFIG}:tiny", tmp / "single", *MESH, timeout=1800)
+    log = run_multi(f"{CONFIG}:tiny", tmp / "multi", *ARGS, timeout=1800)
+    run_single(f"{CONFIG}:tiny", tmp / "single", *ARGS, timeout=1800)
     return tmp / "multi", tmp / "single", log
 
 
@@ -33,7 +37,9 @@ def tiny_config():
     spec = importlib.util.spec_from_file_location("synthetic_pipeline_config", CONFIG)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.get_config("tiny")
+    config = mod.get_config("tiny")
+    config.sft.train.steps = SFT_STEPS
+    return config
 
 
 def provenance(workdir: Path, stage: str) -> dict:
