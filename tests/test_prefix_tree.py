@@ -297,3 +297,16 @@ def test_auto_picks_the_tree_where_it_saves_work():
     assert PT.tree_work(R.row_tree(shared, (256,), CFG)).tokens == 256 < PT.rows_work([(8, 128)]).tokens
     with pytest.raises(ValueError, match="train_layout: 'trie' is not one of"):
         PT.choose_layout("trie", rw, tw, CFG)
+
+
+def test_at_the_1b_shapes_the_react_tree_computes_under_twice_the_distinct_tokens():
+    """The goal (update <= 2x the distinct tokens) at the H200 step's shapes (Llama-3.2-1B, 16 questions x G = 8
+    RAG-Gym ReAct episodes, 3 turns): the per-row layout is 384 rows of 768 slots, 48 per trained token; the tree the cost model picks packs
+    the same rows in 2048-token packs that compute each shared prefix about once per pack, under 2x the step's
+    distinct tokens (at the tiny preset's cost, where attention weighs more, it picks 768-token packs: 2.25x)."""
+    from jaxrag.bench.train_layout import plan_1b
+
+    plan = plan_1b(16)
+    assert plan["rows_shape"] == "384x768" and plan["rows_per_trained"] == 48
+    assert plan["tree_shape"].endswith("x2048") and plan["tree_per_distinct"] <= 2.0
+    assert plan["tree_per_trained"] < plan["rows_per_trained"] / 4 and plan["flops_ratio"] < 0.25

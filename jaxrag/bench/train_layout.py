@@ -35,12 +35,12 @@ def _ids(rng, n):
     return [int(x) for x in rng.integers(3, 259, n)]
 
 
-def episodes(rng, rag_gym: bool):
+def episodes(rng, rag_gym: bool, questions: int = B):
     from jaxrag.env.mdp import Action, Episode, Step
 
     out = []
     instr = _ids(rng, INSTR)
-    for q in range(B):
+    for q in range(questions):
         question = _ids(rng, QUESTION)
         for _ in range(G):
             history, steps, prompt = [], [], instr + question
@@ -162,10 +162,32 @@ COLUMNS = ["format", "layout", "shape", "trained_tokens", "update_tokens", "upda
            "update_per_distinct_1b", "flops_ratio_1b"]
 
 
+def plan_1b(questions: int = 16) -> dict:
+    """The 1b preset's layouts for `questions` x G ReAct (RAG-Gym) episodes (issue 46's H200 step: 16 x 8), from the
+    host-side packing alone: the per-row and tree batch shapes, slots per trained token, slots over distinct tokens
+    and the tree's FLOP ratio."""
+    from jaxrag.bench.rl import PRESETS
+    from jaxrag.models import ModelConfig
+    from jaxrag.rl import rows as R
+
+    big = ModelConfig(**PRESETS["1b"], bos_id=1, eos_ids=(2,), pad_id=0)
+    eps = episodes(np.random.default_rng(0), True, questions)
+    _, rows_b, tree_b, trained, distinct, rw, tw = rl_case("react_rag_gym", R.action_rows(eps), eps, big)
+    return {"questions": questions, "G": G, "rows_shape": "x".join(map(str, rows_b["tokens"].shape)),
+            "tree_shape": "x".join(map(str, tree_b["tokens"].shape)), "rows_per_trained": rw.tokens / trained,
+            "tree_per_trained": tw.tokens / trained, "distinct_per_trained": distinct / trained,
+            "tree_per_distinct": tw.tokens / distinct, "flops_ratio": tw.flops(big) / rw.flops(big)}
+
+
 def main(steps: int = 2) -> dict:
     rows = run(steps)
     print(f"update layouts, bench.rl tiny preset, B={B} x G={G}, {TURNS} turns x {NEW} new tokens, {DOCS} document "
           f"tokens a search, {INSTR} instruction tokens")
     print(table(rows, COLUMNS))
+    big = plan_1b()
+    print(f"1b preset, {big['questions']} x {big['G']} ReAct episodes, packing alone (nothing runs): rows "
+          f"{big['rows_shape']} vs tree {big['tree_shape']}; slots per trained token {big['rows_per_trained']:.1f} vs "
+          f"{big['tree_per_trained']:.1f}; tree over distinct tokens {big['tree_per_distinct']:.2f}; FLOPs tree/rows "
+          f"{big['flops_ratio']:.2f}")
     return {"B": B, "G": G, "turns": TURNS, "new_tokens": NEW, "doc_tokens": DOCS, "instr_tokens": INSTR,
-            "states": STATES, "buckets": BUCKETS, "rows": rows}
+            "states": STATES, "buckets": BUCKETS, "rows": rows, "plan_1b": big}
