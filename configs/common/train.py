@@ -15,7 +15,8 @@ def tiny_model() -> ml_collections.ConfigDict:
 
 def train_stage(fn: str, data: str, init: str = "random", **train_overrides) -> ml_collections.ConfigDict:
     """A stage section: fn, data (JSONL under the workdir), init, tokenizer, train (locked trainer config),
-    train_layout ("auto" | "rows" | "tree": DPO and critic pairs as a prefix tree, jaxrag.train.prefix_tree)."""
+    train_layout ("auto" | "rows" | "tree": DPO and critic pairs, and with "tree" GRPO groups, as a prefix tree;
+    jaxrag.train.prefix_tree)."""
     t = default_train_config()
     for k, v in train_overrides.items():
         t[k] = v

@@ -7,9 +7,10 @@ config[name] (see configs/common/train.py: train_stage()):
   tokenizer  "" (records hold token ids) or a tokenizer path (records hold text; also copied beside the model):
              absolute, relative to the workdir, or "stage:<name>" (that stage's model dir)
   train   the trainer config (jaxrag.train.config.default_train_config()); its `loss` picks the record layout
-  train_layout  optional, "auto" (default) | "rows" | "tree": DPO pairs whose chosen and rejected share the prompt
-          packed as a prefix tree (jaxrag.train.prefix_tree; auto: where its cost model says it saves work); the
-          other losses train on per-row batches
+  train_layout  optional, "auto" (default) | "rows" | "tree": DPO and critic pairs whose chosen and rejected share
+          the prompt packed as a prefix tree (jaxrag.train.prefix_tree; auto: where its cost model says it saves
+          work); GRPO groups (their completions share the prompt) on the tree when "tree" is set (auto keeps their
+          per-row batches, whose device-side advantages also log reward/mean and reward/std); SFT trains on rows
   epochs  optional, 0 = off: train for this many passes over the data instead of `train.steps`:
           steps = ceil(epochs * rows / batch) (batch = train.batch_size examples; groups: batch_size / group_size),
           logged and written to summary.json (the released RAG-Gym code trains by epochs: TRL num_train_epochs)
@@ -34,6 +35,7 @@ from jaxrag.jsonl import iter_jsonl
 from jaxrag.models import ModelConfig, init_params
 from jaxrag.models.hf import stored_dtype
 from jaxrag.pipelines.common import load_checkpoint, model_dir, resolve, save_checkpoint, write_json
+from jaxrag.rl.rows import group_batch_auto
 from jaxrag.train import config as tconfig
 from jaxrag.train.batching import BatchStream, Group, PreferencePair, SFTExample, group_batch, pair_batch, sft_batch
 from jaxrag.train.distributed import barrier, is_lead
@@ -147,9 +149,13 @@ def train_stage(config, workdir: str, name: str) -> None:
         tconfig.validate(tc)
     layout = sc.get("train_layout", "auto")
     check_layout(layout, f"config.{name}.train_layout")
-    if tc.loss in PAIR_LOSSES and layout != "rows":   # packs split whole over devices x microbatches
-        multiple = int(tc.grad_accum) * jax.device_count()
+    multiple = int(tc.grad_accum) * jax.device_count()   # tree packs split whole over devices x microbatches
+    if tc.loss in PAIR_LOSSES and layout != "rows":
         make = lambda ex, buckets, pad: pair_batch_auto(ex, buckets, cfg, layout, pad, multiple, tc.loss)
+    elif tc.loss == "grpo" and layout == "tree":   # auto keeps rows: their batch logs reward/mean and reward/std
+        g = tc.grpo
+        make = lambda ex, buckets, pad: group_batch_auto(ex, buckets, cfg, layout, pad, multiple, g.group_size,
+                                                         g.adv_eps, g.std_ddof, g.aggregation)
     stream = BatchStream(examples, per_batch, lambda ex: make(ex, tuple(tc.seq_buckets), pad), seed=tc.seed)
     out = Path(workdir) / name
     result = fit(cfg, params, stream, None, tc, out)

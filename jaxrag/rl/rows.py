@@ -379,3 +379,35 @@ def ppo_batch(rows: Sequence[Row], packed: dict, old_values: np.ndarray, outcome
     """ppo_batches with every row in one batch."""
     return ppo_batches(rows, [list(range(len(rows)))], [packed], [old_values], outcome, step_rewards, gamma, lam,
                        whiten)[0]
+
+
+def group_batch_auto(groups, buckets: Sequence[int], mcfg, mode: str = "auto", pad_id: int = 0,
+                     pack_multiple: int = 1, group_size: int | None = None, adv_eps: float = 1e-4,
+                     std_ddof: int = 1, aggregation: str = "seq_mean_token_mean") -> dict:
+    """File-based GRPO groups (train.batching.Group: one prompt, G scored completions) in the layout `mode` picks
+    (prefix_tree.choose_layout): batching.group_batch (advantages computed on device by objectives.grpo_prepare), or
+    one prefix-tree batch whose G completions share their prompt's computation. The tree batch brings what the
+    per-row batch leaves to the device: the group-normalized advantages (losses.group_advantages, the same formula
+    and float32 arithmetic) and the aggregation weights of the per-row batch's loss: a row is a sequence, and
+    seq_mean_token_sum_norm's constant is that batch's padded length T (losses._aggregate divides by N·T). Groups
+    without old log-probs train on-policy in both layouts (the objective takes the current log-probs)."""
+    from jaxrag.losses import group_advantages as device_advantages
+    from jaxrag.train.batching import group_batch
+
+    PT.check_layout(mode, "train_layout")
+    rows_b = group_batch(groups, buckets, pad_id)
+    if mode == "rows":
+        return rows_b
+    G = group_size or len(groups[0].completions)
+    on_policy = any(g.old_logps is None for g in groups)
+    rows = [Row(i, 0, list(g.prompt), list(c), [0.0] * len(c) if on_policy else list(g.old_logps[j]))
+            for i, (g, j, c) in enumerate((g, j, c) for g in groups for j, c in enumerate(g.completions))]
+    tree = row_tree(rows, buckets, mcfg, pad_id, pack_multiple)
+    N, T = rows_b["tokens"].shape
+    if mode == "auto" and PT.choose_layout("auto", PT.rows_work([(N, T)]), PT.tree_work(tree), mcfg)[0] == "rows":
+        return rows_b
+    adv = np.asarray(device_advantages(rows_b["rewards"], G, adv_eps, std_ddof))
+    b = grpo_tree_batch(rows, adv, aggregation, T, tree)
+    if on_policy:
+        del b["old_logp"]
+    return b
