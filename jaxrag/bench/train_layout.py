@@ -117,6 +117,14 @@ def grad_step(mcfg, loss: str, batch_size: int):
     return lambda batch: (lambda: jax.block_until_ready(fn(*args, batch, jax.random.PRNGKey(0))))
 
 
+def preset(name: str):
+    """bench.rl's model preset `name` ("tiny" | "1b") as a ModelConfig."""
+    from jaxrag.bench.rl import PRESETS
+    from jaxrag.models import ModelConfig
+
+    return ModelConfig(**PRESETS[name], bos_id=1, eos_ids=(2,), pad_id=0)
+
+
 def cases(mcfg) -> list[tuple]:
     from jaxrag.rl import rows as R
 
@@ -127,12 +135,9 @@ def cases(mcfg) -> list[tuple]:
 
 
 def run(steps: int = 2) -> list[dict]:
-    from jaxrag.bench.rl import PRESETS
-    from jaxrag.models import ModelConfig
     from jaxrag.train import prefix_tree as PT
 
-    mcfg = ModelConfig(**PRESETS["tiny"], bos_id=1, eos_ids=(2,), pad_id=0)
-    big = ModelConfig(**PRESETS["1b"], bos_id=1, eos_ids=(2,), pad_id=0)
+    mcfg, big = preset("tiny"), preset("1b")
     plans = {c[0]: c for c in cases(big)}   # the same rows (same draws), packed for the 1b preset's cost
     out = []
     for name, rows_b, tree_b, trained, distinct, rw, tw in cases(mcfg):
@@ -163,14 +168,12 @@ COLUMNS = ["format", "layout", "shape", "trained_tokens", "update_tokens", "upda
 
 
 def plan_1b(questions: int = 16) -> dict:
-    """The 1b preset's layouts for `questions` x G ReAct (RAG-Gym) episodes (issue 46's H200 step: 16 x 8), from the
-    host-side packing alone: the per-row and tree batch shapes, slots per trained token, slots over distinct tokens
-    and the tree's FLOP ratio."""
-    from jaxrag.bench.rl import PRESETS
-    from jaxrag.models import ModelConfig
+    """The 1b preset's layouts for `questions` x G ReAct (RAG-Gym) episodes (16 x 8: the H200 step in
+    docs/prefix_tree.md), from the host-side packing alone: the per-row and tree batch shapes, slots per trained
+    token, slots over distinct tokens and the tree's FLOP ratio."""
     from jaxrag.rl import rows as R
 
-    big = ModelConfig(**PRESETS["1b"], bos_id=1, eos_ids=(2,), pad_id=0)
+    big = preset("1b")
     eps = episodes(np.random.default_rng(0), True, questions)
     _, rows_b, tree_b, trained, distinct, rw, tw = rl_case("react_rag_gym", R.action_rows(eps), eps, big)
     return {"questions": questions, "G": G, "rows_shape": "x".join(map(str, rows_b["tokens"].shape)),
