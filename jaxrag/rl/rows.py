@@ -399,7 +399,7 @@ def group_batch_auto(groups, buckets: Sequence[int], mcfg, mode: str = "auto", p
     if mode == "rows":
         return rows_b
     G = group_size or len(groups[0].completions)
-    on_policy = any(g.old_logps is None for g in groups)
+    on_policy = "old_logp" not in rows_b   # group_batch's own rule: old log-probs only where every group has them
     rows = [Row(i, 0, list(g.prompt), list(c), [0.0] * len(c) if on_policy else list(g.old_logps[j]))
             for i, (g, j, c) in enumerate((g, j, c) for g in groups for j, c in enumerate(g.completions))]
     tree = row_tree(rows, buckets, mcfg, pad_id, pack_multiple)
