@@ -157,4 +157,8 @@ def parse_flags(argv: list[str]):
             raise
         line = _unknown_key(e, argv) if isinstance(e, (AttributeError, KeyError)) else None
         text = str(e).strip('"').splitlines()[0] if str(e) else repr(e)
+        if isinstance(e, flags.Error) and "Traceback (most recent call last)" in str(e):
+            # a config file whose get_config raised: absl puts the traceback in the text; its last line is the error
+            name, _, why = [t for t in str(e).strip('"').splitlines() if t.strip()][-1].partition(": ")
+            text = f"{text.removesuffix('Error whilst parsing config file:').rstrip()} {name.rsplit('.', 1)[-1]}: {why}"
         fail(line or (text if isinstance(e, flags.Error) else f"{type(e).__name__}: {text}"))

@@ -7,6 +7,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # On a GPU, JAX would take 75% of its memory per process; the subprocess tests (resume-after-kill) start several.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+# Tests read nothing outside the checkout: the benchmark files' slices in data/benchmarks (the full files' names) stand
+# in for the full files, so the configs' "shared" variant runs on them whatever a user's JAXRAG_BENCHMARKS says.
+os.environ["JAXRAG_BENCHMARKS"] = str(Path(__file__).resolve().parents[1] / "data" / "benchmarks")
 
 
 def _session_compilation_cache() -> str | None:

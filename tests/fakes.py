@@ -17,9 +17,9 @@ from jaxrag.testing import (ByteTokenizer, LatencyPolicy, QueuePolicy, RandomTex
                           ScriptedPolicy, completion, cut_at_stop, tiny_jax_policy)
 from jaxrag.env.agents import base
 from jaxrag.env.mdp import QUERY, Action
-from jaxrag.paths import BENCHMARKS
+from jaxrag.paths import SAMPLE
 
-BENCH = BENCHMARKS
+BENCH = SAMPLE
 CORPUS = BENCH / "corpus_multihop_contexts.jsonl"
 
 _WORD = re.compile(r"\w+")

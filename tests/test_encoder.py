@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from jaxrag.models.encoder import embed, load_encoder
-from jaxrag.paths import BENCHMARKS
+from jaxrag.paths import SAMPLE
 from jaxrag.retrieval.corpus import load_corpus
 from jaxrag.retrieval.dense import TextEncoder, default_encoder_path, model_prefixes
 
-CORPUS = BENCHMARKS / "corpus_multihop_contexts.jsonl"
+CORPUS = SAMPLE / "corpus_multihop_contexts.jsonl"
 
 
 def torch_embed(model, batch, pooling):

@@ -141,11 +141,6 @@ def _paper_config(name: str, variant: str):
     return mod.get_config(variant)
 
 
-NEEDS_BENCHMARKS = pytest.mark.skipif(not __import__("jaxrag.paths").paths.BENCHMARKS.is_dir(),
-                                      reason="no shared benchmarks (JAXRAG_BENCHMARKS)")
-
-
-@NEEDS_BENCHMARKS
 def test_a_paper_configs_missing_paths_are_all_named_before_the_first_stage(tmp_path):
     """Issue 45: a missing eval_medqa policy used to surface only after the whole eval stage had run."""
     c = _paper_config("rag_gym/table2", "shared")
@@ -161,11 +156,13 @@ def test_a_paper_configs_missing_paths_are_all_named_before_the_first_stage(tmp_
     assert not (tmp_path / "wd" / "eval").exists()
 
 
-@NEEDS_BENCHMARKS
-@pytest.mark.parametrize("name", ["arena/fig3", "arena/grpo", "arena/table2", "rag_gym/dpo", "rag_gym/fig4",
+PAPER_CONFIGS = ["arena/fig3", "arena/grpo", "arena/table2", "rag_gym/dpo", "rag_gym/fig4",
                                   "rag_gym/ppo", "rag_gym/sft", "rag_gym/table2", "rag_gym/table3", "rag_gym/table4",
                                   "reasonrag/table2", "reasonrag/table3", "smartsearch/grpo", "smartsearch/table1",
-                                  "smartsearch/table3"])
+                                  "smartsearch/table3"]
+
+
+@pytest.mark.parametrize("name", PAPER_CONFIGS)
 def test_every_smoke_variant_finds_all_its_input_paths(tmp_path, name):
     """The up-front path check reads only what the stages read (no false alarm on a section's unused keys)."""
     from jaxrag.workdir import input_paths, missing_inputs
@@ -173,3 +170,56 @@ def test_every_smoke_variant_finds_all_its_input_paths(tmp_path, name):
     c = _paper_config(name, "smoke")
     missing_inputs(c, list(c.stages), tmp_path)
     assert any(input_paths(c, s, tmp_path) for s in c.stages)  # it did look at some
+
+
+def test_smoke_variants_read_only_the_repository_and_shared_stops_in_one_line(tmp_path):
+    """With JAXRAG_BENCHMARKS at a missing folder (a clone with nothing beside it), every paper config's smoke variant
+    names only files inside the repository, all present; the "shared" variant (the full files) stops on load, and
+    the CLI says so in one line naming the variable."""
+    script = f"""
+import importlib.util, json, sys
+from pathlib import Path
+ROOT = Path({str(ROOT)!r})
+sys.path.insert(0, str(ROOT))
+from jaxrag.paths import MissingBenchmarks
+def load(name, variant):
+    spec = importlib.util.spec_from_file_location("c" + name.replace("/", "_"), ROOT / "configs" / f"{{name}}.py")
+    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+    return mod.get_config(variant)
+def strings(x):
+    if isinstance(x, dict):
+        for v in x.values(): yield from strings(v)
+    elif isinstance(x, (list, tuple)):
+        for v in x: yield from strings(v)
+    elif isinstance(x, str):
+        yield x
+out = {{}}
+for name in {PAPER_CONFIGS!r}:
+    c = load(name, "smoke").to_dict()
+    out[name] = sorted({{p for p in strings(c) if p.startswith("/")}})
+    try:
+        load(name, "shared")
+        out[name + ":shared"] = "loaded"
+    except MissingBenchmarks as e:
+        out[name + ":shared"] = str(e)
+    except ValueError as e:   # a config without a shared variant
+        out[name + ":shared"] = "no variant" if "unknown variant" in str(e) else repr(e)
+print(json.dumps(out))
+"""
+    env = {**os.environ, "JAXRAG_BENCHMARKS": str(tmp_path / "missing")}
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+    for name in PAPER_CONFIGS:
+        assert out[name], name   # the smoke reads real files (the repository's slices)
+        for p in out[name]:
+            assert Path(p).is_relative_to(ROOT / "data" / "benchmarks") and Path(p).is_file(), (name, p)
+        shared = out[name + ":shared"]
+        assert shared == "no variant" or re.match(rf"configs/\w+/\w+\.py:shared reads the full benchmark files: "
+                                                  rf"JAXRAG_BENCHMARKS={tmp_path / 'missing'}: no such", shared), shared
+    assert sum(out[n + ":shared"] != "no variant" for n in PAPER_CONFIGS) >= 10
+    r = subprocess.run([sys.executable, "-m", "jaxrag.main", "--config=configs/rag_gym/table2.py:shared",
+                        f"--workdir={tmp_path / 'wd'}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and f"JAXRAG_BENCHMARKS={tmp_path / 'missing'}" in lines[0], r.stderr
+    assert not (tmp_path / "wd").exists()

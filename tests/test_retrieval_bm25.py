@@ -6,12 +6,12 @@ import os
 import numpy as np
 import pytest
 
-from jaxrag.paths import BENCHMARKS
+from jaxrag.paths import SAMPLE
 from jaxrag.retrieval import Hit, build_bm25
 from jaxrag.retrieval.bm25 import K1, B, analyze
 from jaxrag.retrieval.corpus import Passage, load_corpus
 
-BENCH = BENCHMARKS
+BENCH = SAMPLE
 TOY = [
     Passage("d0", "Cats", "The cat sat on the mat with another cat."),
     Passage("d1", "Dogs", "Dogs are running fast in the park."),
@@ -131,8 +131,8 @@ def test_two_bm25s_builds_write_the_same_files_whatever_the_string_hashing(tmp_p
     import sys
 
     script = ("import sys; from pathlib import Path; from jaxrag.retrieval import build_bm25; "
-              "from jaxrag.retrieval.corpus import load_corpus; from jaxrag.paths import BENCHMARKS; "
-              "build_bm25(load_corpus(BENCHMARKS / 'corpus_multihop_contexts.jsonl')[:300], backend='bm25s', "
+              "from jaxrag.retrieval.corpus import load_corpus; from jaxrag.paths import SAMPLE; "
+              "build_bm25(load_corpus(SAMPLE / 'corpus_multihop_contexts.jsonl')[:300], backend='bm25s', "
               "out_dir=Path(sys.argv[1]))")
     digests = []
     for seed in ("1", "2"):

@@ -4,11 +4,11 @@ import sys
 
 import pytest
 
-from jaxrag.paths import BENCHMARKS
+from jaxrag.paths import SAMPLE
 from jaxrag.retrieval import RetrievalIndexError, load_retriever
 from jaxrag.retrieval.build import main as build_main
 
-CORPUS = BENCHMARKS / "corpus_multihop_contexts.jsonl"
+CORPUS = SAMPLE / "corpus_multihop_contexts.jsonl"
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from jaxrag.paths import BENCHMARKS
+from jaxrag.paths import SAMPLE
 from jaxrag.retrieval import CorpusError, load_retriever
 from jaxrag.retrieval import dense_shards
 from jaxrag.retrieval.bm25 import Bm25sScorer
@@ -36,7 +36,7 @@ def write_wiki18(path, passages):
 
 @pytest.fixture(scope="module")
 def wiki(tmp_path_factory):
-    passages = load_corpus(BENCHMARKS / "corpus_multihop_contexts.jsonl", N)
+    passages = load_corpus(SAMPLE / "corpus_multihop_contexts.jsonl", N)
     return write_wiki18(tmp_path_factory.mktemp("wiki") / "wiki18.jsonl", passages)
 
 
@@ -60,7 +60,7 @@ def metric_rows(out, step=None):
 
 
 def test_bm25s_streamed_equals_bm25s_index(tmp_path):
-    passages = load_corpus(BENCHMARKS / "corpus_multihop_contexts.jsonl", 400)
+    passages = load_corpus(SAMPLE / "corpus_multihop_contexts.jsonl", 400)
     ref = Bm25sScorer.build(passages).model
     build_bm25s_streamed(passages, tmp_path / "bm25s", chunk=70)  # 6 chunks
     ours = Bm25sScorer.load(tmp_path / "bm25s").model

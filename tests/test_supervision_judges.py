@@ -4,6 +4,7 @@ import http.server
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -12,12 +13,11 @@ from jaxrag.data.synthetic.questions import generate_questions
 from jaxrag.data.synthetic.teacher import QUERY_TEMPLATES
 from jaxrag.data.synthetic.world import generate_world
 from jaxrag.env.mdp import Action, Doc, State, Step
-from jaxrag.paths import BENCHMARKS
 from jaxrag.supervision import prompts as P
 from jaxrag.supervision.judge_protocol import JudgeRequest
 from jaxrag.supervision.judges import HttpJudge, LocalJudge, OracleJudge, get_judge, ranks_from_scores
 
-PAPERS = BENCHMARKS.parent / "papers"
+FIGURES = Path(__file__).parent / "data" / "paper_prompts"   # the papers' prompt figures, quoted (README there)
 
 
 def _norm(text: str) -> str:
@@ -27,18 +27,13 @@ def _norm(text: str) -> str:
     return " ".join(text.split())
 
 
-def _paper(name: str, start: str, end: str) -> str:
-    path = next(PAPERS.glob(f"{name}_*.txt"), None)
-    if path is None:
-        pytest.skip(f"paper {name} not in {PAPERS}")
-    text = path.read_text(encoding="utf-8")
-    i = text.index(start)
-    return text[i:text.index(end, i) + len(end)]
+def _figure(name: str) -> str:
+    return (FIGURES / name).read_text(encoding="utf-8").strip()
 
 
 # ------------------------------------------------------------------------------------------------ prompts
 def test_rank_prompt_is_the_paper_figure_10():
-    fig = _paper("001", "You are a decision-evaluation assistant.", "Do not provide additional explanations or reasoning.")
+    fig = _figure("rag_gym_rank.txt")
     msgs = P.rank_messages("{question}", [], [], P.PromptOptions())
     rendered = msgs[0]["content"] + " " + P.RANK_USER.format(question="{question}", curr_history="{curr_history}",
                                                              actions_text="{actions_text}")
@@ -46,11 +41,11 @@ def test_rank_prompt_is_the_paper_figure_10():
 
 
 def test_step_score_and_smartsearch_prompts_are_the_papers():
-    fig14 = _paper("002", "An agent is tasked with answering", "So the score is [Score].")
+    fig14 = _figure("reasonrag_step_score.txt")
     assert _norm(P.STEP_SCORE_SYSTEM["paper"]) == _norm(fig14)
-    scoring = _paper("004", "You are a query-evaluation assistant.", "explanation for the score ¡/explanation¿")
+    scoring = _figure("smartsearch_query_score.txt")
     assert _norm(P.USEFULNESS_USER["paper"]) == _norm(scoring)
-    refining = _paper("004", "You are a query-refine assistant.", "explanation for the refined query ¡/explanation¿")
+    refining = _figure("smartsearch_query_refine.txt")
     assert _norm(P.REFINE_USER["paper"]) == _norm(refining)
 
 

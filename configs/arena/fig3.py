@@ -61,7 +61,9 @@ def rl_stage(base, questions, agent: str, reward: str, kl: str, judge: dict, jud
 
 def get_config(variant: str = ""):
     paper.check_variant("configs/arena/fig3.py", variant)
-    t2 = t2_cfg.get_config("shared" if variant in ("shared", "smoke") else "")
+    t2 = t2_cfg.get_config("shared" if variant == "shared" else "")
+    if variant == "smoke":
+        t2_cfg.own_files(t2, paper.SAMPLE)
     c = ml_collections.ConfigDict({"paper": "arena", "table": "fig3", "model": "Qwen2.5-7B-Instruct"})
     c.base_model = base = ml_collections.FieldReference("models/Qwen2.5-7B-Instruct", field_type=str)
     c.train_questions = questions = ml_collections.FieldReference("data/arena_grpo_train.jsonl", field_type=str)
@@ -92,10 +94,10 @@ def smoke(c: ml_collections.ConfigDict) -> None:
     from jaxrag.pipelines.rl import tiny_checkpoint_config
 
     c.stages = ["setup"] + [s for s in c.stages if s not in LJ_ROW]
-    c.setup = tiny_checkpoint_config(paper.SHARED_CORPUS)
+    c.setup = tiny_checkpoint_config(paper.SAMPLE_CORPUS)
     c.model = "tiny-random"
     c.base_model = "stage:setup"
-    c.train_questions = str(paper.BENCHMARKS / paper.SHARED["HotpotQA"])
+    c.train_questions = str(paper.SAMPLE / paper.SHARED["HotpotQA"])
     for name in RL:
         s = c[name]
         grpo_cfg.smoke_rl(s)

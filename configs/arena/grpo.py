@@ -24,7 +24,7 @@ same line) and trained, and so is the end-of-sequence token. The old stop at </a
 
 import ml_collections
 
-from jaxrag.paths import BENCHMARKS
+from jaxrag.paths import BENCHMARKS, SAMPLE
 from jaxrag.pipelines.rl import stage_config, tiny_checkpoint_config
 
 
@@ -65,7 +65,7 @@ def smoke(c: ml_collections.ConfigDict) -> None:
     The paper's reward "arena" and trainer settings (T = 1 log-probs, micro-batches of 4); a random model scores
     ~0 on it: the smoke checks the wiring, not learning."""
     c.stages = ["setup", "rl"]
-    c.setup = tiny_checkpoint_config(str(BENCHMARKS / "corpus_multihop_contexts.jsonl"))
+    c.setup = tiny_checkpoint_config(str(SAMPLE / "corpus_multihop_contexts.jsonl"))
     smoke_rl(c.rl)
 
 
@@ -73,8 +73,9 @@ def smoke_rl(s: ml_collections.ConfigDict) -> None:
     """The smoke's settings of one RL stage section (configs/arena/fig3.py's rows take them too)."""
     s.policy.path = "stage:setup"
     s.policy.max_prompt_tokens = 384
-    s.questions.path = str(BENCHMARKS / "hotpotqa_dev_500.jsonl")
+    s.questions.path = str(SAMPLE / "hotpotqa_dev_500.jsonl")
     s.questions.select = "first:4"
+    s.retriever.corpus = str(SAMPLE / "corpus_multihop_contexts.jsonl")
     s.retriever.max_passages = 300
     s.agent.max_doc_chars = 60
     s.rl.update(dict(steps=2, questions_per_step=2, group_size=2, max_new_tokens=16, k=2))

@@ -21,7 +21,7 @@ GPT-4o for LJ only; sampling temperature 0.9 (the released inference's; one samp
 """
 
 from configs.common import paper
-from jaxrag.paths import BENCHMARKS
+from jaxrag.paths import SAMPLE, require_benchmarks
 
 
 def get_config(variant: str = ""):
@@ -35,13 +35,20 @@ def get_config(variant: str = ""):
                                  max_doc_chars=None, judge=judge),
     })
     c.eval.rollout.temperature = 0.9   # src/vllm_inference.py's sampling (no stop string: the agent's stop_at "eos")
-    if variant in ("shared", "smoke"):
-        own = {"HotpotQA": "hotpotqa_dev_500.jsonl", "2Wiki": "2wikimultihopqa_dev_164.jsonl",
-               "MuSiQue": "musique_ans_dev_200.jsonl"}  # the shared files that carry each question's paragraphs
-        c.eval.datasets = [dict(d, path=str(BENCHMARKS / own[d["name"]])) for d in c.eval.datasets]
-        c.eval.judge.base_url = ""
+    if variant == "shared":
+        own_files(c, require_benchmarks("configs/arena/table2.py:shared"))
     if variant == "smoke":
         paper.smoke(c)
-        c.eval.datasets = [dict(d, path=str(BENCHMARKS / own[d["name"]])) for d in c.eval.datasets]
+        own_files(c, SAMPLE)
         c.eval.rollout.max_steps = 1
     return c
+
+
+def own_files(c, root) -> None:
+    """The "shared" and "smoke" datasets: the benchmark files under `root` that carry each question's paragraphs,
+    BM25 over their corpus, no LJ judge endpoint."""
+    own = {"HotpotQA": "hotpotqa_dev_500.jsonl", "2Wiki": "2wikimultihopqa_dev_164.jsonl",
+           "MuSiQue": "musique_ans_dev_200.jsonl"}
+    c.eval.datasets = [dict(d, path=str(root / own[d["name"]])) for d in c.eval.datasets]
+    c.eval.retriever.corpus = str(root / paper.CORPUS)
+    c.eval.judge.base_url = ""

@@ -5,12 +5,15 @@ Variants (`--config=configs/<paper>/<table>.py:<variant>`):
   ""        the paper's protocol: its model, retriever, k, step budget and dataset selections; the data and index
             paths are config fields (relative to the workdir, or absolute), e.g. `indexes/wiki18` built by
             `python -m jaxrag.retrieval.prepare` and the full dev sets in the shared record format.
-  "shared"  the same protocol over what ships beside the repo (../shared/benchmarks): its question files and its
-            11k-paragraph multi-hop corpus with BM25 built on the fly. Runs now, with no index to build. That corpus
+  "shared"  the same protocol over the full benchmark files in $JAXRAG_BENCHMARKS (default ../shared/benchmarks;
+            data/benchmarks/NOTICE.md lists them and their sources): their question files and their 11k-paragraph
+            multi-hop corpus with BM25 built on the fly, with no index to build; without that folder the config stops
+            at once naming the variable. That corpus
             holds HotpotQA's gold paragraphs but mostly not 2Wiki's, Bamboogle's, MuSiQue's or PopQA's, and no medical
             text: each eval table reports the index's gold recall beside EM, so read a low one as a retrieval gap.
-  "smoke"   what CI runs: a tiny random checkpoint (setup stage), 2 questions per dataset, BM25 over 300 shared
-            paragraphs, 2 steps of 16 tokens. It checks the wiring, not the numbers.
+  "smoke"   what CI runs: a tiny random checkpoint (setup stage), 2 questions per dataset, BM25 over 300
+            paragraphs, 2 steps of 16 tokens, on the slices of those files that ship in the repository
+            (data/benchmarks). It checks the wiring, not the numbers.
 
 Every config has top-level `paper`, `table` and `model` (what notebooks/paper_tables.ipynb matches against the
 published tables) and one eval stage per retrieval corpus. The policy path is empty: set it to a local Hugging Face
@@ -19,11 +22,12 @@ checkpoint (`--config.eval.policy.path=...`), and `model` to its name when it is
 
 import ml_collections
 
-from jaxrag.paths import BENCHMARKS
+from jaxrag.paths import BENCHMARKS, SAMPLE, require_benchmarks
 
 VARIANTS = ("", "shared", "smoke")
 
-# The shared benchmark file of each dataset (../shared/benchmarks/SOURCES.md says what each is).
+# The benchmark file of each dataset (data/benchmarks/NOTICE.md says what each is): in BENCHMARKS in full, in SAMPLE
+# its first questions.
 SHARED = {
     "HotpotQA": "hotpotqa_dev_500.jsonl",                      # 500 dev, distractor setting, with paragraphs
     "2Wiki": "2wikimultihopqa_dev_500_r1searcher_qonly.jsonl",  # 500 dev, question and answer only
@@ -32,7 +36,9 @@ SHARED = {
     "MuSiQue": "musique_ans_dev_500_r1searcher_qonly.jsonl",   # 500 dev, question only
     "PopQA": "popqa_2000.jsonl",                               # 2,000 PopQA questions
 }
-SHARED_CORPUS = str(BENCHMARKS / "corpus_multihop_contexts.jsonl")
+CORPUS = "corpus_multihop_contexts.jsonl"
+SHARED_CORPUS = str(BENCHMARKS / CORPUS)
+SAMPLE_CORPUS = str(SAMPLE / CORPUS)
 
 
 def check_variant(path: str, variant: str) -> None:
@@ -109,23 +115,25 @@ def table_config(paper: str, table: str, model: str, stages: dict) -> ml_collect
     return c
 
 
-def use_shared(c: ml_collections.ConfigDict) -> None:
-    """The "shared" variant: every eval stage reads the shared benchmark files and BM25 over the shared corpus."""
+def use_shared(c: ml_collections.ConfigDict, root=None) -> None:
+    """The "shared" variant: every eval stage reads the benchmark files under `root` (default: the full files,
+    required) and BM25 over its corpus."""
+    root = require_benchmarks(f"configs/{c.paper}/{c.table}.py:shared") if root is None else root
     for name in c.stages:
         e = c[name]
-        e.datasets = [dict(d, path=str(BENCHMARKS / SHARED[d["name"]])) if d["name"] in SHARED else d
+        e.datasets = [dict(d, path=str(root / SHARED[d["name"]])) if d["name"] in SHARED else d
                       for d in e.datasets]
-        e.retriever.update(dict(index_dir="", corpus=SHARED_CORPUS, kind="bm25", backend="bm25s"))
+        e.retriever.update(dict(index_dir="", corpus=str(root / CORPUS), kind="bm25", backend="bm25s"))
 
 
 def smoke(c: ml_collections.ConfigDict) -> None:
-    """The "smoke" variant (see the module doc), applied over "shared"."""
+    """The "smoke" variant (see the module doc): "shared" over the repository's slices."""
     from jaxrag.pipelines.rl import tiny_checkpoint_config
 
-    use_shared(c)
+    use_shared(c, SAMPLE)
     evals = list(c.stages)
     c.stages = ["setup"] + evals
-    c.setup = tiny_checkpoint_config(SHARED_CORPUS)
+    c.setup = tiny_checkpoint_config(SAMPLE_CORPUS)
     c.model = "tiny-random"
     for name in evals:
         e = c[name]

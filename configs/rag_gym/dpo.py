@@ -86,12 +86,12 @@ def smoke(c, agent: str) -> None:
     from jaxrag.pipelines.rl import tiny_checkpoint_config
 
     c.stages = ["setup", "collect", "dpo", "eval"]
-    c.setup = tiny_checkpoint_config(paper.SHARED_CORPUS)
+    c.setup = tiny_checkpoint_config(paper.SAMPLE_CORPUS)
     c.model = "tiny-random"
     c.base_model = "stage:setup"
     c.collect.policy.max_prompt_tokens = 384
-    c.collect.retriever.update(dict(index_dir="", corpus=paper.SHARED_CORPUS, max_passages=300, kind="bm25"))
-    c.collect.questions.update(dict(path=str(paper.BENCHMARKS / paper.SHARED["HotpotQA"]), select="first:4"))
+    c.collect.retriever.update(dict(index_dir="", corpus=paper.SAMPLE_CORPUS, max_passages=300, kind="bm25"))
+    c.collect.questions.update(dict(path=str(paper.SAMPLE / paper.SHARED["HotpotQA"]), select="first:4"))
     c.collect.agent.opts.max_doc_chars = 60
     c.collect.judge = {"kind": "fn", "fn": "jaxrag.testing:shortest_judge"}
     c.collect.ranking.update(dict(n_candidates=3, max_steps=2, k=2, batch_size=8, max_new_tokens=16,
@@ -104,8 +104,8 @@ def smoke(c, agent: str) -> None:
     t.checkpoint.update(dict(every_steps=1, async_save=False))
     t.progress = False
     e = c.eval
-    e.retriever.update(dict(index_dir="", corpus=paper.SHARED_CORPUS, max_passages=300, kind="bm25"))
-    e.datasets = [dict(name="HotpotQA", path=str(paper.BENCHMARKS / paper.SHARED["HotpotQA"]), select="last:2")]
+    e.retriever.update(dict(index_dir="", corpus=paper.SAMPLE_CORPUS, max_passages=300, kind="bm25"))
+    e.datasets = [dict(name="HotpotQA", path=str(paper.SAMPLE / paper.SHARED["HotpotQA"]), select="last:2")]
     e.policy.max_prompt_tokens = 384
     e.rollout.update(dict(k=2, max_steps=2, batch_size=8, max_new_tokens=16))
     e.max_doc_chars = 60

@@ -50,7 +50,7 @@ def smoke(c) -> None:
     from jaxrag.pipelines.rl import tiny_checkpoint_config
 
     c.stages = ["setup", "setup_critic"] + list(c.stages)
-    c.setup = tiny_checkpoint_config(paper.SHARED_CORPUS)
+    c.setup = tiny_checkpoint_config(paper.SAMPLE_CORPUS)
     c.model = "tiny-random"
     c.base_model = "stage:setup"
     pieces.smoke_collect(c)

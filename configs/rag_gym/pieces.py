@@ -116,8 +116,8 @@ def smoke_collect(c: ml_collections.ConfigDict, name: str = "collect") -> None:
     """4 shared HotpotQA questions, 3 candidates ranked by a stand-in judge (jaxrag.testing.shortest_judge)."""
     s = c[name]
     s.policy.max_prompt_tokens = 384
-    s.retriever.update(dict(index_dir="", corpus=paper.SHARED_CORPUS, max_passages=300, kind="bm25"))
-    s.questions.update(dict(path=str(paper.BENCHMARKS / paper.SHARED["HotpotQA"]), select="first:4"))
+    s.retriever.update(dict(index_dir="", corpus=paper.SAMPLE_CORPUS, max_passages=300, kind="bm25"))
+    s.questions.update(dict(path=str(paper.SAMPLE / paper.SHARED["HotpotQA"]), select="first:4"))
     s.agent.opts.max_doc_chars = 60
     s.judge = {"kind": "fn", "fn": "jaxrag.testing:shortest_judge"}
     s.ranking.update(dict(n_candidates=3, max_steps=2, k=2, batch_size=8, max_new_tokens=16, outcome_threshold=-1.0))
@@ -128,7 +128,7 @@ def smoke_critic(c: ml_collections.ConfigDict) -> None:
     1,024-token inputs, seed 1), pairs up to 1,024 tokens, 2 steps."""
     from jaxrag.pipelines.rl import tiny_checkpoint_config
 
-    c.setup_critic = tiny_checkpoint_config(paper.SHARED_CORPUS)
+    c.setup_critic = tiny_checkpoint_config(paper.SAMPLE_CORPUS)
     c.setup_critic.arch.max_seq_len = 1024
     c.setup_critic.seed = 1
     c.critic_model = "stage:setup_critic"
@@ -152,7 +152,7 @@ def smoke_train(s: ml_collections.ConfigDict, batch_size: int = 2) -> None:
 def smoke_medqa(c: ml_collections.ConfigDict) -> None:
     """A smoke config's MedQA column: every stage that samples questions (collections, PPO) takes the first 4 shared
     MedQA test questions over the shared corpus (there is no medical one here), the eval the last 2."""
-    medqa = str(paper.BENCHMARKS / paper.SHARED["MedQA"])
+    medqa = str(paper.SAMPLE / paper.SHARED["MedQA"])
     for name in c.stages:
         if "questions" in c[name]:
             c[name].questions.update(dict(path=medqa, select="first:4"))
@@ -160,8 +160,8 @@ def smoke_medqa(c: ml_collections.ConfigDict) -> None:
 
 
 def smoke_eval(e: ml_collections.ConfigDict, datasets=("HotpotQA",), select: str = "last:2") -> None:
-    e.retriever.update(dict(index_dir="", corpus=paper.SHARED_CORPUS, max_passages=300, kind="bm25"))
-    e.datasets = [dict(name=d, path=str(paper.BENCHMARKS / paper.SHARED[d]), select=select) for d in datasets]
+    e.retriever.update(dict(index_dir="", corpus=paper.SAMPLE_CORPUS, max_passages=300, kind="bm25"))
+    e.datasets = [dict(name=d, path=str(paper.SAMPLE / paper.SHARED[d]), select=select) for d in datasets]
     e.policy.max_prompt_tokens = 384
     e.rollout.update(dict(k=2, max_steps=2, batch_size=8, max_new_tokens=16))
     e.max_doc_chars = 60

@@ -66,15 +66,15 @@ def smoke(c) -> None:
     from jaxrag.pipelines.rl import tiny_checkpoint_config
 
     c.stages = ["setup", "setup_critic"] + list(c.stages)
-    c.setup = tiny_checkpoint_config(paper.SHARED_CORPUS)
+    c.setup = tiny_checkpoint_config(paper.SAMPLE_CORPUS)
     c.model = "tiny-random"
     c.base_model = "stage:setup"
     pieces.smoke_collect(c)
     pieces.smoke_critic(c)
     s = c.ppo
     s.policy.max_prompt_tokens = 384
-    s.retriever.update(dict(index_dir="", corpus=paper.SHARED_CORPUS, max_passages=300, kind="bm25"))
-    s.questions.update(dict(path=str(paper.BENCHMARKS / paper.SHARED["HotpotQA"]), select="first:4"))
+    s.retriever.update(dict(index_dir="", corpus=paper.SAMPLE_CORPUS, max_passages=300, kind="bm25"))
+    s.questions.update(dict(path=str(paper.SAMPLE / paper.SHARED["HotpotQA"]), select="first:4"))
     s.agent.max_doc_chars = 60
     s.rl.update(dict(steps=2, questions_per_step=2, group_size=1, max_new_tokens=16, max_steps=2, k=2))
     t = s.train

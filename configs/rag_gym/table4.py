@@ -89,14 +89,14 @@ def smoke(c) -> None:
     from jaxrag.pipelines.rl import tiny_checkpoint_config
 
     c.stages = ["setup", "setup_critic"] + list(c.stages)
-    c.setup = tiny_checkpoint_config(paper.SHARED_CORPUS)
+    c.setup = tiny_checkpoint_config(paper.SAMPLE_CORPUS)
     c.model = "tiny-random"
     c.base_model = "stage:setup"
     pieces.smoke_collect(c)
     pieces.smoke_collect(c, "collect_llama")
     pieces.smoke_critic(c)
     c.rollout.policy.max_prompt_tokens = 384
-    c.rollout.retriever.update(dict(index_dir="", corpus=paper.SHARED_CORPUS, max_passages=300, kind="bm25"))
+    c.rollout.retriever.update(dict(index_dir="", corpus=paper.SAMPLE_CORPUS, max_passages=300, kind="bm25"))
     c.rollout.agent.opts.max_doc_chars = 60
     c.rollout.rollouts.update(dict(m=1, max_steps=2, k=2, batch_size=8, max_new_tokens=16, summary_max_new_tokens=16))
     for src in ("llama", "rollout"):

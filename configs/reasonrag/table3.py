@@ -183,15 +183,15 @@ def smoke(c) -> None:
     from jaxrag.pipelines.rl import tiny_checkpoint_config
 
     c.stages = ["setup"] + list(c.stages)
-    c.setup = tiny_checkpoint_config(paper.SHARED_CORPUS)
+    c.setup = tiny_checkpoint_config(paper.SAMPLE_CORPUS)
     c.model = "tiny-random"
     c.base_model = "stage:setup"
     m = c.mcts
     m.policy = {"fn": "configs.reasonrag.table3:smoke_actor"}
     m.judge = {"kind": "fn", "fn": "configs.reasonrag.table3:smoke_judge"}
-    m.retriever.update(dict(index_dir="", corpus=paper.SHARED_CORPUS, max_passages=300, kind="bm25",
+    m.retriever.update(dict(index_dir="", corpus=paper.SAMPLE_CORPUS, max_passages=300, kind="bm25",
                             backend="bm25s"))
-    m.questions = [{"path": str(paper.BENCHMARKS / paper.SHARED["HotpotQA"]), "select": "range:6:8"}]
+    m.questions = [{"path": str(paper.SAMPLE / paper.SHARED["HotpotQA"]), "select": "range:6:8"}]
     m.agent.opts.max_doc_chars = 60
     m.mcts.update(dict(max_rollouts=8, max_iterations=8, max_depth=5))
     m.env.update(dict(k=2, max_new_tokens=16, summary_max_new_tokens=16, batch_size=8))
@@ -202,7 +202,7 @@ def smoke(c) -> None:
     for name in ("orl_5k", "orl_10k"):
         s = c[name]
         s.policy.max_prompt_tokens = 384
-        s.retriever.update(dict(index_dir="", corpus=paper.SHARED_CORPUS, max_passages=300, kind="bm25"))
+        s.retriever.update(dict(index_dir="", corpus=paper.SAMPLE_CORPUS, max_passages=300, kind="bm25"))
         s.agent.max_doc_chars = 60
         s.rl.update(dict(steps=2, questions_per_step=1, group_size=2, minibatches=1, max_new_tokens=16,
                          summary_max_new_tokens=16, max_steps=2, k=2))

@@ -24,7 +24,7 @@ refinement rollout.
 
 import ml_collections
 
-from jaxrag.paths import BENCHMARKS
+from jaxrag.paths import BENCHMARKS, SAMPLE
 from jaxrag.pipelines.rl import stage_config, tiny_checkpoint_config
 
 
@@ -67,13 +67,14 @@ def smoke(c: ml_collections.ConfigDict) -> None:
     2 RL steps of 2 questions x 2 episodes, two minibatches, the paper's reward "smartsearch"; the judge is local
     (the tiny policy itself, kind "local": no PRM model in CI)."""
     c.stages = ["setup", "rl"]
-    c.setup = tiny_checkpoint_config(str(BENCHMARKS / "corpus_multihop_contexts.jsonl"))
+    c.setup = tiny_checkpoint_config(str(SAMPLE / "corpus_multihop_contexts.jsonl"))
     s = c.rl
     s.policy.path = "stage:setup"
     s.policy.max_prompt_tokens = 384
     s.judge = {"kind": "local", "max_retries": 1, "max_new_tokens": 8}
-    s.questions.path = str(BENCHMARKS / "hotpotqa_dev_500.jsonl")
+    s.questions.path = str(SAMPLE / "hotpotqa_dev_500.jsonl")
     s.questions.select = "first:4"
+    s.retriever.corpus = str(SAMPLE / "corpus_multihop_contexts.jsonl")
     s.retriever.max_passages = 300
     s.agent.max_doc_chars = 60
     s.rl.update(dict(steps=2, questions_per_step=2, group_size=2, minibatches=2, max_new_tokens=16, max_steps=2,

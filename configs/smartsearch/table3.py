@@ -227,7 +227,7 @@ def smoke(c) -> None:
     from jaxrag.pipelines.rl import tiny_checkpoint_config
 
     c.stages = ["setup"] + list(c.stages)
-    c.setup = tiny_checkpoint_config(paper.SHARED_CORPUS)
+    c.setup = tiny_checkpoint_config(paper.SAMPLE_CORPUS)
     c.model = "tiny-random"
     c.base_model = "stage:setup"
     c.judge.kind = "fn"                              # every data stage's judge is this one section
@@ -235,9 +235,9 @@ def smoke(c) -> None:
     for name in ("s1_data", "s2_data", "s2_data_nor"):
         s = c[name]
         s.policy = {"fn": "configs.smartsearch.table3:smoke_actor"}
-        s.retriever.update(dict(index_dir="", corpus=paper.SHARED_CORPUS, max_passages=300, kind="bm25",
+        s.retriever.update(dict(index_dir="", corpus=paper.SAMPLE_CORPUS, max_passages=300, kind="bm25",
                                 backend="bm25s"))
-        s.questions.update(dict(path=str(paper.BENCHMARKS / paper.SHARED["HotpotQA"]), select="range:6:10"))
+        s.questions.update(dict(path=str(paper.SAMPLE / paper.SHARED["HotpotQA"]), select="range:6:10"))
         s.agent.opts.max_doc_chars = 60
         s.rollout.update(dict(k=2, max_steps=3, batch_size=8, max_new_tokens=32))
     c.s1_data.samples = c.s2_data_nor.samples = 2   # two trajectories a question: a 3-word and a 5-word query
@@ -248,8 +248,8 @@ def smoke(c) -> None:
     for name in ("s3", "s3_npr", "s3_nor", "s3_std"):
         s = c[name]
         s.policy.max_prompt_tokens = 384
-        s.questions.update(dict(path=str(paper.BENCHMARKS / paper.SHARED["HotpotQA"]), select="first:2"))
-        s.retriever.update(dict(index_dir="", corpus=paper.SHARED_CORPUS, max_passages=300, kind="bm25"))
+        s.questions.update(dict(path=str(paper.SAMPLE / paper.SHARED["HotpotQA"]), select="first:2"))
+        s.retriever.update(dict(index_dir="", corpus=paper.SAMPLE_CORPUS, max_passages=300, kind="bm25"))
         s.agent.max_doc_chars = 60
         s.rl.update(dict(steps=2, questions_per_step=1, group_size=2, minibatches=1, max_new_tokens=16,
                          max_steps=2, k=2))

@@ -26,13 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from jaxrag.bench.common import table, write_result
-from jaxrag.paths import BENCHMARKS
+from jaxrag.paths import bench_data
 from jaxrag.retrieval.ann import AnnConfig, ExactIndex, ScannIndex
 from jaxrag.retrieval.bm25 import build_bm25
 from jaxrag.retrieval.corpus import Passage, load_corpus
 from jaxrag.retrieval.hybrid import rrf
 
-BENCH = BENCHMARKS
+BENCH = bench_data()   # the full benchmark files, else the repository's slices (printed)
 DATASETS = {
     "hotpotqa": "hotpotqa_dev_500.jsonl",
     "2wiki": "2wikimultihopqa_dev_164.jsonl",
@@ -314,7 +314,8 @@ def main() -> None:
     if a.quick:
         passages = restrict_corpus(passages, questions)
     encoder = TextEncoder.load(max_len=256, batch_size=128)
-    result = {"args": vars(a), "corpus_passages": len(passages)}
+    log(f"data: {BENCH}")
+    result = {"args": vars(a), "data": str(BENCH), "corpus_passages": len(passages)}
     result["quality"] = quality(passages, questions, encoder)
     result["encoder"] = encoder_throughput(passages, encoder, a.encoder_sample or (256 if a.quick else 512))
     result["bm25_throughput"] = bm25_throughput(n_synth, rank_bm25_docs=min(n_synth, 10_000))
