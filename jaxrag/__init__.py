@@ -1,5 +1,5 @@
-"""jaxrag. Importing it pins XLA:CPU's float math to what every x86-64 CPU computes alike (jaxrag/cpu_numerics.py)."""
+"""jaxrag: agentic retrieval-augmented generation trained with process supervision, in JAX.
 
-from jaxrag import cpu_numerics as _cpu_numerics
-
-_cpu_numerics.pin()
+Importing it changes nothing in the process. `python -m jaxrag.main` pins XLA:CPU's float math to what every x86-64
+CPU computes alike (jaxrag/cpu_numerics.py); a script of its own calls `jaxrag.cpu_numerics.pin()` for the same.
+"""

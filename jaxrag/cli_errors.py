@@ -26,13 +26,28 @@ def debug() -> bool:
     return "--debug" in sys.argv[1:] or os.environ.get("JAXRAG_DEBUG", "") not in ("", "0")
 
 
-def fail(line: str) -> None:
-    """Print the one line last (stdout flushed first) and end the process with status 2. os._exit: orbax's
+def fail(line: str, status: int = 2) -> None:
+    """Print the one line last (stdout flushed first) and end the process with `status`. os._exit: orbax's
     background savers would otherwise print pages of "Event loop is closed" tracebacks at interpreter shutdown,
     after the line. Everything a run writes is atomic, so nothing half-written is left to flush."""
     sys.stdout.flush()
     print(f"error: {line}", file=sys.stderr, flush=True)
-    os._exit(2)
+    os._exit(status)
+
+
+def _resumes(e: BaseException) -> str:
+    """What a stopped run left, for its one line (jaxrag.main.run marks a rerun whose old outputs it put back)."""
+    if getattr(e, "restored", False):
+        return "its old outputs are back as they were; the same command starts its rerun again"
+    return "finished stages are kept; the same command resumes (a training stage from its last checkpoint)"
+
+
+def interrupted(e: BaseException) -> None:
+    """Ctrl-C: one line naming the stage it stopped, exit 130 (--debug: the traceback)."""
+    if debug():
+        raise e
+    stage = getattr(e, "stage", None)
+    fail(f"interrupted{f' in stage {stage!r}' if stage else ''}: {_resumes(e)}", 130)
 
 
 def _chain(e: BaseException):
@@ -102,6 +117,7 @@ def user_error(e: BaseException, workdir: str | None = None) -> str | None:
     from jaxrag.stage_fn import StageError
     from jaxrag.train.checkpoint import CheckpointCorrupt
     from jaxrag.train.loop import ConfigChanged, NonFiniteLoss
+    from jaxrag.train.preemption import Preempted
     from jaxrag.workdir import WorkdirError
 
     stage = getattr(e, "stage", None)
@@ -115,6 +131,10 @@ def user_error(e: BaseException, workdir: str | None = None) -> str | None:
                     "again")
         return (f"{where}cannot write {what} ({os.strerror(code)}); make {workdir or 'the workdir'} writable, or "
                 "run with a --workdir you can write to")
+    if isinstance(e, Preempted):
+        if getattr(e, "restored", False) or "resumes" not in str(e):
+            return f"{where}stopped by SIGTERM: {_resumes(e)}"
+        return f"{where}{e}"
     if isinstance(e, (StageError, WorkdirError, CheckpointCorrupt, ConfigChanged, NonFiniteLoss, QADataError,
                       CorpusError)):
         return f"{where}{e}"
@@ -122,11 +142,14 @@ def user_error(e: BaseException, workdir: str | None = None) -> str | None:
 
 
 def report(e: BaseException, workdir: str | None = None) -> None:
-    """End the run with the one line of a user error; anything else (or --debug) goes on as a traceback."""
+    """End the run with the one line of a user error; anything else (or --debug) goes on as a traceback. A stop on
+    SIGTERM (jaxrag.train.preemption) exits with 143, the status of a process ended by it."""
+    from jaxrag.train.preemption import Preempted
+
     line = user_error(e, workdir)
     if line is None or debug():
         raise e
-    fail(line)
+    fail(line, 143 if isinstance(e, Preempted) else 2)
 
 
 def _unknown_key(e: BaseException, argv: list[str]) -> str | None:

@@ -1,4 +1,4 @@
-"""The same float results on every x86-64 CPU: XLA:CPU settings that jaxrag sets when it is imported.
+"""The same float results on every x86-64 CPU: XLA:CPU settings that `pin()` sets (jaxrag.main calls it on start).
 
 By default XLA:CPU computes for the host it runs on. Three of its choices change float results between CPU kinds:
 - platform-dependent math (`xla_cpu_enable_platform_dependent_math`, on by default): rsqrt by the CPU's
@@ -21,8 +21,9 @@ Pinned to (off, AVX2, AVX2, 2 threads), the lowest set of this project's machine
 an AVX-512 CPU: checked with three SFT steps of the demo's model (forward, backward, AdamW) on an AVX-512 EPYC and
 under `qemu-x86_64 -cpu Haswell` (an AVX2 CPU, no AVX-512) on it (README). The demo's SFT stage took 342-370 s
 under every setting tried, pinned or not (README). XLA reads its flags when JAX starts its CPU backend (the first
-computation) and oneDNN its variable at its first matmul, so both are set in the environment when jaxrag is
-imported, before either.
+computation) and oneDNN its variable at its first matmul, so `pin()` sets both in the environment before either:
+jaxrag.main when it is imported, tests/conftest.py for the suite. `import jaxrag` alone sets nothing (a library must
+not change a process's XLA flags; on a GPU or TPU these settings do not apply anyway).
 
 A setting the user made (a flag in XLA_FLAGS, ONEDNN_MAX_CPU_ISA or its older name DNNL_MAX_CPU_ISA) is kept as set;
 JAXRAG_NATIVE_CPU_MATH=1 sets none of them (the host's fastest code; every core). Not x86-64 (an ARM host): only platform-

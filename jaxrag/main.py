@@ -21,7 +21,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from absl import app, flags
+from jaxrag import cpu_numerics
+
+cpu_numerics.pin()  # before JAX starts its CPU backend: the CLI's runs compute the same bits on every x86-64 CPU
+
+from absl import app, flags  # noqa: E402
 from ml_collections import config_flags
 
 from jaxrag import cli_errors
@@ -30,6 +34,7 @@ from jaxrag.console import LogFile, StageClock, quiet
 from jaxrag.provenance import stage_hash
 from jaxrag.settings import flatten
 from jaxrag.stage_fn import StageError, resolve_fn
+from jaxrag.train import preemption
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file (get_config()).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for every stage's inputs and outputs.")
@@ -131,13 +136,14 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
             if step.action in ("keep", "forget"):
                 if step.action == "forget" and lead:  # its inputs were just rebuilt
                     (sdir / "DONE").unlink()
-                upstream_run = (wd.read_done(sdir / "DONE") or {}).get("run_id")
+                upstream_run = wd.done_run_id(sdir / "DONE")
                 continue
             if step.action == "skip":
                 print(f"[main] {name}: done already ({sdir / 'DONE'}), skipping")
                 clock.skip(name)
-                upstream_run = wd.read_done(sdir / "DONE").get("run_id")
+                upstream_run = wd.done_run_id(sdir / "DONE")
                 continue
+            preemption.check()  # a SIGTERM during the last stage's final step stops the run here
             if step.why:
                 print(f"[main] {name}: {step.why}")
             print(clock.header(name))
@@ -153,6 +159,7 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
                 if prev is not None:  # the old, complete outputs go back; the partial new ones go
                     wd.restore(sdir, prev)
                 e.stage = name  # main() names it in its one-line report
+                e.restored = prev is not None
                 raise
             seconds, compiling = round(time.perf_counter() - t0, 1), round(compilation()[1] - c0, 1)
             print(f"[main] {name}: finished in {seconds:.0f} s ({compiling:.0f} s of it tracing and compiling)")
@@ -234,8 +241,11 @@ def _main():
           + f" (in effect after the preset; all {len(flatten(config.to_dict()))} settings in "
           + f"{Path(_WORKDIR.value) / 'config.json'})", flush=True)
     compilation_cache(Path(_WORKDIR.value))
+    preemption.install()  # SIGTERM: the training loops checkpoint at the next step and stop (exit 143)
     try:
         run(config, _WORKDIR.value, _STAGES.value, _FORCE.value, _RERUN_CHANGED.value)
+    except KeyboardInterrupt as e:  # Ctrl-C: one line, exit 130
+        cli_errors.interrupted(e)
     except Exception as e:  # noqa: BLE001  a user error: one line, exit 2 (jaxrag/cli_errors.py); a bug raises
         cli_errors.report(e, _WORKDIR.value)
 

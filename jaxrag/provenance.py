@@ -151,7 +151,7 @@ def short(digest: str, n: int = 12) -> str:
 
 
 def collect(workdir: str | Path, stages) -> dict:
-    """{stage: {"sha256", "files"}} from the DONE records of `stages` under `workdir` (absent/legacy ones left out)."""
+    """{stage: {"sha256", "files"}} from the DONE records of `stages` under `workdir` (absent or unreadable ones left out)."""
     out = {}
     for name in stages:
         done = Path(workdir) / name / "DONE"

@@ -157,15 +157,30 @@ def fingerprint(settings: dict, upstream: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+class UnreadableDone(Exception):
+    """A DONE file that is not a complete record (truncated, empty, not JSON, no fingerprint)."""
+
+
 def read_done(path: Path) -> dict | None:
-    """The DONE record ({"fingerprint", "settings", "upstream"}), {} for a legacy marker, None if absent."""
+    """The DONE record ({"fingerprint", "settings", "run_id", ...}), None if absent. A file that is not a whole
+    record raises UnreadableDone naming it: a stage is finished only under a record that says under what settings."""
     if not path.exists():
         return None
     try:
-        rec = json.loads(path.read_text())
-        return rec if isinstance(rec, dict) else {}
-    except json.JSONDecodeError:
-        return {}
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UnreadableDone(f"{path}: not a DONE record ({type(e).__name__}: {e})") from None
+    if not isinstance(rec, dict) or not isinstance(rec.get("fingerprint"), str):
+        raise UnreadableDone(f"{path}: not a DONE record (no fingerprint)")
+    return rec
+
+
+def done_run_id(path: Path) -> str | None:
+    """The run_id of a stage's DONE record; None when it is absent or unreadable."""
+    try:
+        return (read_done(path) or {}).get("run_id")
+    except UnreadableDone:
+        return None
 
 
 def write_done(path: Path, record: dict) -> None:
@@ -299,22 +314,28 @@ def plan_steps(config, workdir: Path, planned: list[str], force: bool = False,
         settings = stage_settings(config, name)
         fp = fingerprint(settings, upstream)
         upstream = fp
-        done = read_done(Path(workdir) / name / "DONE")
+        try:
+            done, unreadable = read_done(Path(workdir) / name / "DONE"), None
+        except UnreadableDone as e:
+            done, unreadable = None, str(e)
         older = (done is not None and upstream_run is not None and "upstream_run" in done
                  and done["upstream_run"] != upstream_run)
-        changed = done is not None and done.get("fingerprint", fp) != fp
+        changed = done is not None and done["fingerprint"] != fp
         keys = ", ".join(changed_keys(done.get("settings", {}), settings)) if changed else ""
         edited = [] if done is None or changed else changed_inputs(done.get("inputs"), config, name, workdir)
         if name not in planned:
             step = Step(name, "forget" if invalidated and done is not None else "keep", fp, settings)
             if step.action == "keep" and stale is None:
-                stale = _stale_note(name, before, keys if changed else None, edited, older)
+                stale = (f"the earlier stage {name!r} is not known to be finished ({unreadable})" if unreadable
+                         else _stale_note(name, before, keys if changed else None, edited, older))
         else:
             if stale is not None:  # its inputs were made under other settings than the ones it would record
                 raise StageError(f"{name}: {stale}; rerun from there (add it to --stages, or --rerun_changed "
                                  "without --stages)")
             step = Step(name, "run", fp, settings)
-            if done is None or force or invalidated:
+            if unreadable:
+                step.why = f"{unreadable}: not finished, rerunning"
+            elif done is None or force or invalidated:
                 pass
             elif changed or edited:
                 if not rerun_changed:

@@ -32,7 +32,9 @@ def _session_compilation_cache() -> str | None:
 
 _MY_CACHE = _session_compilation_cache()
 
-import jaxrag  # noqa: E402,F401  (pins XLA:CPU's portable math before any test computes: jaxrag/cpu_numerics.py)
+from jaxrag import cpu_numerics  # noqa: E402
+
+cpu_numerics.pin()  # XLA:CPU's portable math before any test computes, as jaxrag.main does (jaxrag/cpu_numerics.py)
 
 import pytest
 from hypothesis import settings

@@ -1,4 +1,4 @@
-"""jaxrag pins XLA:CPU to math every x86-64 CPU computes alike (jaxrag/cpu_numerics.py)."""
+"""jaxrag.main pins XLA:CPU to math every x86-64 CPU computes alike (jaxrag/cpu_numerics.py); `import jaxrag` does not."""
 import os
 import platform
 import shutil
@@ -42,7 +42,7 @@ def test_the_portable_flags_join_the_users_own_and_never_override_them():
 
 
 def test_this_process_runs_with_the_portable_settings():
-    """The suite imports jaxrag before JAX computes anything, as every entry point does."""
+    """The suite pins before JAX computes anything (tests/conftest.py), as jaxrag.main does."""
     want = dict(PORTABLE) if platform.machine().lower() in ("x86_64", "amd64") else \
         {**{k: "default" for k in PORTABLE}, "xla_cpu_enable_platform_dependent_math": "false", "PJRT_NPROC": "2"}
     if os.environ.get("JAXRAG_NATIVE_CPU_MATH", "") not in ("", "0"):
@@ -50,9 +50,36 @@ def test_this_process_runs_with_the_portable_settings():
     assert in_effect() == want
 
 
+_ENV = """
+import json, os
+{imports}
+print(json.dumps({{k: os.environ.get(k) for k in ("XLA_FLAGS", "ONEDNN_MAX_CPU_ISA", "PJRT_NPROC")}}))
+"""
+
+
+def test_importing_the_library_changes_nothing_and_the_cli_pins():
+    """A researcher's script that imports jaxrag's modules keeps its process's XLA settings; jaxrag.main (the CLI)
+    sets the portable ones when it is imported, before JAX computes."""
+    import json
+
+    lib = "import jaxrag, jaxrag.losses, jaxrag.models, jaxrag.train, jaxrag.rl.loop, jaxrag.pipelines.train"
+    clean = {k: None for k in ("XLA_FLAGS", "ONEDNN_MAX_CPU_ISA", "PJRT_NPROC")}
+    assert json.loads(_run_json(_ENV.format(imports=lib))) == clean
+    main = json.loads(_run_json(_ENV.format(imports="import jaxrag.main")))
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        assert main == {"XLA_FLAGS": f"{PDM} {ISA}", "ONEDNN_MAX_CPU_ISA": "AVX2", "PJRT_NPROC": "2"}
+
+
+def _run_json(code: str) -> str:
+    """The last line `code` prints in a fresh process without the numerics settings."""
+    return subprocess.run([sys.executable, "-c", code], env=_clean_env(JAX_PLATFORMS="cpu"), capture_output=True,
+                          text=True, check=True, timeout=300).stdout.splitlines()[-1]
+
+
 _RSQRT = """
 import numpy as np
-import jaxrag, jax
+from jaxrag.cpu_numerics import pin; pin()
+import jax
 x = np.random.default_rng(0).uniform(1e-3, 1e3, 100_000).astype(np.float32)
 got = np.asarray(jax.jit(jax.lax.rsqrt)(x))
 print(int((got != np.float32(1) / np.sqrt(x)).sum()))
@@ -60,7 +87,7 @@ print(int((got != np.float32(1) / np.sqrt(x)).sum()))
 
 
 @pytest.mark.parametrize("native", [False, True])
-def test_importing_jaxrag_makes_rsqrt_the_correctly_rounded_one_over_sqrt(native):
+def test_the_pin_makes_rsqrt_the_correctly_rounded_one_over_sqrt(native):
     """Platform-dependent math computes rsqrt with the CPU's approximation and a Newton step (on x86 with AVX: ~30 %
     of these inputs off by an ulp from 1/sqrt); pinned, XLA computes 1/sqrt(x), the same bits on every CPU."""
     differing = int(_run(_RSQRT, **({"JAXRAG_NATIVE_CPU_MATH": "1"} if native else {})))
@@ -74,7 +101,8 @@ def test_importing_jaxrag_makes_rsqrt_the_correctly_rounded_one_over_sqrt(native
 
 _LM_HEAD_GRAD = """
 import hashlib, numpy as np
-import jaxrag, jax, jax.numpy as jnp
+from jaxrag.cpu_numerics import pin; pin()
+import jax, jax.numpy as jnp
 rng = np.random.default_rng(0)
 h, d = (jnp.asarray(rng.normal(size=s).astype(np.float32)) for s in ((2032, 128), (2032, 2000)))
 out = jax.jit(lambda h, d: jnp.einsum("nd,nv->dv", h, d, precision="highest"))(h, d)
@@ -82,22 +110,27 @@ print(hashlib.sha256(np.asarray(out).tobytes()).hexdigest())
 """
 
 
+def _clean_env(**env_vars) -> dict:
+    """This process's environment without the numerics settings and the suite's compilation cache, plus env_vars."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRAG_NATIVE_CPU_MATH", "ONEDNN_MAX_CPU_ISA",
+                                                            "DNNL_MAX_CPU_ISA", "PJRT_NPROC", "NPROC")
+           and not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
+    return {**env, **env_vars}
+
+
 def _run(code: str, *, under: tuple = (), **env_vars) -> str:
     """The last word `code` prints in a fresh process (run `under` a command such as qemu's), whose environment has
     none of the numerics settings but `env_vars`, and no persistent compilation cache (the suite's: tests/conftest.py),
     so each process compiles its programs under its own settings and CPU."""
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXRAG_NATIVE_CPU_MATH", "ONEDNN_MAX_CPU_ISA",
-                                                            "DNNL_MAX_CPU_ISA", "PJRT_NPROC", "NPROC")
-           and not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
-    env.update(JAX_PLATFORMS="cpu", **env_vars)
+    env = _clean_env(JAX_PLATFORMS="cpu", **env_vars)
     return subprocess.run([*under, sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                           timeout=1800).stdout.split()[-1]
 
 
-def test_importing_jaxrag_pins_onednns_matmul_kernels_to_avx2():
+def test_the_pin_sets_onednns_matmul_kernels_to_avx2():
     """XLA:CPU runs the LM head's gradient (a 2-D dot contracting both operands' first axis) in oneDNN, which picks
     its kernel for the host's best ISA when its first matmul runs: on an AVX-512 CPU its bits differ from an AVX2
-    CPU's. Importing jaxrag must set ONEDNN_MAX_CPU_ISA before that: the pinned bits are those of oneDNN told AVX2
+    CPU's. pin() must set ONEDNN_MAX_CPU_ISA before that: the pinned bits are those of oneDNN told AVX2
     by hand, and on an AVX-512 CPU not those of the unpinned process."""
     pinned = _run(_LM_HEAD_GRAD)
     assert pinned == _run(_LM_HEAD_GRAD, JAXRAG_NATIVE_CPU_MATH="1", ONEDNN_MAX_CPU_ISA="AVX2")
@@ -122,8 +155,8 @@ def test_xla_cpu_thread_count_is_pinned_unless_the_user_chose():
                     reason="needs taskset and 2 schedulable CPUs")
 def test_the_bits_do_not_depend_on_how_many_cores_the_machine_has():
     """XLA:CPU splits the LM head's gradient dot by its thread pool's size, which is the schedulable CPUs unless
-    PJRT_NPROC says otherwise: natively, 1 CPU (taskset -c 0) gives other bits than 2 threads. Importing jaxrag
-    pins the pool's size, so the bits are the same on 1 CPU as on all of them."""
+    PJRT_NPROC says otherwise: natively, 1 CPU (taskset -c 0) gives other bits than 2 threads. pin() sets the
+    pool's size, so the bits are the same on 1 CPU as on all of them."""
     one_cpu = ("taskset", "-c", "0")
     assert _run(_LM_HEAD_GRAD, under=one_cpu) == _run(_LM_HEAD_GRAD)
     native = {"JAXRAG_NATIVE_CPU_MATH": "1", "ONEDNN_MAX_CPU_ISA": "AVX2"}
@@ -133,7 +166,8 @@ def test_the_bits_do_not_depend_on_how_many_cores_the_machine_has():
 
 _TRAIN_STEPS = """
 import hashlib, numpy as np
-import jaxrag, jax
+from jaxrag.cpu_numerics import pin; pin()
+import jax
 from jaxrag.models import ModelConfig
 from jaxrag.models import transformer as tf
 from jaxrag.train import loop

@@ -67,6 +67,26 @@ def test_changed_setting_is_refused_naming_the_key(tmp_path):
     assert _out(tmp_path, "c") == "111"  # nothing was touched
 
 
+@pytest.mark.parametrize("text", ["", '{"fingerprint": "0123', "[]", '{"settings": {}}', "\xff"])
+def test_a_done_record_that_cannot_be_read_is_not_a_finished_stage(tmp_path, text, capsys):
+    """A truncated, empty or foreign DONE never counts as finished: a planned stage reruns under the settings now
+    given (and says why); as an earlier stage left as is, it refuses the planned stages after it."""
+    run(_config(), tmp_path)
+    done = tmp_path / "b" / "DONE"
+    done.write_text(text, encoding="latin-1")
+    with pytest.raises(StageError, match=r"c: the earlier stage 'b' is not known to be finished \(.*b/DONE: not a "
+                                         r"DONE record"):
+        run(_config(c=3), tmp_path, only=["c"])
+    assert _out(tmp_path, "c") == "111"                    # refused before anything changed
+    CALLS.clear()
+    capsys.readouterr()
+    assert run(_config(b=4), tmp_path, only=["b"]) == ["b"] and CALLS == ["b"]
+    assert "b/DONE: not a DONE record" in capsys.readouterr().out
+    assert json.loads(done.read_text())["settings"]["b"]["value"] == 4 and _out(tmp_path, "b") == "14"
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["config"]["b"]["value"] == 4              # the config the outputs were made under
+
+
 def test_rerun_changed_reruns_exactly_the_affected_stages(tmp_path):
     run(_config(), tmp_path)
     CALLS.clear()

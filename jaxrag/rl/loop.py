@@ -59,6 +59,7 @@ from jaxrag.train.checkpoint import Checkpointer
 from jaxrag.train.distributed import allgather_objects, barrier, gather_shares, process_count, process_index, share, \
     to_local
 from jaxrag.train.loop import RESUMABLE as RESUMABLE_TRAIN
+from jaxrag.train import preemption
 from jaxrag.train.loop import ConfigChanged, NonFiniteLoss, build, changed_keys
 from jaxrag.train.metrics_log import MetricsWriter, flatten_metrics
 from jaxrag.train.state import abstract_state, init_state, put
@@ -409,6 +410,7 @@ def train_rl(
     history: list[dict] = []
     last: dict = {}
     step = start
+    preemption.arm()
     try:
         policy.params = to_local(policy_params(state, frozen, tc)[0])
         for step in range(start + 1, rc.steps + 1):
@@ -486,9 +488,14 @@ def train_rl(
                 meta = {"step": step, "data_position": step, "optimizer_step": step * rc.updates_per_step,
                         "loss": metrics["loss"]}
                 ckpt.save(step, state, meta)
+            if step < rc.steps and preemption.requested():
+                preemption.stop(ckpt, step, state, {"step": step, "data_position": step,
+                                                    "optimizer_step": step * rc.updates_per_step,
+                                                    "loss": metrics["loss"]})
         else:
             step = rc.steps
     finally:
+        preemption.disarm()
         if ckpt is not None:
             ckpt.close()
         writer.close()

@@ -33,6 +33,7 @@ from jaxrag import sharding as shd
 from jaxrag.models.lora import merge
 from jaxrag.train import config as tconfig
 from jaxrag.train.batching import batch_tokens
+from jaxrag.train import preemption
 from jaxrag.train.checkpoint import Checkpointer
 from jaxrag.train.distributed import barrier
 from jaxrag.train.metrics_log import MetricsWriter, flatten_metrics
@@ -176,6 +177,7 @@ def fit(
 
     if start == 0:
         run_eval(0)
+    preemption.arm()
     try:
         for step in range(start + 1, tc.steps + 1):
             try:
@@ -196,6 +198,8 @@ def fit(
                 run_eval(step)
             if ckpt is not None and (step % tc.checkpoint.every_steps == 0 or step == tc.steps):
                 ckpt.save(step, state, {"step": step, "data_position": step, "loss": last["loss"]})
+            if step < tc.steps and preemption.requested():
+                preemption.stop(ckpt, step, state, {"step": step, "data_position": step, "loss": last["loss"]})
         else:
             step = tc.steps
         if step > start:
@@ -203,6 +207,7 @@ def fit(
         if ckpt is not None and step > start and ckpt.latest_step() != step:
             ckpt.save(step, state, {"step": step, "data_position": step, "loss": last.get("loss")})
     finally:
+        preemption.disarm()
         if ckpt is not None:
             ckpt.close()
         writer.close()
