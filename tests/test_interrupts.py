@@ -128,3 +128,61 @@ def test_sigterm_outside_a_training_loop_stops_at_once_in_one_line(tmp_path):
     assert err.strip().splitlines() == [
         "error: stage 'nap' (config.nap): stopped by SIGTERM: finished stages are kept; the same command resumes (a "
         "training stage from its last checkpoint)"]
+
+
+TWO_PROCESS = textwrap.dedent('''
+    import sys, time
+    from jaxrag.train import preemption
+    from jaxrag.train.distributed import maybe_initialize
+    maybe_initialize()
+    preemption.install()
+    import jax, numpy as np
+    from jaxrag.models import ModelConfig, init_params
+    from jaxrag.train import BatchStream, SFTExample, fit, sft_batch
+
+    class Slow(BatchStream):
+        def batch_at(self, i):
+            time.sleep(0.4)
+            return super().batch_at(i)
+
+    cfg = ModelConfig(model_type="llama", vocab_size=128, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1,
+                      head_dim=16, d_ff=64)
+    rng = np.random.default_rng(0)
+    ex = [SFTExample(list(rng.integers(1, 128, 5)), list(rng.integers(1, 128, 4))) for _ in range(16)]
+    try:
+        fit(cfg, init_params(cfg, jax.random.PRNGKey(0)), Slow(ex, 4, lambda e: sft_batch(e, (16,))), "sft",
+            {"steps": 40, "batch_size": 4, "progress": False, "seq_buckets": (16,), "mesh": (2, 1, 1),
+             "optimizer": {"lr": 1e-2}, "checkpoint": {"every_steps": 100, "async_save": False}}, sys.argv[1])
+    except preemption.Preempted as e:
+        print("PREEMPTED", e, flush=True)
+        sys.exit(143)
+''')
+
+
+def test_sigterm_to_one_process_stops_every_process_at_the_same_step(tmp_path):
+    """Two processes joined by jax.distributed; only process 1 gets SIGTERM (a scheduler may signal one host
+    first): both save the same step's checkpoint together and stop."""
+    script = tmp_path / "job.py"
+    script.write_text(TWO_PROCESS)
+    port = __import__("socket").socket()
+    port.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{port.getsockname()[1]}"
+    port.close()
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", JAX_COORDINATOR_ADDRESS=address,
+               JAX_NUM_PROCESSES="2")
+    wd = tmp_path / "wd"
+    procs = [subprocess.Popen([sys.executable, str(script), str(wd)], env={**env, "JAX_PROCESS_ID": str(i)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    metrics = wd / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGTERM)
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [143, 143], outs[0][-2000:] + outs[1][-2000:]
+    lines = [next(ln for ln in out.splitlines() if ln.startswith("PREEMPTED")) for out in outs]
+    assert lines[0] == lines[1], lines                       # the same step on both
+    step = int(lines[0].split("after step ")[1].split(";")[0])
+    assert 3 <= step < 40
+    assert sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit()) == [step]
