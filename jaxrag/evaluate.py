@@ -270,6 +270,56 @@ def paired_bootstrap(a, b, *, n_boot: int = 10_000, level: float = 0.95, seed: i
             "n_questions": q, "share_le_0": float(np.mean(reps <= 0))}
 
 
+def paired_components(a, b, *, level: float = 0.95, power: float = 0.8) -> dict:
+    """The paired difference of two systems scored on the same seeds x questions, by variance components.
+
+    d[s, q] = a - b is modelled as mean + seed effect + question effect + residual, seeds and questions both random
+    (a crossed design without replication). From the two-way ANOVA's mean squares (Satterthwaite's degrees of freedom
+    for their combination), the standard error of mean(d) is sqrt(var_seed / S + var_question / Q + var_resid / (S Q)),
+    components below 0 set to 0. The two-way bootstrap counts the residual twice (once with the seeds, once with the
+    questions), so its interval is wider than this one (tests/test_intervals.py simulates it). One seed: the question
+    SE sd(d) / sqrt(Q) (no seed variance can be measured). Returns {"diff", "se", "lo", "hi", "df", "mde",
+    "disagree", "var_seed", "var_question", "var_resid", "level", "power", "n_seeds", "n_questions"}: the t interval at
+    `level`, `mde` the smallest true difference detected with probability `power` by a two-sided test at 1 - level
+    with this SE ((t_{1-alpha/2} + t_power) * se), `disagree` the share of cells where a != b (for EM: the questions
+    on which the two systems' answers differ in correctness)."""
+    from scipy import stats
+
+    a, b = np.atleast_2d(np.asarray(a, np.float64)), np.atleast_2d(np.asarray(b, np.float64))
+    if a.shape != b.shape:
+        raise ValueError(f"paired_components: a is {a.shape}, b is {b.shape}; the two systems must be scored on the "
+                         "same seeds x questions")
+    d = a - b
+    s, q = d.shape
+    if q < 2:
+        raise ValueError(f"paired_components: {q} question(s); an interval needs at least 2")
+    mean = float(d.mean())
+    seed_means, q_means = d.mean(axis=1), d.mean(axis=0)
+    if s == 1:
+        var_seed, var_q, var_e = float("nan"), float(d.var(ddof=1)), float("nan")
+        var, df = var_q / q, q - 1.0
+    else:
+        ms_seed = q * float(((seed_means - mean) ** 2).sum()) / (s - 1)
+        ms_q = s * float(((q_means - mean) ** 2).sum()) / (q - 1)
+        resid = d - seed_means[:, None] - q_means[None, :] + mean
+        ms_e = float((resid ** 2).sum()) / ((s - 1) * (q - 1))
+        var_seed, var_q, var_e = max(0.0, (ms_seed - ms_e) / q), max(0.0, (ms_q - ms_e) / s), ms_e
+        # var(mean) as a combination of mean squares: sum_i c_i MS_i, each MS_i with its own degrees of freedom
+        terms = [(ms_e / (s * q), (s - 1) * (q - 1))]
+        if var_seed > 0:
+            terms.append(((ms_seed - ms_e) / (s * q), s - 1))
+        if var_q > 0:
+            terms.append(((ms_q - ms_e) / (s * q), q - 1))
+        var = var_seed / s + var_q / q + var_e / (s * q)
+        df = var ** 2 / sum(t ** 2 / f for t, f in terms) if var > 0 else float((s - 1) * (q - 1))
+    se = float(np.sqrt(var))
+    t = float(stats.t.ppf(1 - (1 - level) / 2, df))
+    return {"diff": mean, "se": se, "lo": mean - t * se, "hi": mean + t * se, "df": float(df),
+            "mde": (t + float(stats.t.ppf(power, df))) * se, "disagree": float(np.mean(a != b)),
+            "var_seed": var_seed, "var_question": var_q, "var_resid": var_e, "level": level, "power": power,
+            "n_seeds": s, "n_questions": q}
+
+
 def describe_difference(name_a: str, name_b: str, r: dict) -> str:
     """One line worded by the interval: a difference only where the interval excludes 0."""
     span = f"{r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}]"

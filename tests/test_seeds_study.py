@@ -75,6 +75,9 @@ def test_comparisons_are_paired_differences_with_intervals(study):
         diff += [per["dpo"][q] - per["sft_react"][q] for q in per["dpo"]]
     assert d["diff"] == pytest.approx(np.mean(diff)) and d["lo"] <= d["diff"] <= d["hi"]
     assert d["n_seeds"] == 2 and d["n_questions"] == len(diff) // 2
+    assert d["disagree"] == pytest.approx(np.mean(np.array(diff) != 0)) and d["boot_lo"] <= d["diff"] <= d["boot_hi"]
+    from jaxrag.evaluate import paired_components
+    assert d["se"] == pytest.approx(paired_components(np.reshape(diff, (2, -1)), np.zeros((2, len(diff) // 2)))["se"])
     md = (workdir / "seeds" / "results.md").read_text()
     assert all(x["text"] in md for x in res["comparisons"])
     assert os.path.getsize(workdir / "seeds" / "seeds.png") > 0

@@ -1,5 +1,6 @@
 """The seeds study: the demo's systems over several seeds on one fixed world, reported as mean +/- SE over seeds and,
-for the comparisons the papers make, a paired bootstrap interval of the difference over questions and seeds.
+for the comparisons the papers make, the paired difference over questions and seeds: its variance-components
+interval, minimal detectable effect and disagreement rate, and the two-way bootstrap interval beside it.
 
 seed_runs_stage, config[name]: config (a pipeline config file with its preset, "path.py:preset"), seeds (the values
 of `seed`: the SFT init, every trainer's data order and every sampling stream; `world_seed` stays fixed), stages
@@ -134,7 +135,7 @@ def score_matrix(per_seed: list[dict], key: tuple[str, str], metric: int = 0) ->
 
 def study(per_seed: list[dict], comparisons, n_boot: int, level: float) -> dict:
     """The table (mean +/- SE over seeds of EM and F1, per system and split) and the comparisons' intervals."""
-    from jaxrag.evaluate import describe_difference, mean_se, paired_bootstrap
+    from jaxrag.evaluate import describe_difference, mean_se, paired_bootstrap, paired_components
 
     keys = [k for k in per_seed[0] if all(k in s for s in per_seed)]
     table = []
@@ -155,9 +156,10 @@ def study(per_seed: list[dict], comparisons, n_boot: int, level: float) -> dict:
             b, qb = score_matrix(per_seed, (c["b"], split))
             if qa != qb:
                 raise ValueError(f"{c['a']} and {c['b']} ({split}) were scored on other questions: no pairing")
-            r = paired_bootstrap(a, b, n_boot=n_boot, level=level)
-            diffs.append({**r, "a": c["a"], "b": c["b"], "label": c["label"], "split": split,
-                          "text": describe_difference(c["a"], c["b"], r)})
+            r = paired_components(a, b, level=level)
+            boot = paired_bootstrap(a, b, n_boot=n_boot, level=level)
+            diffs.append({**r, "boot_lo": boot["lo"], "boot_hi": boot["hi"], "a": c["a"], "b": c["b"],
+                          "label": c["label"], "split": split, "text": describe_difference(c["a"], c["b"], r)})
     return {"seeds": len(per_seed), "table": table, "comparisons": diffs}
 
 
@@ -174,12 +176,19 @@ def markdown(res: dict, runs: list[dict], level: float) -> str:
         lines.append(f"| {r['system']} | {r['split']} | {r['n_questions']} | {r['em_mean']:.3f} +/- {r['em_se']:.3f} "
                      f"| {r['f1_mean']:.3f} +/- {r['f1_se']:.3f} | "
                      + ", ".join(f"{v:.3f}" for v in r["em_per_seed"]) + " |")
-    lines += ["", f"## Paired differences (EM, {level:.0%} paired bootstrap over seeds and questions)", "",
-              "A difference is claimed only where the interval excludes 0 (jaxrag.evaluate.describe_difference).", "",
-              "| comparison | split | a - b [interval] | reading |", "|---|---|---|---|"]
+    lines += ["", f"## Paired differences (EM, {level:.0%} intervals over seeds and questions)", "",
+              "The interval is the paired variance components' (seed, question, residual; a t interval with "
+              "Satterthwaite's degrees of freedom: jaxrag.evaluate.paired_components); the two-way bootstrap's, "
+              "which counts the residual twice and is wider, beside it. A difference is claimed only where the "
+              "interval excludes 0. MDE: the smallest true difference this design detects with 80 % power; "
+              "disagree: the share of seed x question cells where the two systems' EM differs (0: they answer "
+              "alike, and no method effect can show).", "",
+              "| comparison | split | a - b [interval] | SE | MDE | disagree | bootstrap interval | reading |",
+              "|---|---|---|---|---|---|---|---|"]
     for d in res["comparisons"]:
         lines.append(f"| {d['label']} | {d['split']} | {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] | "
-                     f"{d['text']} |")
+                     f"{d['se']:.3f} | {d['mde']:.3f} | {d['disagree']:.3f} | [{d['boot_lo']:+.3f}, "
+                     f"{d['boot_hi']:+.3f}] | {d['text']} |")
     lines += ["", "## Runtime", "", "| seed | wall s (this study) | stage s (sum of DONE records) |", "|---|---|---|"]
     lines += [f"| {r['seed']} | {r['wall_seconds']:.0f} | {r['stage_seconds_total']:.0f} |" for r in runs]
     return "\n".join(lines) + "\n"
@@ -207,7 +216,7 @@ def plot(res: dict, path) -> None:
                    color="C0" if d["lo"] <= 0 <= d["hi"] else "C3")
     b.axvline(0, color="k", lw=0.8)
     b.set_yticks(ys, [f"{d['a']} - {d['b']} ({d['split']})" for d in comps], fontsize=7)
-    b.set(xlabel="EM difference", title="paired differences, bootstrap interval")
+    b.set(xlabel="EM difference", title="paired differences, variance-components interval")
     b.plot([], [], "o", color="C3", label="interval excludes 0")
     b.plot([], [], "o", color="C0", label="no difference detectable")
     save_figure(fig, (a, b), path)
