@@ -78,6 +78,7 @@ def check_train_sections(config, name: str) -> None:
     (train.config.validate) before any stage runs: a bad value (steps=-5) fails naming its key, not after the stages
     before it have run. In a stage with an `rl` section the loop sets the batch size itself; it is left out."""
     from jaxrag.train import config as tconfig
+    from jaxrag.train import objectives
 
     def walk(v, key):
         if hasattr(v, "items"):
@@ -90,7 +91,8 @@ def check_train_sections(config, name: str) -> None:
         try:
             t = tconfig.resolve(section.to_dict() if hasattr(section, "to_dict") else dict(section), check=False)
             if "rl" in config[name]:
-                t.batch_size = t.grad_accum * (t.grpo.group_size if t.loss == "grpo" else 1)
+                groups = objectives.get(t.loss).layout == "groups"
+                t.batch_size = t.grad_accum * (t.grpo.group_size if groups else 1)
             tconfig.validate(t)
         except (ValueError, KeyError, TypeError) as e:
             msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)

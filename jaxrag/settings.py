@@ -23,7 +23,8 @@ def flatten(d, prefix: str = "") -> dict:
 
 # Keys added after runs were recorded without them, each with the value that does what their absence did: at that
 # value a key reads as absent, so older workdirs keep their stage fingerprints and older checkpoints resume.
-LATER = {"rl.continuous": False, "train_layout": "auto"}   # train_layout: the same objective either way
+LATER = {"rl.continuous": False, "train_layout": "auto",   # train_layout: the same objective either way
+         "loss_opts": {}}   # a table loss has no options of its own
 
 
 def _match(key: str, name: str) -> bool:

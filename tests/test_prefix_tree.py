@@ -239,7 +239,7 @@ def test_critic_pairs_tree_equals_rows():
     args = {"model": params, "head": critic_init(CFG, jax.random.PRNGKey(1))}, {}
     g_r, m_r = bt_grads(1)(*args, pair_batch(pairs, (32,)), jax.random.PRNGKey(0))
     for accum, length, multiple in ((1, 128, 1), (2, 32, 2)):
-        b = PT.pair_batch_auto(pairs, (length,), CFG, "tree", pack_multiple=multiple, loss="bt")
+        b = PT.pair_batch_auto(pairs, (length,), CFG, "tree", pack_multiple=multiple, reads="last")
         assert "tree_exit" in b and (b["tokens"].shape[0] > 1) == (accum == 2)
         assert not b["loss_mask"].any()   # no log-prob reads: the critic reads last tokens
         g_t, m_t = bt_grads(accum)(*args, b, jax.random.PRNGKey(0))
@@ -247,9 +247,9 @@ def test_critic_pairs_tree_equals_rows():
             np.testing.assert_allclose(float(m_t[k]), float(m_r[k]), rtol=1e-5, atol=1e-6)
         assert_same(g_t, g_r)
     # the critic's cost has no LM head: auto weighs layers and attention (here the shared prompts win)
-    assert "tree_exit" in PT.pair_batch_auto(pairs, (32,), CFG, "auto", loss="bt")
-    with pytest.raises(ValueError, match="'sft' is not one of"):
-        PT.pair_batch_auto(pairs, (32,), CFG, "tree", loss="sft")
+    assert "tree_exit" in PT.pair_batch_auto(pairs, (32,), CFG, "auto", reads="last")
+    with pytest.raises(ValueError, match="reads 'values' is not 'logprobs' or 'last'"):
+        PT.pair_batch_auto(pairs, (32,), CFG, "tree", reads="values")
 
 
 # ------------------------------------------------------------------------------------------------ PPO

@@ -40,8 +40,8 @@ from jaxrag.train import config as tconfig
 from jaxrag.train.batching import BatchStream, Group, PreferencePair, SFTExample, group_batch, pair_batch, sft_batch
 from jaxrag.train.distributed import barrier, is_lead
 from jaxrag.train.loop import fit, save_summary
-from jaxrag.train.objectives import OBJECTIVES
-from jaxrag.train.prefix_tree import PAIR_LOSSES, check_layout, pair_batch_auto
+from jaxrag.train import objectives
+from jaxrag.train.prefix_tree import check_layout, pair_batch_auto
 
 
 class DataError(ValueError):
@@ -130,7 +130,7 @@ LAYOUTS = {"sft": ("sft", sft_batch), "pairs": ("pairs", pair_batch), "groups": 
 def train_stage(config, workdir: str, name: str) -> None:
     sc = config[name]
     tc = tconfig.resolve(sc.train)
-    layout = OBJECTIVES[tc.loss].layout
+    layout = objectives.objective(tc).layout
     if layout not in LAYOUTS:
         raise DataError(f"config.{name}.train.loss={tc.loss!r}: its '{layout}' batches are not read from files; "
                         "train it online in the rl stage (jaxrag.pipelines.rl)")
@@ -150,9 +150,10 @@ def train_stage(config, workdir: str, name: str) -> None:
     layout = sc.get("train_layout", "auto")
     check_layout(layout, f"config.{name}.train_layout")
     multiple = int(tc.grad_accum) * jax.device_count()   # tree packs split whole over devices x microbatches
-    if tc.loss in PAIR_LOSSES and layout != "rows":
-        make = lambda ex, buckets, pad: pair_batch_auto(ex, buckets, cfg, layout, pad, multiple, tc.loss)
-    elif tc.loss == "grpo" and layout == "tree":   # auto keeps rows: their batch logs reward/mean and reward/std
+    obj = objectives.objective(tc)
+    if obj.layout == "pairs" and layout != "rows":
+        make = lambda ex, buckets, pad: pair_batch_auto(ex, buckets, cfg, layout, pad, multiple, obj.reads)
+    elif obj.layout == "groups" and layout == "tree":   # auto keeps rows: their batch logs reward/mean and reward/std
         g = tc.grpo
         make = lambda ex, buckets, pad: group_batch_auto(ex, buckets, cfg, layout, pad, multiple, g.group_size,
                                                          g.adv_eps, g.std_ddof, g.aggregation)

@@ -9,14 +9,13 @@ from __future__ import annotations
 import ml_collections
 
 from jaxrag import losses
-from jaxrag.train.objectives import OBJECTIVES
-
-LOSSES = tuple(OBJECTIVES)  # the loss table (jaxrag/train/objectives.py) is the one list of losses
+from jaxrag.train import objectives
 
 
 def default_train_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.loss = "sft"  # sft | dpo | bt (critic / PRM, Bradley–Terry) | grpo | ppo
+    c.loss = "sft"  # sft | dpo | bt (critic / PRM, Bradley–Terry) | grpo | ppo | "module.path:attribute"
+    c.loss_opts = ml_collections.ConfigDict()  # the loss's own settings (an Objective's `options`; docs/ablations.md)
     c.seed = 0
     c.steps = 100
     c.batch_size = 8  # global: examples (sft), pairs (dpo, bt), prompts x group_size rows (grpo), rows (ppo)
@@ -75,8 +74,8 @@ def _fail(key: str, msg: str):
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
-    if c.loss not in LOSSES:
-        _fail("loss", f"{c.loss!r} is not one of {LOSSES}")
+    objectives.get(c.loss)   # a table name or "module.path:attribute" (raises naming the key)
+    objectives.loss_options(c)
     for key in ("steps", "batch_size", "grad_accum"):
         if int(c[key]) < 1:
             _fail(key, f"must be >= 1, got {c[key]}")
@@ -117,7 +116,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
         _fail("grpo.kl_estimator", f"{c.grpo.kl_estimator!r} is not one of {losses.KL_ESTIMATORS}")
     if c.grpo.aggregation not in losses.GRPO_AGGREGATIONS:
         _fail("grpo.aggregation", f"{c.grpo.aggregation!r} is not one of {losses.GRPO_AGGREGATIONS}")
-    if c.loss == "grpo" and c.batch_size % c.grpo.group_size:
+    if objectives.get(c.loss).layout == "groups" and c.batch_size % c.grpo.group_size:
         _fail("batch_size", f"{c.batch_size} rows do not split into groups of grpo.group_size={c.grpo.group_size}")
     if c.checkpoint.every_steps < 1 or c.checkpoint.keep < 1:
         _fail("checkpoint", "every_steps and keep must be >= 1")
@@ -139,6 +138,10 @@ def resolve(overrides: dict | ml_collections.ConfigDict | None = None, check: bo
 def _update(c: ml_collections.ConfigDict, upd, prefix: str) -> None:
     for k, v in upd.items():
         key = f"{prefix}{k}"
+        if key.startswith("loss_opts."):   # the loss's own settings: any key (loss_options checks them)
+            with c.unlocked():
+                c[k] = v
+            continue
         if k not in c:
             raise KeyError(f"train config: unknown key {key!r}")
         if isinstance(c[k], ml_collections.ConfigDict):

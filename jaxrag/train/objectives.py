@@ -1,12 +1,16 @@
-"""The loss table: every objective the trainer knows, in one place.
+"""The loss table: every objective the trainer knows, in one place, and open.
 
-Adding a loss = one `Objective` entry below plus its pure function in jaxrag/losses.py (and its hyperparameter
-section in jaxrag/train/config.py). Each entry says:
+A loss is an `Objective`, named in `train.loss` by its table name ("dpo") or, from any importable module, as
+"module.path:attribute" (docs/ablations.md: SimPO in a file of its own). Each entry says:
   layout     the batch layout it trains on (jaxrag.train.batching: "sft" | "pairs" | "groups" | "ppo")
-  make       (mcfg, tc) -> loss_fn(trainable, frozen, batch, rng) -> (loss, metrics)
+  make       (mcfg, tc) -> loss_fn(trainable, frozen, batch, rng) -> loss or (loss, metrics)
   needs_ref  tc -> whether a frozen reference policy is kept (full fine-tune; with LoRA the base is the reference)
   needs_head whether a scalar critic/value head is trained with it
   prepare    (tc, batch) -> (batch, metrics): whole-batch quantities before microbatching (advantages, GAE)
+  reads      what the loss reads of a row: "logprobs" (its completion tokens') or "last" (a head on its last token)
+  options    defaults of its own settings, which `train.loss_opts` overrides (`loss_options(tc)`)
+A paired loss computes on `pair_logps`, which gives every pair's sequence log-probs from the flat pair layout and
+from its prefix tree alike, so it trains on both without a branch of its own.
 
 trainable: {"model": params} (full fine-tune) or {"lora": adapters}, plus {"head": critic/value head}.
 frozen:    {"base": params} with LoRA (the reference = base, adapters off), {"ref": params} for a full fine-tune
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 from typing import Callable
 
 import jax
@@ -228,30 +233,49 @@ def sft_objective(mcfg, tc):
     return sft
 
 
-def dpo_objective(mcfg, tc):
+def pair_logps(mcfg, tc):
+    """The pairs layout's adaptor: (params, batch) -> (seq, lengths, weight). seq [N, 2]: each pair's chosen
+    (column 0) and rejected (column 1) completion log-prob sums; lengths [N, 2]: their token counts; weight [N]: the
+    pairs' weights (the prefix tree's pair_weight: summing to 1 over the whole batch, 0 on its padding pairs) or None
+    for the flat [B, 2, T] layout, whose pairs all count. A paired loss written on these, averaging with
+    `pair_mean(weight)`, trains on either layout and over microbatches exactly."""
     logp_of = _logp(mcfg, tc)
 
-    def tree_seq(p, batch):   # [P*Q, 2] sequence log-probs: per-pack segment sums of the reads
-        logp = read_logprobs(mcfg, p, tree_hidden(mcfg, tc, p, batch), batch) * batch["loss_mask"]
-        Q = batch["pair_weight"].shape[1]
-        sums = jax.vmap(lambda x, i: jax.ops.segment_sum(x, i, 2 * Q))(logp, batch["read_seq"])
-        return sums.reshape(-1, 2)
-
-    def dpo(trainable, frozen, batch, rng):
-        p = policy_params(trainable, frozen, tc, rng)
-        if is_tree(batch):
-            seq = tree_seq(p, batch)
-            ref = tree_seq(reference_params(trainable, frozen), batch)
-            return losses.dpo_loss(seq[:, 0], seq[:, 1], ref[:, 0], ref[:, 1], tc.dpo.beta, tc.dpo.label_smoothing,
-                                   tc.dpo.loss_type, batch["pair_weight"].reshape(-1))
+    def of(p, batch):
+        if is_tree(batch):   # per-pack segment sums of the reads
+            mask = batch["loss_mask"]
+            logp = read_logprobs(mcfg, p, tree_hidden(mcfg, tc, p, batch), batch) * mask
+            Q = batch["pair_weight"].shape[1]
+            seg_sum = jax.vmap(lambda x, i: jax.ops.segment_sum(x, i, 2 * Q))
+            return (seg_sum(logp, batch["read_seq"]).reshape(-1, 2),
+                    seg_sum(mask, batch["read_seq"]).reshape(-1, 2), batch["pair_weight"].reshape(-1))
         tok, pos, seg, mask = _flat(batch)
         seq = losses.sequence_logprobs(logp_of(p, tok, pos, seg), mask).reshape(-1, 2)
-        if "ref_logps" in batch:
+        return seq, jnp.sum(mask, axis=-1).reshape(-1, 2), None
+
+    return of
+
+
+def pair_mean(weight):
+    """The mean over a batch's pairs of a per-pair quantity [N]: plain for the flat layout (weight None), the
+    weighted sum for the prefix tree's."""
+    if weight is None:
+        return jnp.mean
+    w = jax.lax.stop_gradient(weight)
+    return lambda x: jnp.sum(w * x)
+
+
+def dpo_objective(mcfg, tc):
+    logps = pair_logps(mcfg, tc)
+
+    def dpo(trainable, frozen, batch, rng):
+        seq, _, weight = logps(policy_params(trainable, frozen, tc, rng), batch)
+        if "ref_logps" in batch:   # precomputed by the caller (flat layout)
             ref = batch["ref_logps"]
         else:
-            ref = losses.sequence_logprobs(logp_of(reference_params(trainable, frozen), tok, pos, seg), mask).reshape(-1, 2)
+            ref, _, _ = logps(reference_params(trainable, frozen), batch)
         return losses.dpo_loss(seq[:, 0], seq[:, 1], ref[:, 0], ref[:, 1], tc.dpo.beta, tc.dpo.label_smoothing,
-                               tc.dpo.loss_type)
+                               tc.dpo.loss_type, weight)
 
     return dpo
 
@@ -358,29 +382,67 @@ def ppo_prepare(tc, batch):
 
 
 # ---------------------------------------------------------------------------------------------------- the table
+LAYOUTS = ("sft", "pairs", "groups", "ppo")
+
+
 @dataclasses.dataclass(frozen=True)
 class Objective:
+    """One loss of the table (the module doc says what each field means)."""
     name: str
     layout: str
     make: Callable
     needs_ref: Callable = lambda tc: False
     needs_head: bool = False
     prepare: Callable | None = None
+    reads: str = "logprobs"
+    options: dict = dataclasses.field(default_factory=dict)
 
 
 OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("sft", "sft", sft_objective),
     Objective("dpo", "pairs", dpo_objective, needs_ref=lambda tc: True),
-    Objective("bt", "pairs", bt_objective, needs_head=True),
+    Objective("bt", "pairs", bt_objective, needs_head=True, reads="last"),
     Objective("grpo", "groups", grpo_objective, needs_ref=lambda tc: tc.grpo.beta > 0, prepare=grpo_prepare),
     Objective("ppo", "ppo", ppo_objective, needs_head=True, prepare=ppo_prepare),
 )}
 
 
+def get(name: str, where: str = "train config: loss") -> Objective:
+    """The Objective a `train.loss` value names: a table entry, or "module.path:attribute" (any importable module
+    whose attribute is an Objective). Errors are one line naming `where`."""
+    if name in OBJECTIVES:
+        return OBJECTIVES[name]
+    if not isinstance(name, str) or ":" not in name:
+        raise ValueError(f"{where}: {name!r} is not one of {tuple(OBJECTIVES)} or 'module.path:attribute' (an "
+                         "Objective of your own: docs/ablations.md)")
+    module, attr = name.split(":", 1)
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"{where}: {name!r}: cannot import module {module!r} ({e}); is it on PYTHONPATH?") from None
+    obj = getattr(mod, attr, None)
+    if not isinstance(obj, Objective):
+        raise ValueError(f"{where}: {name!r}: module {module!r} has no Objective {attr!r} "
+                         "(jaxrag.train.objectives.Objective)")
+    if obj.layout not in LAYOUTS or obj.reads not in ("logprobs", "last"):
+        raise ValueError(f"{where}: {name!r}: layout {obj.layout!r} / reads {obj.reads!r} (layouts: {LAYOUTS}; "
+                         "reads: 'logprobs' or 'last')")
+    return obj
+
+
 def objective(tc) -> Objective:
-    if tc.loss not in OBJECTIVES:
-        raise ValueError(f"train config: loss: {tc.loss!r} is not one of {tuple(OBJECTIVES)}")
-    return OBJECTIVES[tc.loss]
+    return get(tc.loss)
+
+
+def loss_options(tc) -> dict:
+    """The loss's own settings: its `options` defaults updated by `train.loss_opts`; a key it does not have is an
+    error naming it."""
+    obj, given = objective(tc), dict(tc.get("loss_opts") or {})
+    unknown = sorted(set(given) - set(obj.options))
+    if unknown:
+        raise ValueError(f"train config: loss_opts.{unknown[0]}: not a setting of loss {tc.loss!r} (its settings: "
+                         f"{', '.join(obj.options) or 'none'})")
+    return {**obj.options, **given}
 
 
 def make_loss_fn(mcfg, tc) -> Callable:

@@ -341,30 +341,28 @@ def pair_rows(pairs, reads: bool = True) -> list[tuple]:
     return rows, [[2 * i, 2 * i + 1] for i in range(len(pairs))]
 
 
-PAIR_LOSSES = ("dpo", "bt")
-
-
 def pair_batch_auto(pairs, buckets: Sequence[int], mcfg, mode: str = "auto", pad_id: int = 0,
-                    pack_multiple: int = 1, loss: str = "dpo") -> dict:
-    """The batch of preference pairs for `loss` ("dpo" or the critic's "bt") in the layout `mode` picks
-    (choose_layout): batching.pair_batch or pair_tree_batch. The critic computes no LM head, so its cost model
-    weighs the layers and attention alone."""
+                    pack_multiple: int = 1, reads: str = "logprobs") -> dict:
+    """The batch of preference pairs in the layout `mode` picks (choose_layout): batching.pair_batch or
+    pair_tree_batch. reads: what the loss reads of a row (its Objective's `reads`): "logprobs" of the completion
+    tokens (DPO and other paired policy losses) or "last", a head on the last token (the critic), which computes no
+    LM head, so its cost model weighs the layers and attention alone."""
     from jaxrag.train.batching import pair_batch
 
     check_layout(mode, "train_layout")
-    if loss not in PAIR_LOSSES:
-        raise ValueError(f"pair_batch_auto: loss {loss!r} is not one of {PAIR_LOSSES}")
+    if reads not in ("logprobs", "last"):
+        raise ValueError(f"pair_batch_auto: reads {reads!r} is not 'logprobs' or 'last'")
     rows_b = None
     if mode != "tree":
         rows_b = pair_batch(pairs, buckets, pad_id)
         if mode == "rows":
             return rows_b
-    rows, units = pair_rows(pairs, reads=loss == "dpo")
-    tree = best_tree(rows, buckets, mcfg, pad_id, pack_multiple, "pair row", units, lm_head=loss == "dpo")
+    rows, units = pair_rows(pairs, reads=reads == "logprobs")
+    tree = best_tree(rows, buckets, mcfg, pad_id, pack_multiple, "pair row", units, lm_head=reads == "logprobs")
     if mode == "auto":
         B, _, T = rows_b["tokens"].shape
         rw, tw = rows_work([(2 * B, T)]), tree_work(tree)
-        if loss == "bt":
+        if reads == "last":
             rw, tw = rw.without_head(), tw.without_head()
         if choose_layout("auto", rw, tw, mcfg)[0] == "rows":
             return rows_b

@@ -35,14 +35,17 @@ def pair_stream(workdir, s, tok, tc):
 
 
 def preference_stage(config, workdir, name) -> None:
-    """DPO (train.loss = "dpo") or the Bradley–Terry critic (train.loss = "bt") on the supervision stage's pairs."""
+    """A paired loss (train.loss: "dpo", the Bradley–Terry critic "bt", or any Objective whose layout is "pairs",
+    e.g. "module:simpo") on the supervision stage's pairs."""
     from jaxrag.train import config as tconfig
+    from jaxrag.train import objectives
     from jaxrag.train.loop import fit
 
     s = config[name]
     tc = tconfig.resolve(s.train)
-    if tc.loss not in ("dpo", "bt"):
-        raise ValueError(f"config.{name}.train.loss={tc.loss!r}: the preference stage trains 'dpo' or 'bt'")
+    if objectives.objective(tc).layout != "pairs":
+        raise ValueError(f"config.{name}.train.loss={tc.loss!r}: the preference stage trains a paired loss (layout "
+                         f"'pairs': dpo, bt, ...), not one of layout {objectives.objective(tc).layout!r}")
     tok = load_tokenizer(workdir)
     stream, info = pair_stream(workdir, s, tok, tc)
     if info["batch_size"] != tc.batch_size:
