@@ -52,7 +52,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # share of the suite), so no long file starts last and leaves the other worker idle.
 LONGEST_FIRST = ("synthetic_run", "test_continuous.py", "test_kv_sessions.py", "test_multihost_synthetic.py",
                  "test_multihost.py", "test_cpu_numerics.py", "test_paper_training_rows.py", "test_paper_configs.py",
-                 "test_train.py", "test_generate.py", "test_prefix_tree.py", "test_fsdp_collectives.py")
+                 "test_train.py", "test_generate.py", "test_prefix_tree.py", "test_fsdp_collectives.py",
+                 "test_interrupts.py", "test_ablations.py")
 HERE = Path(__file__).resolve().parent
 SHARES_THE_RUN = frozenset(p.name for p in HERE.rglob("test_*.py") if "synthetic_run" in p.read_text())
 
