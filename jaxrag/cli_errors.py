@@ -132,7 +132,7 @@ def user_error(e: BaseException, workdir: str | None = None) -> str | None:
         return (f"{where}cannot write {what} ({os.strerror(code)}); make {workdir or 'the workdir'} writable, or "
                 "run with a --workdir you can write to")
     if isinstance(e, Preempted):
-        if getattr(e, "restored", False) or "resumes" not in str(e):
+        if getattr(e, "restored", False) or e.saved is None:   # no checkpoint of this stop's to resume from
             return f"{where}stopped by SIGTERM: {_resumes(e)}"
         return f"{where}{e}"
     if isinstance(e, (StageError, WorkdirError, CheckpointCorrupt, ConfigChanged, NonFiniteLoss, QADataError,

@@ -14,17 +14,22 @@ class StageError(ValueError):
     pass
 
 
-def resolve_fn(spec: str, where: str):
-    """The callable named by spec = "module.path:function"; `where` (e.g. "config.collect.judge.fn") names the key
-    in the error."""
+def resolve_attr(spec: str, where: str, what: str = "function", ok=callable):
+    """The attribute named by spec = "module.path:name", one for which ok(attribute) holds; `where` (e.g.
+    "config.collect.judge.fn") names the key and `what` the kind of attribute in the error."""
     if not isinstance(spec, str) or ":" not in spec:
-        raise StageError(f"{where}: fn must be 'module.path:function', got {spec!r}")
+        raise StageError(f"{where}: fn must be 'module.path:{what}', got {spec!r}")
     module, name = spec.split(":", 1)
     try:
         mod = importlib.import_module(module)
     except ImportError as e:
         raise StageError(f"{where}: cannot import module {module!r}: {e}") from None
-    fn = getattr(mod, name, None)
-    if not callable(fn):
-        raise StageError(f"{where}: module {module!r} has no function {name!r}")
-    return fn
+    attr = getattr(mod, name, None)
+    if not ok(attr):
+        raise StageError(f"{where}: module {module!r} has no {what} {name!r}")
+    return attr
+
+
+def resolve_fn(spec: str, where: str):
+    """The callable named by spec = "module.path:function" (resolve_attr)."""
+    return resolve_attr(spec, where)

@@ -64,16 +64,10 @@ def test_importing_the_library_changes_nothing_and_the_cli_pins():
 
     lib = "import jaxrag, jaxrag.losses, jaxrag.models, jaxrag.train, jaxrag.rl.loop, jaxrag.pipelines.train"
     clean = {k: None for k in ("XLA_FLAGS", "ONEDNN_MAX_CPU_ISA", "PJRT_NPROC")}
-    assert json.loads(_run_json(_ENV.format(imports=lib))) == clean
-    main = json.loads(_run_json(_ENV.format(imports="import jaxrag.main")))
+    assert json.loads(_run(_ENV.format(imports=lib))) == clean
+    main = json.loads(_run(_ENV.format(imports="import jaxrag.main")))
     if platform.machine().lower() in ("x86_64", "amd64"):
         assert main == {"XLA_FLAGS": f"{PDM} {ISA}", "ONEDNN_MAX_CPU_ISA": "AVX2", "PJRT_NPROC": "2"}
-
-
-def _run_json(code: str) -> str:
-    """The last line `code` prints in a fresh process without the numerics settings."""
-    return subprocess.run([sys.executable, "-c", code], env=_clean_env(JAX_PLATFORMS="cpu"), capture_output=True,
-                          text=True, check=True, timeout=300).stdout.splitlines()[-1]
 
 
 _RSQRT = """
@@ -119,12 +113,12 @@ def _clean_env(**env_vars) -> dict:
 
 
 def _run(code: str, *, under: tuple = (), **env_vars) -> str:
-    """The last word `code` prints in a fresh process (run `under` a command such as qemu's), whose environment has
+    """The last line `code` prints in a fresh process (run `under` a command such as qemu's), whose environment has
     none of the numerics settings but `env_vars`, and no persistent compilation cache (the suite's: tests/conftest.py),
     so each process compiles its programs under its own settings and CPU."""
     env = _clean_env(JAX_PLATFORMS="cpu", **env_vars)
     return subprocess.run([*under, sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
-                          timeout=1800).stdout.split()[-1]
+                          timeout=1800).stdout.splitlines()[-1].strip()
 
 
 def test_the_pin_sets_onednns_matmul_kernels_to_avx2():

@@ -1,4 +1,4 @@
-"""FlashRAG-style QA JSONL (the format of ../shared/benchmarks) and paper splits.
+"""FlashRAG-style QA JSONL (the format of the benchmark files: data/benchmarks/NOTICE.md) and paper splits.
 
 Record: {"id", "question", "golden_answers": [str], optional "contexts": [{"title","text"}],
 "supporting_titles": [str], "choices": [str] (option i is letter "ABCD"[i]), "dataset", "split", "metadata"}.

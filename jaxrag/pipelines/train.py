@@ -130,7 +130,8 @@ LAYOUTS = {"sft": ("sft", sft_batch), "pairs": ("pairs", pair_batch), "groups": 
 def train_stage(config, workdir: str, name: str) -> None:
     sc = config[name]
     tc = tconfig.resolve(sc.train)
-    layout = objectives.objective(tc).layout
+    obj = objectives.objective(tc)
+    layout = obj.layout
     if layout not in LAYOUTS:
         raise DataError(f"config.{name}.train.loss={tc.loss!r}: its '{layout}' batches are not read from files; "
                         "train it online in the rl stage (jaxrag.pipelines.rl)")
@@ -150,7 +151,6 @@ def train_stage(config, workdir: str, name: str) -> None:
     layout = sc.get("train_layout", "auto")
     check_layout(layout, f"config.{name}.train_layout")
     multiple = int(tc.grad_accum) * jax.device_count()   # tree packs split whole over devices x microbatches
-    obj = objectives.objective(tc)
     if obj.layout == "pairs" and layout != "rows":
         make = lambda ex, buckets, pad: pair_batch_auto(ex, buckets, cfg, layout, pad, multiple, obj.reads)
     elif obj.layout == "groups" and layout == "tree":   # auto keeps rows: their batch logs reward/mean and reward/std

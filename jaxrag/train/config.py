@@ -74,7 +74,7 @@ def _fail(key: str, msg: str):
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
-    objectives.get(c.loss)   # a table name or "module.path:attribute" (raises naming the key)
+    obj = objectives.get(c.loss)   # a table name or "module.path:attribute" (raises naming the key)
     objectives.loss_options(c)
     for key in ("steps", "batch_size", "grad_accum"):
         if int(c[key]) < 1:
@@ -116,7 +116,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
         _fail("grpo.kl_estimator", f"{c.grpo.kl_estimator!r} is not one of {losses.KL_ESTIMATORS}")
     if c.grpo.aggregation not in losses.GRPO_AGGREGATIONS:
         _fail("grpo.aggregation", f"{c.grpo.aggregation!r} is not one of {losses.GRPO_AGGREGATIONS}")
-    if objectives.get(c.loss).layout == "groups" and c.batch_size % c.grpo.group_size:
+    if obj.layout == "groups" and c.batch_size % c.grpo.group_size:
         _fail("batch_size", f"{c.batch_size} rows do not split into groups of grpo.group_size={c.grpo.group_size}")
     if c.checkpoint.every_steps < 1 or c.checkpoint.keep < 1:
         _fail("checkpoint", "every_steps and keep must be >= 1")

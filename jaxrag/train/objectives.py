@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 from typing import Callable
 
 import jax
@@ -32,6 +31,7 @@ from jaxrag import losses
 from jaxrag.models import critic_scores, forward_hidden
 from jaxrag.models.transformer import constrain_rows, logits_from_hidden, row_devices
 from jaxrag.models.lora import apply_lora
+from jaxrag.stage_fn import resolve_attr
 
 
 def policy_params(trainable, frozen, tc, rng):
@@ -415,15 +415,7 @@ def get(name: str, where: str = "train config: loss") -> Objective:
     if not isinstance(name, str) or ":" not in name:
         raise ValueError(f"{where}: {name!r} is not one of {tuple(OBJECTIVES)} or 'module.path:attribute' (an "
                          "Objective of your own: docs/ablations.md)")
-    module, attr = name.split(":", 1)
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as e:
-        raise ValueError(f"{where}: {name!r}: cannot import module {module!r} ({e}); is it on PYTHONPATH?") from None
-    obj = getattr(mod, attr, None)
-    if not isinstance(obj, Objective):
-        raise ValueError(f"{where}: {name!r}: module {module!r} has no Objective {attr!r} "
-                         "(jaxrag.train.objectives.Objective)")
+    obj = resolve_attr(name, where, "Objective", lambda x: isinstance(x, Objective))
     if obj.layout not in LAYOUTS or obj.reads not in ("logprobs", "last"):
         raise ValueError(f"{where}: {name!r}: layout {obj.layout!r} / reads {obj.reads!r} (layouts: {LAYOUTS}; "
                          "reads: 'logprobs' or 'last')")

@@ -1,7 +1,7 @@
 """SIGTERM, how schedulers and TPU VMs preempt a job, as a request to stop at the next step boundary.
 
-`install()` (jaxrag.main) replaces SIGTERM's default end. Inside a training loop (between `arm()` and `disarm()`) the signal sets a flag: the
-loop asks `requested()` after each step, true on every process once any process got the signal (one tiny all-gather
+`install()` (jaxrag.main) replaces SIGTERM's default end. Inside a training loop (between `arm()` and `disarm()`)
+the signal sets a flag: the loop asks `requested()` after each step, true on every process once any process got the signal (one tiny all-gather
 per step when there are several), so all of them save that step's checkpoint and raise Preempted together, and a rerun
 of the same command resumes from it. Outside a loop the signal raises Preempted at once, as Ctrl-C raises
 KeyboardInterrupt; a signal that came during a loop's last step stops the run before the next stage (`check()`).
@@ -17,7 +17,11 @@ _FLAG = {"set": False, "installed": False, "armed": 0}
 
 
 class Preempted(Exception):
-    """The run stopped on SIGTERM."""
+    """The run stopped on SIGTERM; `saved`: the checkpoint it saved for the rerun to resume from, or None."""
+
+    def __init__(self, message: str, saved=None):
+        super().__init__(message)
+        self.saved = saved
 
 
 def _handler(signum, frame) -> None:
@@ -68,5 +72,5 @@ def stop(ckpt, step: int, state, meta: dict) -> None:
         raise Preempted(f"stopped by SIGTERM after step {step} (no checkpoints in this run: it starts again)")
     if ckpt.latest_step() != step:
         ckpt.save(step, state, meta)
-    raise Preempted(f"stopped by SIGTERM after step {step}; saved {ckpt.directory / str(step)}; the same command "
-                    "resumes from it")
+    saved = ckpt.directory / str(step)
+    raise Preempted(f"stopped by SIGTERM after step {step}; saved {saved}; the same command resumes from it", saved)

@@ -1,4 +1,4 @@
-"""Write a World and its questions in the project's real-data JSONL formats (see shared/benchmarks/SOURCES.md)."""
+"""Write a World and its questions in the project's real-data JSONL formats (data/benchmarks/NOTICE.md)."""
 
 from __future__ import annotations
 

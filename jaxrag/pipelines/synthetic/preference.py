@@ -43,9 +43,10 @@ def preference_stage(config, workdir, name) -> None:
 
     s = config[name]
     tc = tconfig.resolve(s.train)
-    if objectives.objective(tc).layout != "pairs":
+    layout = objectives.objective(tc).layout
+    if layout != "pairs":
         raise ValueError(f"config.{name}.train.loss={tc.loss!r}: the preference stage trains a paired loss (layout "
-                         f"'pairs': dpo, bt, ...), not one of layout {objectives.objective(tc).layout!r}")
+                         f"'pairs': dpo, bt, ...), not one of layout {layout!r}")
     tok = load_tokenizer(workdir)
     stream, info = pair_stream(workdir, s, tok, tc)
     if info["batch_size"] != tc.batch_size:
