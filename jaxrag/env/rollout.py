@@ -368,7 +368,9 @@ def _rollout_continuous(policy, retriever, agent: Agent, items: Iterable, cfg: R
     lock-step decode batch's rows, so a turn's candidates never wait for a slot. After every chunk the turns whose
     N candidates have all finished are parsed, selected (one `select` call over them), executed (one batched
     retrieval) and applied, and the next turns queued. Candidate j of episode e draws with fold (e x N + j, step):
-    distinct per candidate, and (e, step) at N = 1."""
+    distinct per candidate, and (e, step) at N = 1. A continued Episode whose metadata names a "stream" s draws with
+    (s x N + j, step) instead: callers give two episodes one stream for common random numbers (the credit audit's
+    continuations of one state's candidates), and keep streams of episodes meant to differ apart."""
     N = cfg.n_candidates
     pending = collections.deque(enumerate(items))
     total = len(pending)
@@ -421,8 +423,9 @@ def _rollout_continuous(policy, retriever, agent: Agent, items: Iterable, cfg: R
                     scripted.append((i, s, Step(action=fa, prompt="", timing={"generate_s": 0.0})))
                     continue
                 prompt = agent.render(s, fits)
+                stream = live[i].metadata.get("stream", i)
                 for j in range(N):
-                    sess.submit((i, j), prompt, (i * N + j, len(live[i].steps)), *([i] if keep else []))
+                    sess.submit((i, j), prompt, (stream * N + j, len(live[i].steps)), *([i] if keep else []))
                 waiting[i], got[i] = (s, prompt), {}
             if not scripted:
                 return

@@ -35,6 +35,11 @@ class RolloutValueConfig:
     max_invalid: int = 1
     seed: int = 0
     continuous: bool = False  # the engine's continuous batching (RolloutConfig.continuous: a policy's slot pool)
+    # common random numbers: continuation j of every candidate of record r draws from one stream (r x m + j), so two
+    # candidates' values differ by what the action changed, not by sampling luck; needs `continuous` (the slot
+    # pool's per-request keys); a policy without a pool falls back to lock-step, where streams are ignored
+    crn: bool = False
+    answers: bool = False  # keep every continuation's final answer in extra["answers"] (other metrics later)
 
     def __post_init__(self):
         for key in ("m", "max_steps", "k", "batch_size", "max_new_tokens", "max_invalid"):
@@ -42,6 +47,8 @@ class RolloutValueConfig:
                 raise ValueError(f"RolloutValueConfig.{key}={getattr(self, key)} must be >= 1")
         if self.metric not in ("f1", "em", "cem", "acc"):
             raise ValueError(f"RolloutValueConfig.metric={self.metric!r}: choose f1 | em | cem | acc")
+        if self.crn and not self.continuous:
+            raise ValueError("RolloutValueConfig.crn=True needs continuous=True (per-request keys of the slot pool)")
 
 
 def _partial(rec: ProcessRecord, cand: ScoredCandidate) -> Episode:
@@ -65,14 +72,21 @@ def rollout_values(policy, retriever, agent, records: Sequence[ProcessRecord],
                 cfg.k, summarizer if summarizer is not None else policy,
                 summary_max_new_tokens=cfg.summary_max_new_tokens, seed=cfg.seed + 7919)
     outcomes: dict[tuple[int, int], list[float]] = {}
+    answers: dict[tuple[int, int], list] = {}
     terminal: set[tuple[int, int]] = set()
     live, keys = [], []
     for r, c, ep in parts:
         act = ep.steps[-1].action
         if act.kind == ANSWER:
             outcomes[(r, c)] = [answer_reward(act.text, ep.gold, cfg.metric, ep.choices)] * cfg.m
+            answers[(r, c)] = [act.text] * cfg.m
         elif (act.kind == INVALID and ep.num_invalid >= cfg.max_invalid) or len(ep.steps) >= cfg.max_steps:
             outcomes[(r, c)] = [0.0] * cfg.m
+            answers[(r, c)] = [None] * cfg.m
+        elif cfg.crn:  # one stream per (record, continuation), shared by the record's candidates
+            live += [dataclasses.replace(ep, metadata={**ep.metadata, "stream": r * cfg.m + j}) for j in range(cfg.m)]
+            keys += [(r, c)] * cfg.m
+            continue
         else:
             live += [ep] * cfg.m  # the engine continues a copy of each item
             keys += [(r, c)] * cfg.m
@@ -86,6 +100,7 @@ def rollout_values(policy, retriever, agent, records: Sequence[ProcessRecord],
                              max_invalid=cfg.max_invalid, seed=cfg.seed, continuous=cfg.continuous)
         for key, ep in zip(keys, rollout(policy, retriever, agent, live, rcfg, summarizer=summarizer, stats=rst)):
             outcomes.setdefault(key, []).append(answer_reward(ep.answer, ep.gold, cfg.metric, ep.choices))
+            answers.setdefault(key, []).append(ep.answer)
     out = []
     for r, rec in enumerate(records):
         cands = []
@@ -94,6 +109,8 @@ def rollout_values(policy, retriever, agent, records: Sequence[ProcessRecord],
             extra = {**cand.extra, "outcomes": vals, "m": cfg.m, "metric": cfg.metric}
             if (r, c) in terminal:
                 extra["terminal"] = True
+            if cfg.answers:
+                extra["answers"] = answers[(r, c)]
             cands.append(dataclasses.replace(cand, score=sum(vals) / len(vals), rank=None, rationale="", failure="",
                                              extra=extra))
         out.append(dataclasses.replace(rec, candidates=cands, source="rollout"))

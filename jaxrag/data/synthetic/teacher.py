@@ -191,6 +191,20 @@ def teacher_action(
     return TeacherAction("query", _good_query(hops[hop_index], good_attempts), {**extra, "flaw": None})
 
 
+def oracle_action(question: dict, history: list[TeacherStep]) -> TeacherAction:
+    """The flawless next action at any state: the answer once every hop's gold passage has been retrieved, else a
+    query for the first unresolved hop (its first template not yet issued in `history`)."""
+    resolved = resolved_hops(question, history)
+    hop_index = _next_hop(question, resolved)
+    extra = {"reasoning": _reasoning(question, resolved, hop_index), "hop": hop_index, "flaw": None}
+    if hop_index is None:
+        return TeacherAction("answer", _final_answer(question), {**extra, "predicted_answer": _final_answer(question)})
+    hop = question["metadata"]["gold_chain"][hop_index]
+    issued = {s.action.text.strip().lower() for s in history if s.action.kind == "query"}
+    queries = [t.format(e=hop["entity"]) for t in QUERY_TEMPLATES[hop["relation"]]]
+    return TeacherAction("query", next((q for q in queries if q.lower() not in issued), queries[0]), extra)
+
+
 def run_teacher(
     questions: list[dict],
     retriever,

@@ -1,0 +1,43 @@
+"""The credit audit (docs/credit_audit.md): every step-credit signal scored against replayed causal credit, on the
+demo's SFT policy and critic:
+
+python -m jaxrag.main --config=configs/synthetic/credit_audit.py --workdir=runs/demo --stages=credit_audit
+
+Same workdir as `make demo` (or a seeds study's seed folder): the demo's stages have the same settings here, so
+their policy and critic are reused; on a fresh workdir the stages it needs run first (world ... critic). The tiny
+preset (`credit_audit.py:tiny`) audits the tiny pipeline's policy in a minute or two (tests).
+"""
+
+import importlib.util
+from pathlib import Path
+
+import ml_collections
+
+
+def _load_pipeline():
+    """configs/synthetic/pipeline.py beside this file (wherever the run starts from)."""
+    spec = importlib.util.spec_from_file_location("synthetic_pipeline_config", Path(__file__).with_name("pipeline.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+pipeline = _load_pipeline()
+
+
+def get_config(preset: str = "demo"):
+    c = pipeline.get_config(preset)
+    c.stages = list(c.stages) + ["credit_audit"]
+    sup = c.supervision
+    # States from the SFT policy's own dev episodes; at each, its N samples at the supervision stage's temperature
+    # plus the teacher's and the oracle's action. Truth: M continuations of the same policy at that temperature.
+    c.credit_audit = ml_collections.ConfigDict(dict(
+        fn="jaxrag.pipelines.synthetic.credit_audit:credit_audit_stage", policy="sft", critic="critic", agent="react",
+        split="dev", max_questions=200, states=150, n_candidates=sup.n_candidates, temperature=sup.temperature,
+        teacher=True, oracle=True, m=16, replay_temperature=sup.temperature, max_steps=sup.max_steps,
+        max_new_tokens=sup.max_new_tokens, batch_size=128, rollout_from="supervision", z=1.96, bootstrap=1000,
+        signals=["oracle", "rollout", "critic", "smartsearch", "logprob", "confidence", "random"]))
+    if preset == "tiny":
+        c.credit_audit.update(dict(max_questions=12, states=12, n_candidates=2, m=8, max_steps=4, max_new_tokens=16,
+                                   batch_size=64, bootstrap=200))
+    return c
