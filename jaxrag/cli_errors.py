@@ -116,7 +116,7 @@ def user_error(e: BaseException, workdir: str | None = None) -> str | None:
     from jaxrag.retrieval.corpus import CorpusError
     from jaxrag.stage_fn import StageError
     from jaxrag.train.checkpoint import CheckpointCorrupt
-    from jaxrag.train.loop import ConfigChanged, NonFiniteLoss
+    from jaxrag.train.learner import ConfigChanged, NonFiniteLoss
     from jaxrag.train.preemption import Preempted
     from jaxrag.workdir import WorkdirError
 

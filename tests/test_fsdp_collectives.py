@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent('''
     from jaxrag.models import ModelConfig, init_params
     from jaxrag.train import config as tconfig
     from jaxrag.train.batching import SFTExample, sft_batch
-    from jaxrag.train.loop import build
+    from jaxrag.train.learner import build
     from jaxrag.train.state import init_state, put
 
     cfg = ModelConfig(model_type="llama", vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,

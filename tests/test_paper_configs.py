@@ -227,7 +227,7 @@ def test_rag_gym_ppo_rewards_actions_with_the_critic(rag_gym_table3, tmp_path):
     assert (tmp_path / "ppo" / "ppo" / "model" / "head.npz").is_file()     # PPO's value head beside the policy
     assert [r["method"] for r in _rows(tmp_path / "ppo" / "eval" / "metrics.jsonl")] == ["re2search+ppo"]
     c.ppo.train.loss = "grpo"
-    with pytest.raises(StageError, match=r"config.ppo.prm: per-step PRM rewards need train.loss 'ppo'"):
+    with pytest.raises(StageError, match=r"config.ppo.prm: per-step PRM rewards need a loss of PPO's layout"):
         plan(c)
     # the per-step rewards PPO gets: the critic's score of each executed action in its state, as best-of-N scores it
     from jaxrag.env.mdp import read_episodes

@@ -74,7 +74,7 @@ def test_logprob_temperature_sets_the_trainers_scoring_temperature():
     greedy = RLConfig(temperature=0.0, logprob_temperature=1.0)
     assert rl_train_config(greedy, tc).sampling_temperature == 1.0 and not greedy.rescore_old_logp
     tc.grpo.aggregation = "seq_mean_token_mean"
-    with pytest.raises(ValueError, match="token_mean_micro: 4 needs train.loss 'grpo' with grpo.aggregation"):
+    with pytest.raises(ValueError, match="token_mean_micro: 4 needs a group loss \\('grpo'\\) with grpo.aggregation"):
         rl_train_config(arena, tc)
     with pytest.raises(ValueError, match="logprob_temperature and token_mean_micro must be >= 0"):
         RLConfig(logprob_temperature=-1.0).validate()
@@ -90,10 +90,10 @@ def test_old_logprobs_follow_the_scoring_temperature():
         return [[b]]
 
     one = batches()
-    rescore_old_logp(one, RLConfig(temperature=0.9, logprob_temperature=1.0), "grpo", score=None)
+    rescore_old_logp(one, RLConfig(temperature=0.9, logprob_temperature=1.0), "groups", score=None)
     assert "old_logp" not in one[0][0]
     two = batches()
-    rescore_old_logp(two, RLConfig(temperature=0.9, logprob_temperature=1.0, inner_steps=2), "grpo",
+    rescore_old_logp(two, RLConfig(temperature=0.9, logprob_temperature=1.0, inner_steps=2), "groups",
                      score=lambda b: (np.full(b["tokens"].shape, -0.5), None))
     np.testing.assert_array_equal(two[0][0]["old_logp"], -0.5 * two[0][0]["loss_mask"])
 

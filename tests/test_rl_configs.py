@@ -95,7 +95,7 @@ def test_full_configs_carry_the_papers_settings():
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("rl.train.loss", "dpo", r"config.rl.train: train config: loss: online RL runs \('grpo', 'ppo'\)"),
+    ("rl.train.loss", "dpo", r"config.rl.train: train config: loss: online RL trains losses of layout groups \| ppo"),
     ("rl.reward", "nonsense", r"config.rl.reward: unknown reward 'nonsense'"),
     ("rl.agent.name", "nobody", r"config.rl.agent: unknown agent 'nobody'"),
     ("rl.rl.minibatches", 3, r"config.rl.rl: rl config: minibatches: 3 does not divide questions_per_step 2"),

@@ -9,7 +9,7 @@ from rl_world import QUESTIONS, world
 from jaxrag.env.rollout import RolloutConfig, rollout
 from jaxrag.rl import rows as R
 from jaxrag.train import config as tconfig
-from jaxrag.train.loop import build
+from jaxrag.train.learner import build
 from jaxrag.train.state import init_state, put
 from jaxrag.train.objectives import make_score_fn
 

@@ -10,7 +10,7 @@ from rl_world import QUESTIONS, world
 from jaxrag.env.mdp import read_episodes
 from jaxrag.sampling import extends, shared_prefix
 from jaxrag.rl import RLConfig, train_rl
-from jaxrag.train.loop import ConfigChanged
+from jaxrag.train.learner import ConfigChanged
 from jaxrag.train.metrics_log import read_metrics
 
 
@@ -89,3 +89,27 @@ def test_rows_that_cannot_fit_the_buckets_fail_before_any_compute():
     with pytest.raises(ValueError, match=r"seq_buckets: the largest bucket 128 is shorter than the longest possible "
                                          r"row, 248 prompt tokens \+ 8 new"):
         train_rl(policy, retriever, agent, QUESTIONS, "em", rc, {"loss": "grpo", "seq_buckets": (128,)})
+
+
+def test_restore_step_resumes_rl_from_an_older_checkpoint_as_fit_does(tmp_path):
+    """train.checkpoint.restore_step (the one trainer's resume): a run of 4 steps, then a rerun from step 2 moves
+    step 4 aside and retrains steps 3-4 to the same losses and params as the first run."""
+    import jax
+
+    rc = RLConfig(steps=4, questions_per_step=2, group_size=2, temperature=1.0, max_new_tokens=2, max_steps=1, k=1,
+                  seed=3)
+
+    def tc(**ck):
+        return {"loss": "grpo", "seq_buckets": (256,), "optimizer": {"lr": 1e-2}, "progress": False,
+                "checkpoint": {"every_steps": 2, "keep": 3, "async_save": False, **ck}}
+
+    policy, retriever, agent = world(seed=2)
+    first = train_rl(policy, retriever, agent, QUESTIONS, "test_ascii", rc, tc(), tmp_path)
+    policy, retriever, agent = world(seed=2)
+    again = train_rl(policy, retriever, agent, QUESTIONS, "test_ascii", rc, tc(restore_step=2), tmp_path)
+    assert [m["loss"] for m in again.history] == [m["loss"] for m in first.history[2:]]
+    for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(first.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert (tmp_path / "checkpoints" / "4.set_aside").is_dir()
+    with pytest.raises(FileNotFoundError, match="restore_step=3: no such checkpoint"):
+        train_rl(*world(seed=2), QUESTIONS, "test_ascii", rc, tc(restore_step=3), tmp_path)

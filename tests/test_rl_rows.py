@@ -131,7 +131,7 @@ def test_ppo_batch_places_values_advantages_and_returns_on_action_tokens():
 
 
 def test_sub_batch_metrics_combine_into_the_updates():
-    from jaxrag.rl.loop import combine_metrics
+    from jaxrag.train.learner import combine_metrics
 
     parts = [({"loss": 0.25, "kl/k2": 0.1, "clip_fraction": 0.0, "ratio_max_dev": 0.5}, 30.0),
              ({"loss": -0.5, "kl/k2": 0.4, "clip_fraction": 1.0, "ratio_max_dev": 0.25}, 10.0)]

@@ -12,7 +12,7 @@ What it reports:
   matmul in the compute dtype) and, on a known accelerator, of its dense datasheet peak (MFU). Model FLOPs: the
   matmuls of the forward pass with attention over the full T x T square (the convention of the figures in issue
   12), x3 for a training step; remat's recomputation is not counted.
-- the training step is `jaxrag.train.loop.build`'s jitted `make_train_step` (loss sft, AdamW without clipping,
+- the training step is `jaxrag.train.learner.build`'s jitted `make_train_step` (loss sft, AdamW without clipping,
   params in param_dtype, compute in the preset's dtype); the PyTorch peer is LlamaForCausalLM with sdpa
   attention, autocast to the same dtype and (on GPU) fused AdamW.
 - batched generation: `generate.sample` (greedy, bf16 weights and KV cache on an accelerator, layers unstacked

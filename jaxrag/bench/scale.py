@@ -11,7 +11,7 @@ decode layouts measured side by side:
 - "replicated": the layout before it, every device holding and decoding every row, with the RL trainer's
   fsdp-sharded weights (what the sampler read in an RL step): each step gathers the weights.
 Columns: rows per device; collective bytes of the compiled decode program (the ops in its loop run every step,
-so this is the bytes moved per decode step) and of the trainer's compiled step (jaxrag.train.loop.build at
+so this is the bytes moved per decode step) and of the trainer's compiled step (jaxrag.train.learner.build at
 mesh (1, n, 1), one batch of --rows x 2*--prompt tokens; its scan over layers counted once per layer: bytes per
 step); the decode program's memory per device (XLA's
 compiled memory_analysis: arguments + temporaries; outputs alias the donated cache); the wall seconds of
@@ -138,7 +138,7 @@ def main(argv=None):
     from jaxrag.models import ModelConfig, init_params, param_logical_axes, unstack_layers
     from jaxrag.train import config as tconfig
     from jaxrag.train.batching import SFTExample, sft_batch
-    from jaxrag.train.loop import build
+    from jaxrag.train.learner import build
     from jaxrag.train.state import init_state, put
 
     small = ModelConfig(model_type="llama", vocab_size=2048, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4,

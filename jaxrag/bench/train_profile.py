@@ -5,7 +5,7 @@ step's device kernels from a jax.profiler trace, grouped by kind (matmul, attent
     python -m jaxrag.bench.train_profile [--preset quick|cpu|1b] [--variants step,forward,grad,...] [--profile DIR]
 
 Variants (the sft loss over every token; `grad` is value_and_grad of the same loss as `step`, no optimizer):
-- step: `jaxrag.train.loop.build`'s jitted train step (AdamW, fp32 master weights, compute in the preset's dtype);
+- step: `jaxrag.train.learner.build`'s jitted train step (AdamW, fp32 master weights, compute in the preset's dtype);
 - forward: the loss alone; grad: loss and gradient;
 - grad_nomask: no segment ids (one unpadded segment per row: the attention takes no mask);
 - grad_bf16: weights held in bf16 (no fp32 master copy to cast per layer, bf16 gradients);

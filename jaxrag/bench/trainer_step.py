@@ -9,12 +9,12 @@ import jax
 from jaxrag import sharding as shd
 from jaxrag.models import ModelConfig
 from jaxrag.train import config as tconfig
-from jaxrag.train.loop import build
+from jaxrag.train.learner import build
 from jaxrag.train.state import init_state, put
 
 
 def trainer_step(cfg: ModelConfig, params, train: dict, batch: dict) -> Callable[[], None]:
-    """A blocking step() of `jaxrag.train.loop.build`'s step_fn for the trainer config `train` (overrides of the
+    """A blocking step() of `jaxrag.train.learner.build`'s step_fn for the trainer config `train` (overrides of the
     defaults; mesh (1, 1, 1)) on the host batch `batch`. The step donates its state: step() keeps the newest one."""
     tc = tconfig.resolve({"mesh": (1, 1, 1), **train})
     tr = build(cfg, params, tc, mesh=shd.make_mesh((1, 1, 1), jax.devices()[:1]))

@@ -102,7 +102,7 @@ def _fail(name: str, key: str, msg: str):
 def check_config(config, name: str) -> None:
     """Static checks run by jaxrag.main before any stage starts; errors name the key."""
     from jaxrag.env.agents import get_agent
-    from jaxrag.rl.config import RLConfig, rl_train_config
+    from jaxrag.rl.config import RLConfig, rl_layout, rl_train_config
     from jaxrag.supervision.rewards import reward_fn
 
     sc = config[name]
@@ -140,8 +140,9 @@ def check_config(config, name: str) -> None:
         reward_fn(reward, answer_judge=judge)
     except (KeyError, ValueError) as e:
         _fail(name, "reward", str(e))
-    if sc.get("prm") and sc.train.loss != "ppo":
-        _fail(name, "prm", f"per-step PRM rewards need train.loss 'ppo' (got {sc.train.loss!r})")
+    if sc.get("prm") and rl_layout(sc.train) != "ppo":   # rl_train_config above checked the loss resolves
+        _fail(name, "prm", f"per-step PRM rewards need a loss of PPO's layout, train.loss 'ppo' (got "
+                           f"{sc.train.loss!r})")
     if rc.group_rollout == "smartsearch_refine" and not sc.get("judge"):
         _fail(name, "judge", "rl.group_rollout 'smartsearch_refine' needs a judge section (the query refiner and "
                              "usefulness judge: kind http | local | fn)")

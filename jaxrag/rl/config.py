@@ -10,7 +10,19 @@ import ml_collections
 from jaxrag.env.rollout import RolloutConfig
 from jaxrag.train import config as tconfig
 
-RL_LOSSES = ("grpo", "ppo")
+RL_LAYOUTS = ("groups", "ppo")   # the losses online RL trains: group-normalized advantages, or PPO's value head
+
+
+def rl_layout(tc) -> str:
+    """The layout of the trainer config's loss ("groups": GRPO or any group loss of the table or a user module;
+    "ppo"): what the RL loop builds its rows for. Another layout fails in one line."""
+    from jaxrag.train.objectives import get
+
+    layout = get(tc.loss).layout
+    if layout not in RL_LAYOUTS:
+        raise ValueError(f"train config: loss: online RL trains losses of layout {' | '.join(RL_LAYOUTS)} (grpo, "
+                         f"ppo), got {tc.loss!r} of layout {layout!r}")
+    return layout
 GROUP_ROLLOUTS = ("independent", "smartsearch_refine")  # jaxrag.rl.group_rollout.STRATEGIES
 
 
@@ -129,18 +141,17 @@ def rl_train_config(rc: RLConfig, train_config=None) -> ml_collections.ConfigDic
     sampling_temperature = rc.scoring_temperature (the log-prob temperature: rc.temperature, 1 when greedy, or
     rc.logprob_temperature), grpo.group_size = G, batch_size = B·G / minibatches
     (episodes per update; rows are padded to a multiple of grad_accum), steps = rc.steps · inner_steps · minibatches
-    (optimizer steps, for the learning-rate schedule). loss must be grpo or ppo."""
+    (optimizer steps, for the learning-rate schedule). The loss's layout must be one of RL_LAYOUTS."""
     tc = tconfig.resolve(train_config, check=False)   # validated below, with the batch size the loop sets
-    if tc.loss not in RL_LOSSES:
-        raise ValueError(f"train config: loss: online RL runs {RL_LOSSES}, got {tc.loss!r}")
+    rl_layout(tc)
     with tc.unlocked():
         tc.sampling_temperature = rc.scoring_temperature
         tc.grpo.group_size = rc.group_size
         tc.batch_size = rc.episodes_per_step // rc.minibatches
         tc.steps = rc.steps * rc.updates_per_step
     tconfig.validate(tc)
-    if rc.token_mean_micro and (tc.loss != "grpo" or tc.grpo.aggregation != "token_mean"):
-        raise ValueError(f"rl config: token_mean_micro: {rc.token_mean_micro} needs train.loss 'grpo' with "
+    if rc.token_mean_micro and (rl_layout(tc) != "groups" or tc.grpo.aggregation != "token_mean"):
+        raise ValueError(f"rl config: token_mean_micro: {rc.token_mean_micro} needs a group loss ('grpo') with "
                          f"grpo.aggregation 'token_mean' (got {tc.loss!r}, {tc.grpo.aggregation!r})")
     if rc.train_layout == "tree" and (why := tree_unsupported(rc, tc)):
         raise ValueError(f"rl config: train_layout: 'tree' cannot train with {why}; use 'auto' or 'rows'")
@@ -153,6 +164,6 @@ def tree_unsupported(rc: RLConfig, tc) -> str:
     per-row layout only."""
     if rc.token_mean_micro:
         return "token_mean_micro (a token mean per micro-batch of rows)"
-    if rc.rescore_old_logp and not (tc.loss == "grpo" and rc.updates_per_step == 1):
+    if rc.rescore_old_logp and not (rl_layout(tc) == "groups" and rc.updates_per_step == 1):
         return "old log-probs rescored at rl.logprob_temperature"
     return ""

@@ -35,36 +35,24 @@ throughput (episodes_per_s, trained_tokens_per_s).
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from jaxrag import sharding as shd
 from jaxrag.env.mdp import INVALID, Episode, write_episodes
 from jaxrag.env.rollout import RolloutConfig
-from jaxrag.models.lora import merge
 from jaxrag.rl import rows as R
-from jaxrag.rl.config import RLConfig, rl_train_config, tree_unsupported
+from jaxrag.rl.config import RLConfig, rl_layout, rl_train_config, tree_unsupported
 from jaxrag.rl.group_rollout import GroupSampler, sample_groups
 from jaxrag.supervision.rewards import Reward, prepare, reward_fn
 from jaxrag.train.batching import BatchStream
 from jaxrag.train import prefix_tree as PT
-from jaxrag.train.checkpoint import Checkpointer
-from jaxrag.train.distributed import allgather_objects, barrier, gather_shares, process_count, process_index, share, \
-    to_local
-from jaxrag.train.loop import RESUMABLE as RESUMABLE_TRAIN
-from jaxrag.train import preemption
-from jaxrag.train.loop import ConfigChanged, NonFiniteLoss, build, changed_keys
-from jaxrag.train.metrics_log import MetricsWriter, flatten_metrics
-from jaxrag.train.state import abstract_state, init_state, put
-from jaxrag.train.objectives import make_score_fn
-from jaxrag.train.steps import make_apply_fn, make_grad_fn, under_mesh
+from jaxrag.train.distributed import allgather_objects, gather_shares, process_count, process_index, share, to_local
+from jaxrag.train.learner import RESUMABLE as RESUMABLE_TRAIN
+from jaxrag.train.learner import Learner
 
 
 @dataclasses.dataclass
@@ -85,15 +73,6 @@ def question_stream(questions: Sequence, rc: RLConfig) -> BatchStream:
 def rollout_seed(seed: int, step: int) -> int:
     """The rollout's base sampling seed at an RL step (the engine adds its own step index < 10007)."""
     return (seed * 1_000_003 + step * 10_007) % (2**31 - 1)
-
-
-def policy_params(state: dict, frozen: dict, tc) -> tuple[Any, str]:
-    """The params the sampler must use now: "shared" (the trainer's own arrays, full fine-tune) or "lora_merge"
-    (base + adapters merged). Assigning them to JaxPolicy.params also refreshes its per-layer decode copy."""
-    tr = state["trainable"]
-    if "lora" in tr:
-        return merge(frozen["base"], tr["lora"], tc.lora.alpha / tc.lora.rank), "lora_merge"
-    return tr["model"], "shared"
 
 
 def score_episodes(episodes: Sequence[Episode], reward) -> list[Reward]:
@@ -175,11 +154,12 @@ def build_batch(episodes: Sequence[Episode], rewards: Sequence[Reward], rc: RLCo
     rows = R.action_rows(episodes)
     buckets = tuple(tc.seq_buckets)
     info = {"rows": len(rows)}
-    if tc.loss == "grpo" and rc.merge_turns:
+    groups = rl_layout(tc) == "groups"
+    if groups and rc.merge_turns:
         rows = R.merge_turns(rows)
         info["rows_merged"] = len(rows)
     layout, tree = choose_layout(rows, rc, tc, buckets, pad_id, row_multiple, mcfg, info)
-    if tc.loss == "grpo":
+    if groups:
         adv = R.group_advantages(episodes, [r.total for r in rewards], rc.group_size, tc.grpo.adv_eps,
                                  tc.grpo.std_ddof)
         if layout == "tree":
@@ -224,7 +204,7 @@ def choose_layout(rows, rc: RLConfig, tc, buckets, pad_id: int, row_multiple: in
     tree = None
     if mode != "rows":
         tree = R.row_tree(rows, buckets, mcfg, pad_id, row_multiple)
-        shapes = R.rows_shapes(rows, buckets, row_multiple, rc.length_groups and tc.loss == "grpo")
+        shapes = R.rows_shapes(rows, buckets, row_multiple, rc.length_groups and rl_layout(tc) == "groups")
         rw, tw = PT.rows_work(shapes), PT.tree_work(tree)
         info["layout/tree_flops_ratio"] = tw.flops(mcfg) / max(rw.flops(mcfg), 1.0)
         mode = PT.choose_layout(mode, rw, tw, mcfg)[0]
@@ -252,51 +232,19 @@ def build_batches(episodes: Sequence[Episode], rewards: Sequence[Reward], rc: RL
     return updates, info
 
 
-def rescore_old_logp(batches: list[list[dict]], rc: RLConfig, loss: str, score) -> None:
+def rescore_old_logp(batches: list[list[dict]], rc: RLConfig, layout: str, score) -> None:
     """rc.rescore_old_logp: the old log-probs at the trainer's scoring temperature, before the step's first update.
-    One GRPO update per step: none needed (the loss takes the current log-probs, stopped: a ratio of exactly 1, as
+    layout: the loss's (rl_layout). One group-loss (GRPO) update per step: none needed (the loss takes the current log-probs, stopped: a ratio of exactly 1, as
     TRL does with one iteration); else the current policy scores every sub-batch (`score(batch) -> (logp, _)`)."""
     for subs in batches:
         for b in subs:
-            if loss == "grpo" and rc.updates_per_step == 1:
+            if layout == "groups" and rc.updates_per_step == 1:
                 b.pop("old_logp", None)
             else:
                 b["old_logp"] = (np.asarray(score(b)[0], np.float32) * b["loss_mask"]).astype(np.float32)
 
 
-ADDITIVE = ("loss", "ppo/pg_loss", "ppo/vf_loss")  # Σ w·x with whole-update weights: partial sums add up
-
-
-def combine_metrics(parts: Sequence[tuple[dict, float]]) -> dict:
-    """Metrics of the sub-batches of one update -> the update's: the additive losses summed, *_max_dev maxed,
-    the token means (kl/*, clip_fraction) weighted by each sub-batch's action tokens."""
-    total = max(sum(n for _, n in parts), 1.0)
-    out = {}
-    for k in parts[0][0]:
-        vals = [m[k] for m, _ in parts]
-        if k in ADDITIVE:
-            out[k] = float(np.sum(vals))
-        elif k.endswith("_max_dev"):
-            out[k] = float(np.max(vals))
-        else:
-            out[k] = float(sum(v * n for v, (_, n) in zip(vals, parts)) / total)
-    return out
-
-
 RESUMABLE = tuple(f"train.{k}" for k in RESUMABLE_TRAIN) + ("rl.steps", "rl.save_episodes")
-
-
-def check_resumable(workdir: Path, settings: dict, ckpt: Checkpointer) -> None:
-    """A checkpoint resumes only under the settings it was trained with (rl_settings.json), up to RESUMABLE keys
-    (more steps, logging, checkpoint cadence): anything else raises ConfigChanged naming the keys."""
-    saved = workdir / "rl_settings.json"
-    if not saved.exists():
-        return
-    diff = changed_keys(json.loads(saved.read_text()), settings, ignore=RESUMABLE)
-    if diff:
-        ckpt.close()
-        raise ConfigChanged(f"{workdir}/checkpoints was trained with other settings ({', '.join(diff)} differ; see "
-                            f"{saved}); remove the checkpoints to start over")
 
 
 def check_row_budget(policy, rc: RLConfig, tc) -> None:
@@ -337,7 +285,7 @@ def train_rl(
     judge / refiner (rc.group_rollout "smartsearch_refine"): the usefulness judge (optional) and the query refiner
     (required), jaxrag.supervision.judge_protocol Judges.
     workdir: checkpoints/, metrics.jsonl, tb/, train_config.json, rl_settings.json, episodes.jsonl; None = no
-    files, no resume. A checkpoint resumes only under its own settings (check_resumable).
+    files, no resume. A checkpoint resumes only under its own settings (train.learner.Learner.open).
     """
     rc.validate()
     tc = rl_train_config(rc, train_config)
@@ -348,71 +296,33 @@ def train_rl(
     if hasattr(reward, "to_dict"):  # a ConfigDict of weights
         reward = reward.to_dict()
     score_reward = reward if callable(reward) else reward_fn(reward)
-    tr = build(policy.cfg, policy.params, tc, mesh=mesh)
-    policy.cfg = tr.mcfg  # the sampler computes in train.compute_dtype, as the trainer does
-    state = init_state(put(tr.trainable, tr.state_sh["trainable"]), tr.tx, tc.seed, tr.state_sh)
-    frozen = put(tr.frozen, tr.frozen_sh)
-    row_multiple = tr.mesh.shape["data"] * tr.mesh.shape["fsdp"] * int(tc.grad_accum)
+    lr = Learner(policy.cfg, policy.params, tc, mesh=mesh)
+    policy.cfg = lr.mcfg  # the sampler computes in train.compute_dtype, as the trainer does
+    row_multiple = lr.mesh.shape["data"] * lr.mesh.shape["fsdp"] * int(tc.grad_accum)
     pad_id = policy.cfg.pad_id if policy.cfg.pad_id is not None else 0
-    score_jit = jax.jit(under_mesh(make_score_fn(tr.mcfg, tc), tr.mesh))
-    rep = shd.replicated(tr.mesh)
-    grad_jit = jax.jit(make_grad_fn(tr.mcfg, tc, tr.mesh), out_shardings=(tr.state_sh["trainable"], rep))
-    apply_jit = jax.jit(make_apply_fn(tr.tx, tr.schedule), out_shardings=(tr.state_sh, rep), donate_argnums=(0,))
-
-    seen_shapes: set = set()
 
     def score_completions(pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         """The current policy's log-probs (train.sampling_temperature) of each completion after its prompt."""
         rows = [R.Row(i, 0, p, c, [0.0] * len(c)) for i, (p, c) in enumerate(pairs)]
         b = R.pack(rows, tuple(tc.seq_buckets), pad_id, row_multiple)
-        logp = np.asarray(score_jit(state["trainable"], frozen,
-                                    shd.shard_batch(tr.mesh, {k: b[k] for k in ("tokens", "positions",
-                                                                                 "segment_ids")}))[0])
+        logp = np.asarray(lr.score({k: b[k] for k in ("tokens", "positions", "segment_ids")})[0])
         return [logp[i, len(p):len(p) + len(c)].tolist() for i, (p, c) in enumerate(pairs)]
 
     sampler = GroupSampler(policy, retriever, agent, summarizer=summarizer, judge=judge, refiner=refiner,
                            encode=lambda prompt: policy.encode_prompt(prompt, rc.max_new_tokens),
                            tokenize=lambda text: policy.tokenizer.encode(text), score=score_completions)
-
-    def update(state, subs: list[dict]):
-        """One optimizer step over the sub-batches of an update -> (state, flat metrics)."""
-        if len(subs) == 1:
-            state, m = tr.step_fn(state, frozen, shd.shard_batch(tr.mesh, subs[0]))
-            return state, flatten_metrics(m)
-        rng = jax.random.fold_in(state["rng"], state["step"])
-        grads, parts = None, []
-        for i, b in enumerate(subs):
-            g, m = grad_jit(state["trainable"], frozen, shd.shard_batch(tr.mesh, b), jax.random.fold_in(rng, i))
-            grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
-            parts.append((flatten_metrics(m), float(b["loss_mask"].sum())))
-        state, m = apply_jit(state, grads)
-        return state, {**combine_metrics(parts), **flatten_metrics(m)}
-
-    ckpt, start = None, 0
-    if workdir is not None:
-        workdir = Path(workdir)
-        workdir.mkdir(parents=True, exist_ok=True)
-        settings = {"train": tc.to_dict(), "rl": dataclasses.asdict(rc)}
-        if tc.checkpoint.enabled:
-            ckpt = Checkpointer(workdir / "checkpoints", keep=tc.checkpoint.keep, async_save=tc.checkpoint.async_save)
-        if ckpt is not None and resume and ckpt.latest_step() is not None:
-            check_resumable(workdir, settings, ckpt)
-            target = abstract_state(tr.tx, shd.abstract(tr.trainable), tr.state_sh, tc.seed)
-            state, meta = ckpt.restore(target)
-            start = int(meta["data_position"])
-        barrier(f"rl:settings_read:{workdir}")  # every process compared them before process 0 rewrites them
-        if jax.process_index() == 0:
-            (workdir / "train_config.json").write_text(tc.to_json(indent=2))
-            (workdir / "rl_settings.json").write_text(json.dumps(settings, indent=1))
-
+    start = lr.open(workdir, rc.steps, resume=resume, settings={"train": tc.to_dict(), "rl": dataclasses.asdict(rc)},
+                    settings_file="rl_settings.json", ignore=RESUMABLE,
+                    progress=tc.progress if progress is None else progress)
+    workdir = Path(workdir) if workdir is not None else None
     stream = question_stream(questions, rc)
-    writer = MetricsWriter(workdir, rc.steps, start, progress=tc.progress if progress is None else progress)
     history: list[dict] = []
     last: dict = {}
     step = start
-    preemption.arm()
+    seen_shapes: set = set()
     try:
-        policy.params = to_local(policy_params(state, frozen, tc)[0])
+        lr.arm()
+        policy.params = to_local(lr.params)
         for step in range(start + 1, rc.steps + 1):
             t_step = time.perf_counter()
             questions_t = stream.batch_at(step - 1)
@@ -425,13 +335,11 @@ def train_rl(
             episodes, rewards, reward_s, steps_r = sample_and_score(sampler, questions_t, rc, rcfg, score_reward,
                                                                     stats, step_rewards)
             t_host = time.perf_counter()
-            batches, info = build_batches(
-                episodes, rewards, rc, tc, pad_id, row_multiple, step_rewards=steps_r,
-                score=lambda b: score_jit(state["trainable"], frozen, shd.shard_batch(tr.mesh, b)), mcfg=tr.mcfg)
+            batches, info = build_batches(episodes, rewards, rc, tc, pad_id, row_multiple, step_rewards=steps_r,
+                                          score=lr.score, mcfg=lr.mcfg)
             if rc.rescore_old_logp:
-                rescore_old_logp(batches, rc, tc.loss, lambda b, st=state: score_jit(
-                    st["trainable"], frozen, shd.shard_batch(tr.mesh, {k: b[k] for k in ("tokens", "positions",
-                                                                                         "segment_ids")})))
+                rescore_old_logp(batches, rc, rl_layout(tc), lambda b, st=lr.state: lr.score(
+                    {k: b[k] for k in ("tokens", "positions", "segment_ids")}, st))
             host_s = time.perf_counter() - t_host - info.get("time/scoring_s", 0.0)
             shapes = {(len(subs) > 1, tuple(sorted((k, np.shape(v)) for k, v in b.items())))
                       for subs in batches for b in subs}
@@ -440,14 +348,10 @@ def train_rl(
             seen_shapes |= shapes
 
             t_train = time.perf_counter()
-            inner = []
-            for _ in range(rc.inner_steps):
-                for subs in batches:
-                    state, m = update(state, subs)  # flat metrics: blocks until the update is done
-                    inner.append(m)
+            inner = [lr.update(subs) for _ in range(rc.inner_steps) for subs in batches]   # blocks per update
             train_s = time.perf_counter() - t_train
             t_sync = time.perf_counter()
-            params_now, sync = policy_params(state, frozen, tc)
+            params_now, sync = lr.policy_params()
             policy.params = to_local(params_now)  # multi-host: each process's sampler holds the weights whole
             sync_s = time.perf_counter() - t_sync
 
@@ -471,36 +375,19 @@ def train_rl(
                 "trained_tokens_per_s": info["row_tokens"] * rc.inner_steps / max(train_s, 1e-9),
                 "optimizer_step": step * rc.updates_per_step, "sync/lora_merge": float(sync == "lora_merge"),
             })
-            if not all(math.isfinite(x["loss"]) for x in inner):
-                where = ckpt.latest_step() if ckpt is not None else None
-                raise NonFiniteLoss(f"loss is {[x['loss'] for x in inner]} at RL step {step}; stopped; last good "
-                                    f"checkpoint: {'none' if where is None else ckpt.directory / str(where)}")
+            lr.check_finite([x["loss"] for x in inner], f"RL step {step}")
             last = metrics
             history.append(metrics)
-            writer.write(step, metrics, int(info["row_tokens"]) * rc.inner_steps)
+            lr.write(step, metrics, int(info["row_tokens"]) * rc.inner_steps)
             if workdir is not None and rc.save_episodes and jax.process_index() == 0:
                 for ep in episodes:
                     ep.metadata["rl_step"] = step
                     for st in ep.steps:
                         st.prompt_ids = []  # reproducible from the prompt text; keeps the file small
                 write_episodes(workdir / "episodes.jsonl", episodes, append=True)
-            if ckpt is not None and (step % tc.checkpoint.every_steps == 0 or step == rc.steps):
-                meta = {"step": step, "data_position": step, "optimizer_step": step * rc.updates_per_step,
-                        "loss": metrics["loss"]}
-                ckpt.save(step, state, meta)
-            if step < rc.steps and preemption.requested():
-                preemption.stop(ckpt, step, state, {"step": step, "data_position": step,
-                                                    "optimizer_step": step * rc.updates_per_step,
-                                                    "loss": metrics["loss"]})
+            lr.end_step(step, rc.steps, {"optimizer_step": step * rc.updates_per_step, "loss": metrics["loss"]})
         else:
             step = rc.steps
     finally:
-        preemption.disarm()
-        if ckpt is not None:
-            ckpt.close()
-        writer.close()
-
-    params, _ = policy_params(state, frozen, tc)
-    trained = state["trainable"]
-    return RLResult(params=params, adapters=trained.get("lora"), head=trained.get("head"), step=step, metrics=last,
-                    history=history)
+        lr.close()
+    return RLResult(params=lr.params, adapters=lr.adapters, head=lr.head, step=step, metrics=last, history=history)

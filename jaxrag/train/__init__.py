@@ -14,7 +14,8 @@ from jaxrag.train.batching import (
 )
 from jaxrag.train.checkpoint import CheckpointCorrupt
 from jaxrag.train.config import default_train_config
-from jaxrag.train.loop import FitResult, NonFiniteLoss, fit
+from jaxrag.train.learner import NonFiniteLoss
+from jaxrag.train.loop import FitResult, fit
 
 __all__ = [
     "BatchStream", "CheckpointCorrupt", "FitResult", "Group", "NonFiniteLoss", "PreferencePair", "SFTExample",
