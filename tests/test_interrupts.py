@@ -72,7 +72,7 @@ def _stop_at_step(cmd, env, wd: Path, sig: int, at: int = 4):
     while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= at):
         time.sleep(0.05)
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=300)
     return proc.returncode, err, max(json.loads(ln)["step"] for ln in metrics.read_text().splitlines())
 
 

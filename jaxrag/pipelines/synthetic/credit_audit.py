@@ -47,9 +47,9 @@ def credit_audit_stage(config, workdir, name) -> None:
     rc = RolloutConfig(k=k, max_steps=s.max_steps, batch_size=s.batch_size, n_candidates=s.n_candidates,
                        temperature=s.temperature, max_new_tokens=s.max_new_tokens, reward="em", seed=config.seed + 11)
     visited = CA.policy_states(policy, retriever, agent, qs, rc)
-    records = choose_states(visited, s.states, config.seed)
-    add_reference_actions(records, agent, config, workdir, teacher=s.teacher, oracle=s.oracle)
-    records = [r for r in records if len(CA.distinct(r)) >= 2]
+    add_reference_actions(visited, agent, config, workdir, teacher=s.teacher, oracle=s.oracle)
+    # only states with two distinct candidates have a pair to score
+    records = choose_states([r for r in visited if len(CA.distinct(r)) >= 2], s.states, config.seed)
     log(name, f"{len(records)} audit states of {len(visited)} the policy visited on {len(qs)} {s.split} questions")
 
     cfg = CA.AuditConfig(m=s.m, temperature=s.replay_temperature, max_steps=s.max_steps, k=k,
