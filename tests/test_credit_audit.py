@@ -253,6 +253,8 @@ def test_the_stage_reports_what_its_files_hold(audit_run):
         want = CA.score_signal(views, CA.on_distinct(truth, [row[name] for row in sig]), n_boot=s.bootstrap,
                                seed=config.seed + 13)
         assert (got["accuracy"], got["pairs"], got["auroc"]) == (want["accuracy"], want["pairs"], want["auroc"])
+    band = res["chance"]["all"]   # 200 random signals on the same pairs: chance's spread
+    assert band["draws"] == 200 and band["band"][0] <= 0.5 <= band["band"][1] and abs(band["mean"] - 0.5) < 0.1
     text = (out / "results.md").read_text()
     assert all(f"| {name} |" in text for name in s.signals)
     assert (out / "credit_audit.png").stat().st_size > 0

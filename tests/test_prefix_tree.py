@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxrag.losses import GRPO_AGGREGATIONS
 from jaxrag.env.mdp import Action, Episode, Step
 from jaxrag.models import ModelConfig, critic_init, forward_hidden, init_params
 from jaxrag.models.transformer import tree_mask
@@ -327,7 +328,7 @@ def test_file_grpo_groups_tree_equals_rows():
         groups.append(Group(ids(rng, 20), comps, list(rng.normal(size=3)),
                             [list(rng.normal(-3.0, 0.5, len(c))) for c in comps]))
     args = model_args()
-    for aggregation in R.AGGREGATIONS:
+    for aggregation in GRPO_AGGREGATIONS:
         tc = tconfig.resolve({"loss": "grpo", "batch_size": 6, "sampling_temperature": 0.9,
                               "grpo": {"group_size": 3, "beta": 0.04, "clip_eps": 0.2, "aggregation": aggregation}})
         fn, prepare = jax.jit(make_grad_fn(CFG, tc)), make_prepare(tc)

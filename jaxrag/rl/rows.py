@@ -42,6 +42,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxrag.env.mdp import Episode
+from jaxrag.losses import GRPO_AGGREGATIONS
 from jaxrag.train import prefix_tree as PT
 from jaxrag.train.batching import bucket_size, pick_bucket
 
@@ -140,14 +141,12 @@ def group_advantages(episodes: Sequence[Episode], rewards: Sequence[float], grou
     return ((r - mean) / (std + eps)).reshape(-1).astype(np.float32)
 
 
-AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
-
 
 def row_weights(rows: Sequence[Row], aggregation: str, norm_tokens: int, micro: int = 0) -> np.ndarray:
     """Per-row weight w (every action token of the row gets w); see the module docstring. [R] float64.
     micro > 0 (token_mean only): the token mean within chunks of `micro` consecutive episodes, then their mean."""
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation={aggregation!r} is not one of {AGGREGATIONS}")
+    if aggregation not in GRPO_AGGREGATIONS:
+        raise ValueError(f"aggregation={aggregation!r} is not one of {GRPO_AGGREGATIONS}")
     if micro and aggregation != "token_mean":
         raise ValueError(f"micro-batch token means (micro={micro}) need aggregation 'token_mean', got {aggregation!r}")
     if not rows:

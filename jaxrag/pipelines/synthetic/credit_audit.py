@@ -164,6 +164,7 @@ def audit_results(truth: list, signals: dict, cfg, replay_stats: dict, **counts)
            "tied_pairs": sum(v.tied for v in views),
            "resolved_by_decision": dict(collections.Counter(kind for v in views for *_, kind in v.pairs))}
     res["unresolved_share"] = 1 - res["resolved_pairs"] / res["pairs"] if res["pairs"] else None
+    res["chance"] = chance_band(truth, views, cfg.seed)
     oracle_views = (CA.label_views(truth, signals["oracle"]["values"])
                     if "values" in signals.get("oracle", {}) else None)
     res["signals"] = {}
@@ -179,6 +180,25 @@ def audit_results(truth: list, signals: dict, cfg, replay_stats: dict, **counts)
                                             breakdown=("decision",))
         res["signals"][name] = row
     return res
+
+
+def chance_band(truth: list, views: list, seed: int, draws: int = 200) -> dict:
+    """What chance scores on these pairs: the pairwise accuracy of `draws` uniform random signals, overall and per
+    decision kind (mean and 2.5-97.5 % quantiles). One random row is one draw; this is its null distribution."""
+    from jaxrag.supervision import credit_audit as CA
+
+    rng = np.random.default_rng([seed, 31])
+    acc = collections.defaultdict(list)
+    for _ in range(draws):
+        vals = CA.on_distinct(truth, [list(rng.random(len(r.candidates))) for r in truth])
+        r = CA.score_signal(views, vals, n_boot=1, seed=seed, breakdown=("decision",))
+        if r["accuracy"] is not None:
+            acc["all"].append(r["accuracy"])
+        for kind, d in r["by"]["decision"].items():
+            if d["accuracy"] is not None:
+                acc[kind].append(d["accuracy"])
+    return {k: {"mean": float(np.mean(v)), "band": [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))],
+                "draws": len(v)} for k, v in acc.items()}
 
 
 def _ci(d: dict | None, key: str) -> str:
@@ -197,7 +217,9 @@ def results_markdown(res: dict) -> str:
              f"numbers across a state's candidates) resolves {res['resolved_pairs']} of them "
              f"(unresolved share {num(res['unresolved_share'])}; {res['tied_pairs']} pairs had the same outcome in every "
              f"continuation; resolved: the paired difference's {res['z']}-sigma interval excludes 0). Intervals: "
-             "95 % percentile bootstrap over states.", "",
+             "95 % percentile bootstrap over states. Chance on these pairs (200 uniform random signals): "
+             + "; ".join(f"{k} {v['mean']:.3f} [{v['band'][0]:.3f}, {v['band'][1]:.3f}]"
+                         for k, v in res.get("chance", {}).items()) + ".", "",
              "| signal | accuracy vs replay | pairs | AUROC good/bad | Spearman per state | accuracy vs oracle label "
              "| s/state | policy calls |", "|---|---|---|---|---|---|---|---|"]
     for name, row in res["signals"].items():
@@ -246,7 +268,10 @@ def plot_audit(res: dict, path) -> None:
             lo.append(d["accuracy"] - ci[0])
             hi.append(ci[1] - d["accuracy"])
         ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, label=g)
-    ax.axhline(0.5, color="gray", ls="--", lw=1, label="chance")
+    band = res.get("chance", {}).get("all")
+    if band:
+        ax.axhspan(*band["band"], color="gray", alpha=0.15, label="chance (95 % of random signals)")
+    ax.axhline(0.5, color="gray", ls="--", lw=1)
     ax.set_xticks(range(len(names)), names, rotation=20)
     ax.set(ylim=(0, 1.02), ylabel="pairwise accuracy vs replay (95% CI)",
            title=f"credit audit: {res['states']} states, {res['resolved_pairs']} resolved pairs")
