@@ -7,7 +7,7 @@ from __future__ import annotations
 # cadence, which checkpoint to resume from, the reference stage times behind a run's time estimates. Runs are
 # deterministic under resume, so these may differ freely.
 NEUTRAL = ("progress", "log_every", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.async_save",
-           "checkpoint.restore_step", "expected_seconds")
+           "checkpoint.restore_step", "expected_seconds", "study_pairs")
 
 
 def flatten(d, prefix: str = "") -> dict:

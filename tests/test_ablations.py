@@ -26,10 +26,12 @@ CFG = ModelConfig(model_type="llama", vocab_size=64, d_model=32, n_layers=2, n_h
                   d_ff=64)
 
 
-def recipe() -> str:
+def recipe(which: int = 0) -> str:
+    """The doc's python blocks: 0 the SimPO loss (my_losses.py), 1 the variant config (my_ablation.py)."""
     text = (ROOT / "docs" / "ablations.md").read_text()
-    [block] = re.findall(r"```python\n(.*?)```", text, re.S)
-    return block
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 2
+    return blocks[which]
 
 
 @pytest.fixture
@@ -118,3 +120,22 @@ def test_one_config_line_trains_it_in_train_dpo(my_losses, tmp_path):
     rows = read_metrics(wd / "dpo" / "metrics.jsonl")
     assert len(rows) == 10 and all("simpo/margin" in m and "dpo/reward_margin" not in m for m in rows.values())
     assert (wd / "dpo" / "DONE").exists()
+
+
+def test_the_variant_block_adds_simpo_beside_dpo_as_a_system_and_a_seeds_pair(my_losses):
+    """The doc's second block, my_ablation.py, run from the repository root as jaxrag.main runs a config: the demo
+    with a `simpo` stage after `dpo`, trained with the SimPO loss, evaluated and paired with `dpo`."""
+    (my_losses / "my_ablation.py").write_text(recipe(1))
+    code = ("import json, my_ablation; from jaxrag.train import objectives; c = my_ablation.get_config('tiny'); "
+            "print(json.dumps({'stages': list(c.stages), 'loss': c.simpo.train.loss, "
+            "'layout': objectives.get(c.simpo.train.loss).layout, 'systems': [s['name'] for s in c.eval.systems], "
+            "'pairs': [[p['a'], p['b']] for p in c.study_pairs]}))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(my_losses), str(ROOT)])}
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["stages"][got["stages"].index("dpo") + 1] == "simpo"
+    assert (got["loss"], got["layout"]) == ("my_losses:simpo", "pairs")
+    assert "simpo" in got["systems"] and got["pairs"] == [["simpo", "dpo"]]

@@ -13,8 +13,8 @@ Output: <workdir>/<name>/runs.json (per seed: the stages run, their wall seconds
 seeds_study_stage, config[name]: runs (the seed_runs stage), eval (the per-seed eval stage, or several
 comma-separated: "eval,eval_findings", their systems together; a system in two is an error), bestofn (the per-seed
 best-of-N stage, "" = none), comparisons (a list of {a, b, label}: system names of the eval stage, or
-"bo<N>_<selector>" for the best-of-N stage's runs, e.g. "bo4_critic", "bo4_first_valid", "bo1_critic"), n_boot,
-level. Outputs under <workdir>/<name>/: results.md, results.json, seeds.png.
+"bo<N>_<selector>" for the best-of-N stage's runs, e.g. "bo4_critic", "bo4_first_valid", "bo1_critic"; the seeds'
+own `study_pairs`, a variant's pairing, join them), n_boot, level. Outputs under <workdir>/<name>/: results.md, results.json, seeds.png.
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def seeds_study_stage(config, workdir, name) -> None:
     s = config[name]
     runs = json.loads((Path(workdir) / s.runs / "runs.json").read_text())["runs"]
     per_seed = [seed_scores(Path(r["workdir"]), s.eval, s.get("bestofn", "")) for r in runs]
-    res = study(per_seed, [dict(c) for c in s.comparisons], int(s.n_boot), float(s.level))
+    res = study(per_seed, comparisons_of(s, runs), int(s.n_boot), float(s.level))
     res["runs"] = runs
     out = stage_dir(workdir, name)
     write_json(out / "results.json", res)
@@ -235,6 +235,18 @@ def seeds_study_stage(config, workdir, name) -> None:
     plot(res, out / "seeds.png")
     for d in res["comparisons"]:
         log(name, f"{d['label']} ({d['split']}): {d['text']}")
+
+
+def comparisons_of(s, runs: list[dict]) -> list[dict]:
+    """The study's comparisons and the pairs the seeds' own config registered (its `study_pairs`: a variant's
+    system vs its base, configs/common/variant.py), each once."""
+    out = [dict(c) for c in s.comparisons]
+    cfg = Path(runs[0]["workdir"]) / "config.json" if runs else None
+    if cfg is not None and cfg.exists():
+        for c in json.loads(cfg.read_text()).get("config", {}).get("study_pairs", []):
+            if (c["a"], c["b"]) not in {(d["a"], d["b"]) for d in out}:
+                out.append(dict(c))
+    return out
 
 
 def check_study(config, name: str) -> None:
