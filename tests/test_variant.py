@@ -97,3 +97,17 @@ def test_a_variant_stage_trains_beside_its_base(synthetic_run):
     _, p_dpo = load_checkpoint(model_dir(workdir, "dpo"))
     assert any(not np.array_equal(np.asarray(a), np.asarray(b))
                for a, b in zip(jax.tree.leaves(p_ipo), jax.tree.leaves(p_dpo)))
+
+
+@pytest.mark.parametrize("path,preset", [("configs/synthetic/pipeline.py", "demo"),
+                                         ("configs/synthetic/findings.py", "demo"),
+                                         ("configs/synthetic/findings.py", "paired")])
+def test_every_trainer_of_the_synthetic_configs_follows_the_seed(path, preset):
+    """--config.seed reaches every stage's trainer and RL sampler (the seeds study varies it), the findings'
+    copied sections included."""
+    c = _load(path, "synthetic_seed_refs").get_config(preset)
+    c.seed = 5
+    trainers = [s for s in c.stages if "train" in c[s] and "seed" in c[s].train]
+    assert len(trainers) >= 6
+    assert {s: c[s].train.seed for s in trainers} == {s: 5 for s in trainers}
+    assert all(c[s].rl.seed == 5 for s in c.stages if "rl" in c[s])

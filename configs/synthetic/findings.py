@@ -143,4 +143,7 @@ def get_config(preset: str = "demo"):
         c.mcts.mcts.update(dict(max_rollouts=6, max_iterations=6, max_depth=c.supervision.max_steps))
         c.ss_data.update(dict(max_questions=12))
         c.ss_data.smartsearch.update(dict(correct_f1=0.0, require_judged=False))  # a weak tiny policy: keep some
+    for s in c.stages:  # the studies' sections are copies: their trainers' data order follows `seed` too
+        if "train" in c[s] and "seed" in c[s].train and c[s].train.get_ref("seed") is not c.get_ref("seed"):
+            c[s].train.seed = c.get_ref("seed")
     return c

@@ -121,8 +121,9 @@ def get_config(preset: str = "demo"):
     if preset == "tiny":
         apply_tiny(c)
     c.grpo_f1_penalty = f1_penalty_section(c)
-    for s in ("sft", "dpo", "critic", "outcome", "grpo", "grpo_f1_penalty"):  # data order follows `seed`
-        c[s].train.seed = c.get_ref("seed")
+    for s in c.stages:  # every trainer's data order follows `seed`
+        if "train" in c[s] and "seed" in c[s].train and c[s].train.get_ref("seed") is not c.get_ref("seed"):
+            c[s].train.seed = c.get_ref("seed")
     return c
 
 
