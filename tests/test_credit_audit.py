@@ -168,11 +168,15 @@ def _audit_config():
 
 
 @pytest.fixture(scope="module")
-def audit_run(synthetic_run):
-    """The credit audit stage on the session's tiny pipeline run (its SFT policy and critic)."""
+def audit_run(synthetic_run, tmp_path_factory):
+    """The credit audit stage on a copy of the session's tiny pipeline run (its SFT policy and critic; the shared
+    run's folder stays as the other tests read it)."""
+    import shutil
+
     from jaxrag.pipelines.synthetic.credit_audit import credit_audit_stage
 
-    _, workdir, _ = synthetic_run
+    workdir = tmp_path_factory.mktemp("audit") / "run"
+    shutil.copytree(synthetic_run[1], workdir, ignore=shutil.ignore_patterns(".xla_cache"))
     config = _audit_config()
     credit_audit_stage(config, workdir, "credit_audit")
     return config, Path(workdir)

@@ -79,13 +79,16 @@ def test_the_seeds_study_pairs_a_variant_with_its_base(tmp_path):
     assert [(x["a"], x["b"]) for x in got] == [("dpo", "sft_react"), ("dpo_ipo", "dpo")]
 
 
-def test_a_variant_stage_trains_beside_its_base(synthetic_run):
-    """The variant's stage runs on the tiny pipeline's workdir as its base ran: same data, its own loss (IPO), its
-    own model."""
+def test_a_variant_stage_trains_beside_its_base(synthetic_run, tmp_path):
+    """The variant's stage runs on (a copy of) the tiny pipeline's workdir as its base ran: same data, its own loss
+    (IPO), its own model."""
+    import shutil
+
     from jaxrag.pipelines.common import load_checkpoint, model_dir
     from jaxrag.pipelines.synthetic.preference import preference_stage
 
-    _, workdir, _ = synthetic_run
+    workdir = tmp_path / "run"
+    shutil.copytree(synthetic_run[1], workdir, ignore=shutil.ignore_patterns(".xla_cache"))
     c = _pipeline()
     variant(c, "dpo", "dpo_ipo", **{"train.dpo.loss_type": "ipo"})
     preference_stage(c, workdir, "dpo_ipo")
