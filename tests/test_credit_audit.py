@@ -206,7 +206,7 @@ def test_signals_compute_as_their_own_stages(audit_run):
                                np.concatenate(scores(workdir / "agreement" / "records_critic.jsonl")), rtol=1e-5,
                                atol=1e-6)
     assert config.supervision.temperature == 1.0
-    forced = CA.teacher_forced_logprobs(policy, recs, agent, config.supervision.max_new_tokens)
+    forced = CA.teacher_forced_logprobs(policy, recs, config.supervision.max_new_tokens)
     sampled = [np.asarray(c.logprobs) for r in recs for c in r.candidates]
     forced = [x for row in forced for x in row]
     assert sum(map(len, sampled)) > 50

@@ -140,6 +140,7 @@ class AuditContext:
     critic: object = None  # a CriticScorer (the Bradley–Terry critic, the PRM of best-of-N)
     rollout: RolloutValueConfig | None = None  # the supervision stage's rollout-value settings
     cost: dict = dataclasses.field(default_factory=dict)  # signal -> {"policy_calls": ...}, where a signal counts
+    cache: dict = dataclasses.field(default_factory=dict)  # what several signals read (the teacher-forced log-probs)
 
 
 class Unavailable(Exception):
@@ -202,10 +203,10 @@ def critic_signal(ctx: AuditContext, records):
 def _policy_logprobs(ctx: AuditContext, records) -> list[list[np.ndarray]]:
     """Per-token log-probs (T = 1) of every candidate under the policy, teacher-forced after its state's prompt;
     computed once per audit (logprob and confidence share it)."""
-    key = ("_logprobs", id(records))
-    if key not in ctx.cost:
-        ctx.cost[key] = teacher_forced_logprobs(ctx.policy, records, ctx.agent, ctx.cfg.max_new_tokens)
-    return ctx.cost[key]
+    key = ("logprobs", id(records))
+    if key not in ctx.cache:
+        ctx.cache[key] = teacher_forced_logprobs(ctx.policy, records, ctx.cfg.max_new_tokens)
+    return ctx.cache[key]
 
 
 @signal("logprob")
@@ -243,7 +244,7 @@ def smartsearch_signal(ctx: AuditContext, records):
     return out
 
 
-def teacher_forced_logprobs(policy, records: Sequence[ProcessRecord], agent, max_new_tokens: int,
+def teacher_forced_logprobs(policy, records: Sequence[ProcessRecord], max_new_tokens: int,
                             batch_rows: int = 32) -> list[list[np.ndarray]]:
     """Per-token log-probs (temperature 1) of each candidate's tokens after its record's prompt, as the policy
     encodes prompts for sampling; a candidate without token ids (a teacher's or oracle's action) is tokenized from
@@ -411,17 +412,7 @@ def _auroc(pos: np.ndarray, neg: np.ndarray) -> float:
     """P(signal of a good action > of a bad one), ties half (Mann-Whitney)."""
     if not len(pos) or not len(neg):
         return float("nan")
-    allv = np.concatenate([pos, neg])
-    order = allv.argsort(kind="mergesort")
-    ranks = np.empty(len(allv))
-    sv = allv[order]
-    i = 0
-    while i < len(sv):  # average ranks of ties
-        j = i
-        while j + 1 < len(sv) and sv[j + 1] == sv[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
+    ranks = _avg_ranks(np.concatenate([pos, neg])) + 1   # 1-based, ties averaged
     return float((ranks[:len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
 
 
@@ -434,6 +425,7 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> float | None:
 
 
 def _avg_ranks(x: np.ndarray) -> np.ndarray:
+    """0-based ranks of x, tied values sharing their mean rank."""
     order = x.argsort(kind="mergesort")
     r = np.empty(len(x))
     sx = x[order]
