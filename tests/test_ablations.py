@@ -1,6 +1,7 @@
-"""docs/ablations.md's recipe, executed: its SimPO block, written to a file outside the package, is a loss that
-`train.loss = "my_losses:simpo"` selects; it equals SimPO's formula, trains alike on flat pairs and on their prefix
-tree, and runs as configs/train_dpo.py's DPO stage with one config line. Bad names fail in one line."""
+"""docs/ablations.md's recipe, executed: its SimPO and KTO blocks, written to files outside the package, are losses
+that `train.loss = "my_losses:simpo"` / `"my_kto:kto"` selects; each equals its formula, trains alike on flat pairs
+and on their prefix tree, and runs as configs/train_dpo.py's DPO stage with one config line. Bad names fail in one
+line."""
 
 import os
 import re
@@ -27,20 +28,24 @@ CFG = ModelConfig(model_type="llama", vocab_size=64, d_model=32, n_layers=2, n_h
 
 
 def recipe(which: int = 0) -> str:
-    """The doc's python blocks: 0 the SimPO loss (my_losses.py), 1 the variant config (my_ablation.py)."""
+    """The doc's python blocks: 0 the SimPO loss (my_losses.py), 1 the KTO loss (my_kto.py), 2 the variant config
+    (my_ablation.py)."""
     text = (ROOT / "docs" / "ablations.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     return blocks[which]
 
 
 @pytest.fixture
 def my_losses(tmp_path, monkeypatch):
-    (tmp_path / "my_losses.py").write_text(recipe())
+    (tmp_path / "my_losses.py").write_text(recipe(0))
+    (tmp_path / "my_kto.py").write_text(recipe(1))
     monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("my_losses", None)
+    for m in ("my_losses", "my_kto"):
+        sys.modules.pop(m, None)
     yield tmp_path
-    sys.modules.pop("my_losses", None)
+    for m in ("my_losses", "my_kto"):
+        sys.modules.pop(m, None)
 
 
 def pairs(rng):
@@ -98,6 +103,45 @@ def test_simpo_trains_alike_on_flat_pairs_and_their_prefix_tree(my_losses):
             np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
 
 
+def seq_logps(params, p):
+    """(chosen, rejected) completion log-prob sums of pair p, from the model's logits by hand."""
+    out = []
+    for c in (p.chosen, p.rejected):
+        tokens = jnp.asarray([p.prompt + c])
+        logp = jax.nn.log_softmax(tf.forward(CFG, params, tokens)[0][:-1].astype(jnp.float32), axis=-1)
+        out.append(float(logp[jnp.arange(tokens.shape[1] - 1), tokens[0, 1:]][len(p.prompt) - 1:].sum()))
+    return out
+
+
+def test_kto_is_its_formula_with_the_batch_reference_point(my_losses):
+    tc = tconfig.resolve({"loss": "my_kto:kto", "batch_size": 6, "loss_opts": {"beta": 0.5, "undesirable_weight": 2.0}})
+    assert objectives.objective(tc).needs_ref(tc) and objectives.objective(tc).layout == "pairs"
+    policy, ref = (init_params(CFG, jax.random.PRNGKey(i), std=0.3) for i in (0, 1))
+    ps = pairs(np.random.default_rng(1))
+    loss, m = objectives.make_loss_fn(CFG, tc)({"model": policy}, {"ref": ref}, pair_batch(ps, (32,)),
+                                               jax.random.PRNGKey(0))
+    r = np.array([seq_logps(policy, p) for p in ps]) - np.array([seq_logps(ref, p) for p in ps])
+    z = max(0.0, r.mean())
+    sig = lambda x: 1 / (1 + np.exp(-x))
+    want = np.mean((1 - sig(0.5 * (r[:, 0] - z)) + 2.0 * (1 - sig(0.5 * (z - r[:, 1])))) / 2)
+    np.testing.assert_allclose(float(loss), want, rtol=1e-4)
+    np.testing.assert_allclose(float(m["kto/z"]), z, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(float(m["kto/chosen_reward"]), r[:, 0].mean(), rtol=1e-4, atol=1e-5)
+
+
+def test_kto_trains_alike_on_flat_pairs_and_their_prefix_tree(my_losses):
+    ps = pairs(np.random.default_rng(6))
+    params = {"model": init_params(CFG, jax.random.PRNGKey(0), std=0.3)}
+    frozen = {"ref": init_params(CFG, jax.random.PRNGKey(1), std=0.3)}
+    grad = jax.jit(make_grad_fn(CFG, tconfig.resolve({"loss": "my_kto:kto", "batch_size": 6})))
+    g_r, m_r = grad(params, frozen, pair_batch(ps, (32,)), jax.random.PRNGKey(0))
+    g_t, m_t = grad(params, frozen, PT.pair_batch_auto(ps, (128,), CFG, "tree"), jax.random.PRNGKey(0))
+    for k in ("loss", "kto/z", "kto/chosen_reward", "kto/rejected_reward"):
+        np.testing.assert_allclose(float(m_t[k]), float(m_r[k]), rtol=1e-5, atol=1e-6)
+    for x, y in zip(jax.tree.leaves(g_t), jax.tree.leaves(g_r)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
+
+
 def test_bad_loss_names_are_one_line():
     with pytest.raises(ValueError, match=r"train config: loss: 'dpoo' is not one of \('sft', 'dpo', 'bt', 'grpo', "
                                          r"'ppo'\) or 'module.path:attribute'"):
@@ -108,24 +152,25 @@ def test_bad_loss_names_are_one_line():
         tconfig.resolve({"loss": "jaxrag.losses:dpo_loss"})
 
 
-def test_one_config_line_trains_it_in_train_dpo(my_losses, tmp_path):
+@pytest.mark.parametrize("loss,metric", [("my_losses:simpo", "simpo/margin"), ("my_kto:kto", "kto/z")])
+def test_one_config_line_trains_it_in_train_dpo(my_losses, tmp_path, loss, metric):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([str(ROOT), str(my_losses)])}
     wd = tmp_path / "wd"
     r = subprocess.run([sys.executable, "-m", "jaxrag.main", "--config=configs/train_dpo.py", f"--workdir={wd}",
-                        "--config.dpo.train.loss=my_losses:simpo"], cwd=ROOT, env=env, capture_output=True,
+                        f"--config.dpo.train.loss={loss}"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     from jaxrag.train.metrics_log import read_metrics
 
     rows = read_metrics(wd / "dpo" / "metrics.jsonl")
-    assert len(rows) == 10 and all("simpo/margin" in m and "dpo/reward_margin" not in m for m in rows.values())
+    assert len(rows) == 10 and all(metric in m and "dpo/reward_margin" not in m for m in rows.values())
     assert (wd / "dpo" / "DONE").exists()
 
 
 def test_the_variant_block_adds_simpo_beside_dpo_as_a_system_and_a_seeds_pair(my_losses):
     """The doc's second block, my_ablation.py, run from the repository root as jaxrag.main runs a config: the demo
     with a `simpo` stage after `dpo`, trained with the SimPO loss, evaluated and paired with `dpo`."""
-    (my_losses / "my_ablation.py").write_text(recipe(1))
+    (my_losses / "my_ablation.py").write_text(recipe(2))
     code = ("import json, my_ablation; from jaxrag.train import objectives; c = my_ablation.get_config('tiny'); "
             "print(json.dumps({'stages': list(c.stages), 'loss': c.simpo.train.loss, "
             "'layout': objectives.get(c.simpo.train.loss).layout, 'systems': [s['name'] for s in c.eval.systems], "
