@@ -13,6 +13,7 @@ from jaxrag.jsonl import read_jsonl
 from jaxrag.machine import cpu
 from jaxrag.env.mdp import read_episodes
 from jaxrag.metrics import exact_match
+from jaxrag.pipelines.synthetic.taxonomy import KINDS, error_kind
 
 
 def config_module(name: str):
@@ -140,6 +141,10 @@ def test_eval_results_match_episode_files(run):
             assert {t: g["n"] for t, g in r["by_type"].items()} == {t: min(n, per_type) for t, n in types.items()}
             assert sum(g["n"] for g in r["by_type"].values()) == len(eps) == sum(g["n"] for g in r["by_hops"].values())
             assert r["all"]["em"] == pytest.approx(sum(exact_match(e.answer, e.gold) for e in eps) / len(eps))
+            errors = r["errors"]["all"]   # every episode has one kind; "correct" is EM
+            by_q = {q["id"]: q for q in qs}
+            assert errors["counts"] == {k: sum(error_kind(e, by_q[e.qid]) == k for e in eps) for k in KINDS}
+            assert errors["shares"]["correct"] == pytest.approx(r["all"]["em"])
             assert 0.0 <= r["all"]["invalid_rate"] <= 1.0
             assert all(len(e.steps) <= s.max_steps for e in eps)
             if agent == "direct":
@@ -169,6 +174,16 @@ def test_report_files(run):
     assert "xla_cpu_enable_platform_dependent_math=false" in machine
     assert "the portable settings: two runs on one machine give the same bytes" in machine
     assert "not the portable settings" not in machine
+    failures = next(s for s in sections if s.startswith("Where the failures come from"))
+    for name, r in results["systems"].items():   # one row per system x split, with its EM
+        for split, sp in r["splits"].items():
+            assert f"| {name} {split} | {sp['all']['n']} | {sp['all']['em']:.3f} |" in failures
+    sig = next(s for s in sections if s.startswith("Did each method have signal?"))
+    dpo = json.load(open(os.path.join(workdir, "dpo", "summary.json")))
+    assert f"| dpo | {dpo['pairs']} pairs | {dpo['steps']} |" in sig and "| sft | - |" in sig
+    moved = [line.split(" | ")[0][2:] for line in sig.split("How far each system moved")[1].splitlines()
+             if line.startswith("| ") and not line.startswith("| system")]
+    assert moved == [name for name in results["systems"] if name != "sft_react"]
     for png in ("training_curves.png", "accuracy_by_hops.png"):
         with open(os.path.join(out, png), "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -3,7 +3,8 @@
 config[name].systems: a list of {"name", "agent", "model"} (model = the stage whose model/ is loaded); optional
 "critic" (a critic stage: PRM-guided best-of-N with "n" candidates at temperature "temperature"). Baseline agents
 (direct, rag) run the same model made to answer at once (ForcedAnswerPolicy), so they differ from the search agent
-only in how much retrieval they get. Outputs: episodes_<system>_<split>.jsonl and results.json under workdir/<name>/.
+only in how much retrieval they get. Outputs: episodes_<system>_<split>.jsonl and results.json under workdir/<name>/
+(each split's metrics, and under "errors" where its failures come from: jaxrag.pipelines.synthetic.taxonomy).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from jaxrag.console import num, standard_error
 from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
+from jaxrag.pipelines.synthetic.taxonomy import taxonomy
 from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
 from jaxrag.train.distributed import lead_only
 
@@ -102,6 +104,7 @@ def eval_stage(config, workdir, name) -> None:
             episodes = rollout(policy, retriever, agent, qs, rcfg, select=select)
             write_episodes(out / f"episodes_{system['name']}_{split}.jsonl", episodes)
             scored = score_episodes(episodes, {q["id"]: q for q in qs})
+            scored["errors"] = taxonomy(episodes, {q["id"]: q for q in qs})
             scored["seconds"] = round(time.perf_counter() - t0, 2)
             results["systems"][system["name"]]["splits"][split] = scored
             a = scored["all"]

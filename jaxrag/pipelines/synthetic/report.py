@@ -13,6 +13,8 @@ import os
 import matplotlib
 
 from jaxrag.pipelines.synthetic import checks
+from jaxrag.pipelines.synthetic import diagnostics as D
+from jaxrag.pipelines.synthetic.taxonomy import taxonomy_table
 from jaxrag.train.distributed import lead_only
 
 matplotlib.use("Agg")
@@ -227,6 +229,14 @@ def report_stage(config, workdir, name) -> None:
     files = write_report(results, curves, out, title=f"Synthetic multi-hop world (seed {config.seed})",
                          sizes={st: curve_size(config[st]) for st in curves})
     extra = []
+    errors = {f"{system} {split}": sc["errors"]["all"] for system, r in results["systems"].items()
+              for split, sc in r["splits"].items() if "errors" in sc}
+    if errors:
+        extra.append("## Where the failures come from\n\nShare of all episodes per kind (jaxrag/pipelines/synthetic/"
+                     "taxonomy.py): a hop is resolved once its gold passage was retrieved; *misnamed / missed*: the "
+                     "missed hops whose queries never wrote the entity's name exactly.\n\n"
+                     + taxonomy_table(errors) + "\n")
+    extra.append(method_signal_section(config, workdir, results))
     agreement = os.path.join(wd, "agreement", "agreement.md")
     if os.path.exists(agreement):
         extra.append("## Annotator agreement with the oracle (dev states)\n\n" + open(agreement).read())
@@ -252,6 +262,31 @@ def report_stage(config, workdir, name) -> None:
     with open(files[0], "a") as f:
         f.write("\n" + "\n".join(extra))
     log(name, ", ".join(files))
+
+
+def method_signal_section(config, workdir, results: dict, base: str = "sft_react") -> str:
+    """Did each method have signal, and how far did it move the policy (jaxrag/pipelines/synthetic/diagnostics.py):
+    every training stage's data, update budget and end-of-training figures; every system's trajectories and
+    answers against `base` (else the first system) on the test split (else the first)."""
+    from jaxrag.env.mdp import read_episodes
+
+    rows = [r for r in (D.training_signal(workdir, st) for st in config.stages) if r is not None]
+    sft = next((r["lr_sum"] for r in rows if r["stage"] == "sft"), None)
+    text = ("## Did each method have signal?\n\nPer training stage: its data, steps, summed learning rate (and its "
+            "share of SFT's), the paired losses' accuracy and margin over the last tenth of the steps, RL's share of "
+            "groups with one reward for every sample (no gradient), mean KL to the reference and the reward of the "
+            "first and last tenth of the steps.\n\n" + D.signal_table(rows, sft) + "\n")
+    systems = list(results["systems"])
+    base = base if base in systems else systems[0]
+    splits = list(results["systems"][base]["splits"])
+    split = "test" if "test" in splits else splits[0]
+    path = lambda name: os.path.join(str(workdir), "eval", f"episodes_{name}_{split}.jsonl")
+    base_eps = read_episodes(path(base))
+    moved = {name: D.movement(base_eps, read_episodes(path(name))) for name in systems
+             if name != base and os.path.exists(path(name))}
+    return text + (f"\nHow far each system moved from `{base}` ({split}): questions whose sequence of actions or "
+                   "whose answer differs, and those it answers right that the base got wrong (gained) and the "
+                   "reverse (lost).\n\n" + D.movement_table(moved, base) + "\n")
 
 
 def provenance_section(config, workdir, out: str) -> str:
