@@ -24,7 +24,8 @@ def flatten(d, prefix: str = "") -> dict:
 # Keys added after runs were recorded without them, each with the value that does what their absence did: at that
 # value a key reads as absent, so older workdirs keep their stage fingerprints and older checkpoints resume.
 LATER = {"rl.continuous": False, "train_layout": "auto",   # train_layout: the same objective either way
-         "loss_opts": {}}   # a table loss has no options of its own
+         "loss_opts": {},   # a table loss has no options of its own
+         "p_vague_first": 0.0}   # the teacher's decision-density knob, off
 
 
 def _match(key: str, name: str) -> bool:

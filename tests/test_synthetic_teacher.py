@@ -102,3 +102,55 @@ def test_teacher_is_deterministic_per_seed_and_bounded(small):
 def test_bad_teacher_config_raises():
     with pytest.raises(ValueError, match="p_vague"):
         T.TeacherConfig(p_vague=1.5)
+
+
+@pytest.mark.parametrize("p", [1.0, 0.5])
+def test_each_hops_first_query_is_vague_at_the_dose_and_the_trajectory_recovers(small, p):
+    w, qs = small
+    cfg = T.TeacherConfig(p_vague=0, p_redundant=0, p_premature=0, p_vague_first=p)
+    trajs = T.run_teacher(qs * 2, PerfectRetriever(w), k=2, cfg=cfg, seed=3)
+    firsts = []
+    for q, steps in zip(qs * 2, trajs):
+        queries = [s.action for s in steps if s.action.kind == "query"]
+        for hop in range(q["metadata"]["hops"]):
+            mine = [a for a in queries if a.extra["hop"] == hop]
+            firsts.append(mine[0].extra["flaw"] == "vague")
+            if mine[0].extra["flaw"] == "vague":   # the next query for the hop names its entity
+                assert q["metadata"]["gold_chain"][hop]["entity"] in mine[1].text
+            assert all(a.extra["flaw"] is None for a in mine[1:])
+        assert steps[-1].action.text == q["golden_answers"][0]   # only the first query of a hop is ever flawed
+    assert len(firsts) > 500 and abs(np.mean(firsts) - p) < 0.05
+
+
+def test_the_dose_at_zero_draws_nothing_extra(small):
+    w, qs = small
+    r = PerfectRetriever(w)
+    base = T.run_teacher(qs[:80], r, 2, T.TeacherConfig(), seed=4)
+    zero = T.run_teacher(qs[:80], r, 2, T.TeacherConfig(p_vague_first=0.0), seed=4)
+    dosed = T.run_teacher(qs[:80], r, 2, T.TeacherConfig(p_vague_first=0.3), seed=4)
+    actions = lambda trajs: [[s.action for s in t] for t in trajs]
+    assert actions(zero) == actions(base) and actions(dosed) != actions(base)
+    with pytest.raises(ValueError, match="p_vague_first"):
+        T.TeacherConfig(p_vague_first=-0.1)
+
+
+def test_the_control_preset_is_the_demo_with_the_dose_and_the_demo_keeps_its_fingerprints():
+    import importlib.util
+    from pathlib import Path
+
+    from jaxrag.pipelines.synthetic.world import teacher_config
+    from jaxrag.settings import flatten
+    from jaxrag.workdir import stage_settings
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "synthetic" / "pipeline.py"
+    spec = importlib.util.spec_from_file_location("pipeline_cfg", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    demo, control = mod.get_config("demo"), mod.get_config("control")
+    a, b = flatten(demo.to_dict()), flatten(control.to_dict())
+    assert {k for k in a if a[k] != b[k]} == {"teacher.p_vague_first"} and b["teacher.p_vague_first"] == 0.5
+    assert teacher_config(control.teacher).p_vague_first == 0.5 and teacher_config(demo.teacher) == T.TeacherConfig(
+        p_vague=0.1, p_redundant=0.1, p_premature=0.05, max_retries=3, max_steps=10)
+    # the knob at 0 reads as absent, so workdirs made before it keep their teacher stage
+    assert "p_vague_first" not in stage_settings(demo, "teacher")["teacher"]
+    assert stage_settings(control, "teacher")["teacher"]["p_vague_first"] == 0.5

@@ -28,8 +28,8 @@ def trainer(**kw) -> ml_collections.ConfigDict:
 
 
 def get_config(preset: str = "demo"):
-    if preset not in ("demo", "tiny"):
-        raise ValueError(f"configs/synthetic/pipeline.py: unknown preset {preset!r} (demo | tiny)")
+    if preset not in ("demo", "tiny", "control"):
+        raise ValueError(f"configs/synthetic/pipeline.py: unknown preset {preset!r} (demo | tiny | control)")
     c = ml_collections.ConfigDict()
     # seed: the SFT init, every trainer's data order and every sampling stream (the seeds study varies it:
     # configs/synthetic/seeds.py); world_seed: the world, its questions and the teacher's episodes (kept fixed)
@@ -37,7 +37,7 @@ def get_config(preset: str = "demo"):
     c.world_seed = 0
     # Train questions kept out of SFT (the first N of the seeded train order): the supervision, outcome, GRPO and
     # findings stages sample from them, so process rewards and RL see questions the policy did not memorize in SFT.
-    # With 0 (every stage on SFT-trained questions, the demo before 2026-11-23) the SFT policy answered 60 % of its
+    # With 0 (every stage on SFT-trained questions) the SFT policy answered 60 % of its
     # supervision questions against 29 % of unseen ones, and a critic on those pairs ordered dev candidates no better
     # than chance (results/synthetic_dev_tuning.md, trial f).
     c.unseen_questions = 1500  # the demo samples 300 of them; findings.py's supervision_big 1,200
@@ -51,8 +51,9 @@ def get_config(preset: str = "demo"):
     c.world = dict(fn=f"{P}.world:world_stage", n_countries=40, n_cities=300, n_persons=2000, n_films=1000,
                    n_companies=400, heldout_frac=0.1, split_fractions=(0.8, 0.1, 0.1), comparisons_per_anchor=0.5)
     c.index = dict(fn=f"{P}.world:index_stage", backend="bm25s", k=2)  # k: the one home of documents per search
+    # p_vague_first: decision density, each hop's first query vague with this probability (the control preset)
     c.teacher = dict(fn=f"{P}.world:teacher_stage", p_vague=0.1, p_redundant=0.1, p_premature=0.05, max_retries=3,
-                     max_steps=10, splits=("train", "dev", "heldout"))  # never the test split
+                     max_steps=10, p_vague_first=0.0, splits=("train", "dev", "heldout"))  # never the test split
     c.tokenizer = dict(fn=f"{P}.world:tokenizer_stage", vocab_size=1024, agents=("react", "re2search"))
     # ModelConfig fields (vocab_size and special ids come from the tokenizer).
     c.model = dict(model_type="llama", d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, head_dim=32, d_ff=384,
@@ -120,6 +121,11 @@ def get_config(preset: str = "demo"):
     c = ml_collections.ConfigDict(c)
     if preset == "tiny":
         apply_tiny(c)
+    if preset == "control":
+        # The positive control: the teacher begins each hop with a vague query half the time and then retries, so
+        # the SFT policy inherits a step-level flaw its outcomes barely show; set the dose with
+        # --config.teacher.p_vague_first (docs/demo.md, "A positive control").
+        c.teacher.p_vague_first = 0.5
     c.grpo_f1_penalty = f1_penalty_section(c)
     for s in c.stages:  # every trainer's data order follows `seed`
         if "train" in c[s] and "seed" in c[s].train and c[s].train.get_ref("seed") is not c.get_ref("seed"):

@@ -47,9 +47,10 @@ FINDINGS = [
 
 def get_config(preset: str = "demo"):
     """preset: demo (the demo's systems, 3 seeds) | findings (the same and findings.py:paired's: MCTS pairs, k3,
-    SmartSearch's curriculum; a demo study's seed runs in the workdir are reused) | tiny (2 seeds, tests)."""
-    if preset not in ("demo", "findings", "tiny"):
-        raise ValueError(f"configs/synthetic/seeds.py: unknown preset {preset!r} (demo | findings | tiny)")
+    SmartSearch's curriculum; a demo study's seed runs in the workdir are reused) | control (the demo's systems on
+    pipeline.py:control, the positive control) | tiny (2 seeds, tests)."""
+    if preset not in ("demo", "findings", "control", "tiny"):
+        raise ValueError(f"configs/synthetic/seeds.py: unknown preset {preset!r} (demo | findings | control | tiny)")
     here = Path(__file__).resolve()
     c = ml_collections.ConfigDict()
     c.stages = ["seed_runs", "seeds"]

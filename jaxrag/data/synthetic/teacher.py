@@ -3,7 +3,7 @@
 The teacher sees the question record (with its gold chain) and what it has retrieved so far. A hop counts as
 resolved once its gold passage was among the retrieved hits, and only then may the teacher name the entity that
 passage reveals, so every trajectory is justified by what was actually observed. At each decision it may, at
-configurable rates, make a flawed move:
+configurable rates, make a flawed move (and, with `p_vague_first`, begin each hop with a vague query):
   vague      a query with the entity name left out (retrieves nothing useful),
   redundant  the previous query again,
   premature  an answer before all hops are resolved (the last bridge entity found, or a random guess).
@@ -57,9 +57,13 @@ class TeacherConfig:
     p_premature: float = 0.05
     max_retries: int = 3  # good queries per hop before giving up
     max_steps: int = 10
+    # decision density: each hop's first query is vague with this probability (drawn before the per-decision
+    # draw, only when > 0, so 0 leaves every trajectory as it was); the teacher then retries with a good query, so
+    # the trajectory still succeeds and SFT, which keeps correct trajectories, inherits the flaw
+    p_vague_first: float = 0.0
 
     def __post_init__(self):
-        for name in ("p_vague", "p_redundant", "p_premature"):
+        for name in ("p_vague", "p_redundant", "p_premature", "p_vague_first"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"TeacherConfig.{name}={v} must be in [0, 1]")
@@ -174,6 +178,9 @@ def teacher_action(
             },
         )
     extra = {"reasoning": _reasoning(question, resolved, hop_index), "predicted_answer": guess, "hop": hop_index}
+    if cfg.p_vague_first > 0 and not any(a.extra.get("hop") == hop_index for a in queries):
+        if rng.random() < cfg.p_vague_first:
+            return TeacherAction("query", _vague_query(hops[hop_index], rng), {**extra, "flaw": "vague"})
     # One draw per decision: premature | redundant | vague | good, rates as configured.
     # A redundant draw with nothing to repeat (or right after a repeat) becomes a good query.
     u = rng.random()
@@ -184,11 +191,13 @@ def teacher_action(
         if last is not None and last.extra.get("flaw") != "redundant":
             return TeacherAction("query", last.text, {**extra, "flaw": "redundant"})
     elif u < cfg.p_premature + cfg.p_redundant + cfg.p_vague:
-        hop = hops[hop_index]
-        generic = GENERIC[RELATIONS[hop["relation"]][0]]
-        vague = QUERY_TEMPLATES[hop["relation"]][int(rng.integers(3))].format(e=generic)
-        return TeacherAction("query", vague, {**extra, "flaw": "vague"})
+        return TeacherAction("query", _vague_query(hops[hop_index], rng), {**extra, "flaw": "vague"})
     return TeacherAction("query", _good_query(hops[hop_index], good_attempts), {**extra, "flaw": None})
+
+
+def _vague_query(hop: dict, rng) -> str:
+    """A query for `hop` with its entity's name replaced by a generic phrase ("where was the person born")."""
+    return QUERY_TEMPLATES[hop["relation"]][int(rng.integers(3))].format(e=GENERIC[RELATIONS[hop["relation"]][0]])
 
 
 def oracle_action(question: dict, history: list[TeacherStep]) -> TeacherAction:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from pathlib import Path
 
@@ -147,6 +148,11 @@ def index_stage(config, workdir, name) -> None:
               f"{len(hops)} dev hops (each hop's first query template)")
 
 
+def teacher_config(section) -> T.TeacherConfig:
+    """The teacher's settings from its config section (a TeacherConfig field the section lacks keeps its default)."""
+    return T.TeacherConfig(**{f.name: section[f.name] for f in dataclasses.fields(T.TeacherConfig) if f.name in section})
+
+
 @lead_only  # host-side: process 0 alone (docs/multihost.md)
 def teacher_stage(config, workdir, name) -> None:
     from jaxrag.env.mdp import write_episodes
@@ -157,7 +163,7 @@ def teacher_stage(config, workdir, name) -> None:
     passages = {p.doc_id: p for p in load_corpus(corpus_path(workdir))}
     entities = read_jsonl(Path(workdir) / "world" / "entities.jsonl")
     pool = T.guess_pool_from_entities([e for e in entities if not e["heldout"]])
-    cfg = T.TeacherConfig(s.p_vague, s.p_redundant, s.p_premature, s.max_retries, s.max_steps)
+    cfg = teacher_config(s)
     stats = {}
     out = stage_dir(workdir, name)
     for split in s.splits:
