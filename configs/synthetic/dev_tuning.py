@@ -176,7 +176,7 @@ def get_config(which: str = "a"):
                               dict(name="grpo_t07_g8_30", agent="react", model="grpo_t07_g8_30"),
                               dict(name="grpo_t07_g8_30_lr2e4", agent="react", model="grpo_t07_g8_30_lr2e4")])
         new = ["grpo_t07_g8_30", "grpo_t07_g8_30_lr2e4", "eval_dev_h"]
-    elif which == "i":  # SFT: fewer steps on a warmup-stable-decay schedule (the cost of the main job, issue 11)
+    elif which == "i":  # SFT: fewer steps on a warmup-stable-decay schedule (the cost of the main job)
         c.sft_wsd720, c.sft_wsd600 = sft_wsd(720), sft_wsd(600)
         c.eval_dev_i = ev(c, [dict(name="sft_react", agent="react", model="sft"),
                               dict(name="sft_wsd720", agent="react", model="sft_wsd720"),

@@ -1,4 +1,4 @@
-"""Online RL in the loop: multi-turn GRPO and PPO over live retrieval (issue 10).
+"""Online RL in the loop: multi-turn GRPO and PPO over live retrieval.
 
     from jaxrag.rl import RLConfig, train_rl
     result = train_rl(policy, retriever, agent, questions, "em", RLConfig(steps=100), {"loss": "grpo"}, workdir)

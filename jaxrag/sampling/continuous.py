@@ -1,101 +1,10 @@
 """Continuous batching: a fixed pool of decode slots over one KV cache; a finished row's slot takes the next request.
 
-`SlotPool(cfg, params, slots=B, max_len=T, sp)` holds one cache [B, T + chunk] (memory fixed when the pool is built:
-`nbytes`) and per-slot sampler state (the generate.decode state: logits, token buffer, lengths, positions, done).
-Requests (token-id prompts, each with its own key) queue on the host; `launch()` writes waiting prompts into the free
-slots (`insert`: a prefill pass per power-of-two group of distinct new prompts, generate's jitted
-`transformer.prefill`; requests inserted together with identical prompt ids, e.g. the n candidates of one turn,
-share one prefill row, copied to each of their slots: a fork on device; `place` copies each row into its cache row
-in place, no host round trip of the cache) and dispatches one jitted
-decode chunk over all slots (generate's `_decode_chunk`: every row at its own step; the chunk ends after `chunk`
-steps, when every row is done, or once `refill` x slots more rows are done than at its start, so freed slots do not
-idle to the chunk's end); `collect()` reads the chunk back and returns the rows that finished (stop id on device,
-stop string on the host, or max_new_tokens), whose slots are then free. `step()` is both.
-
-Layout: the cache's write index is shared by all rows (what `forward_cached` takes), and a row's tokens lie right-
-aligned before it: a prompt inserted when the index is i fills slots [i - P, i) of its row (P its padded length,
-left padding not valid), and each decode step writes every row at the index. RoPE reads each token's own position
-(per-row, from 0), and attention masks by slot order and validity, so a row's values do not depend on where in the
-cache it lies: when the index would run past the end the host shifts every row left by the oldest live row's start
-(`shift`, a roll of the cache: rare, one copy), and before an insert whose prompts are longer than the index it
-shifts right. The `chunk` slots beyond T are headroom: after a left shift the longest live row holds < T tokens,
-so a whole chunk always fits.
-
-Keys: request r draws its token t with fold_in(fold_in(fold_in(key, a), b), t) for its fold = (a, b) (the rollout
-engine passes (episode index x n + candidate, step)), so a sample does not depend on the slot, the batch, the
-arrival order or whether its prefill was shared.
-At temperature 0 a request's tokens are the lock-step sampler's (generate.sample) for the same prompt; log-probs
-agree to float rounding (the prefill and attention run over other shapes).
-
-Shared prefixes (`SlotPool(..., group=m)`, m > 1; JaxPolicy.continuous(group=N) builds one for a turn's N
-candidates when its cascade is on): the slots form slots / m groups of m, and the cache carries a "prefix" entry
-(prefix rows [slots / m, T - max_new_tokens]: generate.cascade_cache's layout), one row a group. Requests with
-the same ids fill the m slots of a free group (all m free; more requests than m take more groups, fewer leave slots
-empty until the group is free), their prompt prefilled once and written once into the group's prefix row
-(`place_shared`); the rows' own slots hold only their new tokens, so the cache is [slots, max_new_tokens + chunk]
-plus the prefix rows, and a decode step reads each prompt once per group (`transformer.attend_shared`) instead of
-once per row. Tokens and keys are as with copies (the same fold per request). A chunk's early end counts groups:
-it ends once `refill` x (slots / m) more whole groups are done than at its start, since a group's freed slots take
-no work until all m are free (a row-count end handed back chunks that freed no group). Sessions in such a pool
-(`sessions=True`; no prefix cache): a finished row's completion is copied out of its own slots, which shift on with
-the pool, into a store row of its slot (`stash`: [slots, max_new_tokens], compacted), and the row parks as its
-session's branch while its group's prefix row keeps the turn's prompt (a parked group takes no new work). The
-session's next turn continues the branch that keeps the most of its ids: prefix row + stashed completion, read as
-one row, are extended by the appended ids (`extend_branches`, extend_rows' computation) and written into the prefix
-row of a group whose m slots take the turn's requests: the branch's own group when nothing else holds it, else a
-free one (`_admit_groups`). So a turn's N candidates read their growing history once per group AND prefill only
-what the turn appends; a request for a group when none is free evicts the sessions parked in the least-needed
-group that has no decoding row (`_free_group`).
-
-A request longer than the pool can ever hold (prompt + max_new_tokens > T) is refused at `submit` with an error
-naming the setting (`setting`) that sizes T; a full pool is never an error: requests wait for a free slot.
-
-Sessions (opt-in: `SlotPool(..., sessions=True)`, `submit(..., session=key)`, `release(keys)`): when a request
-with a session key finishes, its row is PARKED in its slot: it keeps the keys/values of prompt + completion (tokens
-decoded past a host stop-string cut are made not valid: `forget`), is done on device (a done row writes nothing
-valid while others decode) and the host remembers the ids it holds. When the session's next request is inserted
-and its ids extend the held ones (sessions.extends: the token-level test of the lock-step sessions), only the
-appended ids are prefilled, into the same slot; when they do not extend them but share a prefix of at least
-`min_shared` ids with them (sessions.shared_prefix: a design whose question follows the growing history, a
-tokenizer merge at the completion's end), the row keeps that prefix and the rest of the prompt is prefilled
-(counted in `reused_partial`). Either way (`extend_rows`: the row's kept keys/values gathered into a small cache,
-the appended ids run through `forward_cached` at positions continuing the row's, the result compacted and written
-back by `place`, right-aligned before the index, so the row holds exactly its prompt's tokens as after a full
-insert; groups of power-of-two rows, the kept ids padded to a power-of-two bucket (sessions' finer buckets for
-them compiled 1.5x as long in bench.rollout --kv's first runs for the same throughput), the appended ids to
-sessions.fine_bucket (a shared-prefix turn may append hundreds of ids: 689 pad to 768, not 1,024)). Otherwise
-the request is a full insert, a fallback counted by reason in `stats` (fallback_new, fallback_not_prefix,
-fallback_evicted). Parked rows hold a slot and count as live for the left shift (never rolled out); a parked row
-whose span from its first token to the index would exceed T is evicted instead (evicted_span), and a request that
-needs a slot when none is free evicts a parked session (evicted_slot: the oldest with no request queued, else the
-oldest) rather than wait. A continued row holds its whole prompt, so a session request fits exactly when a full
-insert of it does (prompt + max_new_tokens <= T).
-At temperature 0 a continued request's tokens are the full prefill's (log-probs to float rounding); at T > 0 its
-key is the same fold, so it samples as without sessions.
-Candidates (N requests of one turn with one session key and the same ids, e.g. the rollout engine at
-n_candidates = N): their N rows park side by side as the session's BRANCHES (`parked[key]`: a list of slots; a
-row of another turn replaces them). The next turn's first request continues the branch its ids extend (the
-candidate the engine selected; the longest if several), the session's other branches are freed, and the turn's
-other requests (same session, same ids) take free slots as copies of the continued row: its appended ids are
-prefilled once and the result copied to each of their slots by `place` (a fork on device), as a full insert
-shares one prefill.
-Counters are per request (reused, reused_tokens, fallbacks; the copies also count in prefill_shared),
-appended_tokens per prefill computed (a turn's N requests append once).
-Prefix cache (opt-in: `SlotPool(..., sessions=True, prefix_cache=True)`; JaxPolicy(prefix_cache=True) keeps the pool
-between calls): a released session's rows stay in their slots as CACHED rows instead of being freed. A request that
-keeps nothing of its own session's rows (a new episode, a fallback) FORKS from the cached row that keeps the most of
-its ids (shared_prefix, the same rule): that row's kept keys/values are extended by the rest of the prompt into a
-free slot, the cached row left as it was for later forks; the requests of one insert with the same ids fork once. A
-request needing a slot evicts cached rows first, least recently used (forked from) first, never a source of the
-insert under way. MCTS is the use: rollouts from a node start with its state's prompt, which extends the prompt of
-its parent that the parent's earlier rollouts left cached (`reused_cached`). The prefix cache also shares heads
-within one insert: distinct new prompts whose common prefix passes the same rule (at least min_shared ids and a
-quarter of each) have it prefilled once, and each prompt's rest is prefilled against it (`extend_rows` over the
-prefix's own small cache), as a fork from a cached row would (`prefix_shared`, `prefix_shared_tokens`): a state's
-candidates continued M times each (rollout values), an expansion's children, a batch of one agent's first prompts.
-
-This module is the pool's host side (queues, slots, sessions, scheduling); the jitted operations on its cache named
-above (insert, place, extend_rows, extend_branches, stash, forget, shift) are in slot_cache.py.
+`SlotPool` is the pool's host side (request queues, slots, sessions, scheduling); the jitted operations on its cache
+(insert, place, extend_rows, extend_branches, stash, forget, shift) are in slot_cache.py. A sample depends only on
+its request's key and fold, not on its slot, batch or arrival order; at temperature 0 a request's tokens are the
+lock-step sampler's. docs/continuous_batching.md describes the cache layout, shared prefixes, sessions (parked rows
+and branches) and the prefix cache.
 """
 from __future__ import annotations
 
@@ -157,9 +66,9 @@ def _extension(kept: list[int], appended: list[list[int]]):
 
 
 class SlotPool:
-    """B decode slots over one cache of T tokens per slot (+ `chunk` slots of headroom); see the module doc. With
-    group=m > 1: B/m groups of m slots over prefix rows of T - max_new_tokens tokens, each slot's own cache
-    max_new_tokens + chunk tokens (module doc, "Shared prefixes").
+    """B decode slots over one cache of T tokens per slot (+ `chunk` slots of headroom; docs/continuous_batching.md).
+    With group=m > 1: B/m groups of m slots over prefix rows of T - max_new_tokens tokens, each slot's own cache
+    max_new_tokens + chunk tokens (docs/continuous_batching.md, "Shared prefixes").
 
     stats: chunks, slot_steps (slots x decode steps run), busy_steps (steps a slot held a live row: the tokens
     generated), prefill_tokens (token slots the inserts computed), prefill_shared (requests served by another

@@ -2,7 +2,7 @@
 sampler state. Inserting prefilled prompts into slots (`insert`, `place`; with shared prefixes `insert_shared`,
 `place_shared`), extending kept rows by appended ids (`extend_rows`, `extend_branches`), keeping finished branches
 (`stash`), dropping tokens past a stop-string cut (`forget`) and rolling the cache (`shift`). The layout and the
-scheduling that calls them are described in continuous.py's module doc."""
+scheduling that calls them are described in docs/continuous_batching.md."""
 from __future__ import annotations
 
 import functools

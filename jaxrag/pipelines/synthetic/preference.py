@@ -73,9 +73,8 @@ def critic_scorer(workdir, stage: str, agent=None, shapes=None):
     mcfg, params, head = load_checkpoint(model_dir(workdir, stage), with_head=True)
     if head is None:
         raise FileNotFoundError(f"{model_dir(workdir, stage)}: no head.npz (is '{stage}' a critic stage?)")
-    # each state's prompt computed once for its N candidates (share_prefix, the library default): on the demo's
-    # critic best-of-4 over 200 test questions, 3.9 s of critic scoring against 8.8 s scoring every sequence whole,
-    # the same picks (2026-11-24, compiled programs cached)
+    # each state's prompt computed once for its N candidates (share_prefix, the library default): the same picks in
+    # less than half the scoring time on the demo's best-of-4 (docs/demo.md, "Where the rest of the time goes")
     return CriticScorer(mcfg, params, head, load(model_dir(workdir, stage)), agent, batch_size=128,
                         min_rows=dict(shapes or {}).get("min_rows", 1))
 
