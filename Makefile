@@ -35,7 +35,7 @@ test: install-dev
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 bench: install-dev
-	for b in model train retrieval rollout supervision rl; do $(PY) -m jaxrag.bench.$$b || exit 1; done
+	for b in model train retrieval rollout supervision rl; do $(PY) -m benchmarks.$$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) runs

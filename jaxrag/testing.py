@@ -1,6 +1,6 @@
 """Stand-ins that implement jaxrag's protocols (sampling.policy.Policy, jaxrag.tokenizer.Tokenizer) without a trained
 model: scripted / random / fixed-latency policies, a byte tokenizer and a tiny random JaxPolicy. The tests (through
-tests/fakes.py, which adds the retrieval fakes) and the benches (jaxrag.bench.rollout) use these same classes.
+tests/fakes.py, which adds the retrieval fakes) and the benches (benchmarks.rollout) use these same classes.
 """
 
 from __future__ import annotations

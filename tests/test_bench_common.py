@@ -1,4 +1,4 @@
-"""jaxrag.compilation and bench.common: the compilation count a benchmark uses to prove its timed run compiled nothing, and the machine
+"""jaxrag.compilation and benchmarks.common: the compilation count a benchmark uses to prove its timed run compiled nothing, and the machine
 record every result carries."""
 import json
 from pathlib import Path
@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrag.bench.common import cpu, write_result
+from benchmarks.common import cpu, write_result
 from jaxrag.compilation import compilation
 
 
@@ -36,12 +36,12 @@ def test_every_result_names_the_cpu_and_its_vector_extensions(tmp_path):
 
 
 def test_bench_rl_append_only_actions_are_their_own_ids():
-    """bench.rl --append-only: the scripted action is exactly new_tokens bytes, already canonical (the environment
+    """benchmarks.rl --append-only: the scripted action is exactly new_tokens bytes, already canonical (the environment
     renders it back into the next prompt unchanged: format(parse(text)) == text), differs per turn, and the
     completion's ids are the text's own bytes, so the next prompt continues the turn's ids."""
     from types import SimpleNamespace
 
-    from jaxrag.bench import rl as B
+    from benchmarks import rl as B
     from jaxrag.env.agents.base import format_plain_line, parse_plain_line
 
     prompts = ["question: Who wrote Kiss and Tell, the 1945 film?\n",

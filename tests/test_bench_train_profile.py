@@ -1,8 +1,8 @@
-"""bench.train_profile's kernel table: kernel names as an H100 trace of the 1B training step shows them."""
+"""benchmarks.train_profile's kernel table: kernel names as an H100 trace of the 1B training step shows them."""
 
 import pytest
 
-from jaxrag.bench.train_profile import device_kernels, kernel_kind
+from benchmarks.train_profile import device_kernels, kernel_kind
 
 
 @pytest.mark.parametrize("name, kind", [

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrag.bench.model import bytes_accessed
+from benchmarks.model import bytes_accessed
 from jaxrag.models import ModelConfig, decode_step, init_cache, init_params, unstack_layers
 from jaxrag.models.transformer import attend, attend_shared
 from jaxrag.sampling.generate import SamplingParams, _fork, _prefill, cascade_cache, cascade_groups, left_pad, sample

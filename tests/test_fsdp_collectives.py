@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent('''
     import jax
     import numpy as np
     from jaxrag import sharding as shd
-    from jaxrag.bench.scale import collective_bytes
+    from benchmarks.scale import collective_bytes
     from jaxrag.models import ModelConfig, init_params
     from jaxrag.train import config as tconfig
     from jaxrag.train.batching import SFTExample, sft_batch

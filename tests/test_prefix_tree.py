@@ -305,7 +305,7 @@ def test_at_the_1b_shapes_the_react_tree_computes_under_twice_the_distinct_token
     RAG-Gym ReAct episodes, 3 turns): the per-row layout is 384 rows of 768 slots, 48 per trained token; the tree the cost model picks packs
     the same rows in 2048-token packs that compute each shared prefix about once per pack, under 2x the step's
     distinct tokens (at the tiny preset's cost, where attention weighs more, it picks 768-token packs: 2.25x)."""
-    from jaxrag.bench.train_layout import plan_1b
+    from benchmarks.train_layout import plan_1b
 
     plan = plan_1b(16)
     assert plan["rows_shape"] == "384x768" and plan["rows_per_trained"] == 48

@@ -55,14 +55,14 @@ class ModelConfig:
     # Full-sequence passes over stacked layers: True = lax.scan (compile time flat in depth), False = an unrolled
     # loop over the layers' slices; None = unrolled on a GPU (XLA:GPU copies each layer's slice of the stacked
     # weights, gradients and residuals: a Llama-3.2-1B loss gradient took 332 ms scanned, 278 unrolled on an H100,
-    # bench.train_profile), scanned elsewhere. The same values either way.
+    # benchmarks.train_profile), scanned elsewhere. The same values either way.
     scan_layers: bool | None = None
     cache_dtype: str | None = None  # KV cache storage dtype (e.g. "bfloat16" to halve decode's cache reads); None = dtype
     # Attention over the KV cache (decode, continuing a cache): 0 = every slot in one pass; n > 0 = in a cache of
     # at least 8n slots, only the filled window (the first slot any row holds to the newest token), n slots at a
     # time with an online softmax, whenever its blocks cover at most half the cache: a step reads what the rows
     # hold, not the cache's size (a slot pool is sized for its longest request). None = 64 on CPU (a 1,024-slot
-    # cache holding 192 tokens: 35.1 -> 24.3 ms a step, bench.model), 256 on TPU (tpu_attention.DECODE_CACHE_BLOCK:
+    # cache holding 192 tokens: 35.1 -> 24.3 ms a step, benchmarks.model), 256 on TPU (tpu_attention.DECODE_CACHE_BLOCK:
     # JAX's Pallas decode kernels need a paged cache; not yet timed on a TPU), 0 on GPU until measured there (a
     # loop of small blocks per layer, where a fused kernel is the answer). The same values up to float rounding.
     cache_block: int | None = None

@@ -273,7 +273,7 @@ def dense(x: jax.Array, w: jax.Array, n_in: int = 1, precision: str | None = Non
     """Contract the last `n_in` axes of x with the first `n_in` of w as one 2-D matmul over flattened leading axes.
 
     Same values as the einsum; XLA:CPU runs the flattened GEMMs (and their transposes in the backward pass) far
-    faster than 3-D/4-D dot_generals: 1.6x on a SwiGLU MLP's forward+backward at d_model 512 (bench.model)."""
+    faster than 3-D/4-D dot_generals: 1.6x on a SwiGLU MLP's forward+backward at d_model 512 (benchmarks.model)."""
     lead, inner, out = x.shape[: x.ndim - n_in], w.shape[:n_in], w.shape[n_in:]
     y = jnp.matmul(x.reshape(-1, math.prod(inner)), w.reshape(math.prod(inner), -1), precision=precision)
     return y.reshape(*lead, *out)

@@ -30,7 +30,7 @@ class HybridRetriever:
     list max(2k, 100) = 100 deep, rrf_k 60); the lists are fused with RRF (1 / (rrf_k + rank)) and cut to k."""
 
     retrievers: Sequence[Retriever]
-    depth: int = 20  # best R@10 on the multihop dev sets among 10/20/50/100 (bench.retrieval)
+    depth: int = 20  # best R@10 on the multihop dev sets among 10/20/50/100 (benchmarks.retrieval)
     rrf_k: int = RRF_K
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:

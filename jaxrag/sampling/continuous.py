@@ -82,7 +82,7 @@ class SlotPool:
     wait for their prefill / place to finish: `collect` waits for the last `place` output first, as the device runs
     the inserts before the chunk), decode_s (dispatch + the rest of the wait: the chunk), host_s (stop strings,
     results). Without that split every insert's device time fell into decode_s (dispatch is asynchronous): at batch
-    32 of bench.rollout --kv 70% of the pool's reported decode time was its prefill. idle_share = 1 - busy /
+    32 of benchmarks.rollout --kv 70% of the pool's reported decode time was its prefill. idle_share = 1 - busy /
     slot steps."""
 
     def __init__(self, cfg: ModelConfig, params, slots: int, max_len: int, sp: SamplingParams, key: jax.Array,

@@ -67,7 +67,7 @@ def shared_prefix(held: Sequence[int], ids: Sequence[int], minimum: int = MIN_SH
     at least a quarter of `ids`, so a prompt that rewrites its tail (a design whose question and instructions follow
     the growing history; a tokenizer merging the completion's last token with the appended text) keeps its common
     head; else 0. A continued row gathers, attends to and compacts its kept ids, so a short head costs more than it
-    saves: in bench.prefix_reuse a RAG-Gym ReAct turn keeping 8% of a 749-token prompt ran 7% slower than its full
+    saves: in benchmarks.prefix_reuse a RAG-Gym ReAct turn keeping 8% of a 749-token prompt ran 7% slower than its full
     prefill, a ReasonRAG chat turn keeping 58% 1.6x faster. At most len(ids) - 1: one id is always prefilled (its
     logits start the decode). Keys/values at a position depend only on the ids up to it, so keeping the common
     prefix is the full prefill's computation (to float rounding)."""

@@ -37,7 +37,7 @@ def place(cache: dict, state: dict, keys, base_key, logits, small: dict, valid, 
     buffer, not done; request keys fold_in(fold_in(base_key, a), b) for folds [m,2]. Needs index >= P (the host
     shifts first). The keys/values are copied one row at a time (dynamic_update_slice in a loop over the real rows,
     in place in the donated cache); a row's other slots keep stale values that are not valid, which attention never
-    reads (its mask is a `where`). On XLA:CPU, 40 rows of 256 slots forked from 8 (bench.rollout --kv's model at
+    reads (its mask is a `where`). On XLA:CPU, 40 rows of 256 slots forked from 8 (benchmarks.rollout --kv's model at
     batch 8, N = 5): 4.5 ms, against 25 ms for the fork + scatter of whole zeroed rows this replaced."""
     P, B = valid.shape[1], cache["valid"].shape[0]
     start = cache["index"] - P

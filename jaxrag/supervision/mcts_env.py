@@ -42,7 +42,7 @@ class PolicyTreeEnv:
     continuous: bool = False  # rollouts through the policy's slot pool (RolloutConfig.continuous)
     # with continuous, expansions too: with a policy whose pool is kept between calls (prefix_cache) a node's
     # children's rollouts then fork from the rows their expansion left (the parent's prompt + the child's action).
-    # Off by default: in bench.prefix_reuse --mcts on 2 CPU cores it forked 3x as often (229 against 76 requests)
+    # Off by default: in benchmarks.prefix_reuse --mcts on 2 CPU cores it forked 3x as often (229 against 76 requests)
     # but ran at 0.95x the no-cache speed, where the cache with lock-step expansions ran at 1.05x (the pool's decode
     # over all its slots costs more than the batched call). Needs a policy with `continuous` (else lock-step).
     pool_expansions: bool = False

@@ -1,6 +1,6 @@
 """Rollouts over many devices: the decode step and the training step on 1 / 2 / 4 / 8 devices of a (1, n, 1) mesh.
 
-    python -m jaxrag.bench.scale [--preset small|tiny|quick|1b|8b] [--devices 1,2,4,8] [--rows 32] [--prompt 64]
+    python -m benchmarks.scale [--preset small|tiny|quick|1b|8b] [--devices 1,2,4,8] [--rows 32] [--prompt 64]
         [--new 16] [--repeats 3]
 
 Per device count n (the first n devices; on CPU, 8 fake devices made with --xla_force_host_platform_device_count,
@@ -116,7 +116,7 @@ def decode_args(cfg, B: int, P: int, N: int, mesh, rows_split: bool):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="small", help="small | tiny | a bench.model preset (quick, cpu, 1b, 8b)")
+    ap.add_argument("--preset", default="small", help="small | tiny | a benchmarks.model preset (quick, cpu, 1b, 8b)")
     ap.add_argument("--devices", default="1,2,4,8")
     ap.add_argument("--rows", type=int, default=32, help="decode rows (B), also the training batch")
     ap.add_argument("--prompt", type=int, default=64, help="prompt slots filled per row")
@@ -133,8 +133,8 @@ def main(argv=None):
     from jaxrag import sharding as shd
 
     from jaxrag.sampling import generate as G
-    from jaxrag.bench.common import matmul_gflops, table, write_result
-    from jaxrag.bench.model import PRESETS, device_name
+    from benchmarks.common import matmul_gflops, table, write_result
+    from benchmarks.model import PRESETS, device_name
     from jaxrag.models import ModelConfig, init_params, param_logical_axes, unstack_layers
     from jaxrag.train import config as tconfig
     from jaxrag.train.batching import SFTExample, sft_batch
@@ -148,7 +148,7 @@ def main(argv=None):
     cfg = own[args.preset] if args.preset in own else PRESETS[args.preset].cfg.replace(dtype=PRESETS[args.preset].dtype)
     B, P, N = args.rows, args.prompt, args.new
     if len(jax.devices()) < max(counts):
-        raise SystemExit(f"bench.scale: {len(jax.devices())} devices; --devices asks for {max(counts)}")
+        raise SystemExit(f"benchmarks.scale: {len(jax.devices())} devices; --devices asks for {max(counts)}")
     params = init_params(cfg, jax.random.PRNGKey(0))
     sp = G.SamplingParams(temperature=0.0, max_new_tokens=N)
     rng = np.random.default_rng(0)

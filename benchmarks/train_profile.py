@@ -1,8 +1,8 @@
-"""Where a training step's time goes, on whatever backend JAX finds: the trainer's own step (bench.model's row),
+"""Where a training step's time goes, on whatever backend JAX finds: the trainer's own step (benchmarks.model's row),
 its loss's forward and forward+backward alone, and variants that each change one thing; with --profile, the
 step's device kernels from a jax.profiler trace, grouped by kind (matmul, attention, fusion, ...) and by name.
 
-    python -m jaxrag.bench.train_profile [--preset quick|cpu|1b] [--variants step,forward,grad,...] [--profile DIR]
+    python -m benchmarks.train_profile [--preset quick|cpu|1b] [--variants step,forward,grad,...] [--profile DIR]
 
 Variants (the sft loss over every token; `grad` is value_and_grad of the same loss as `step`, no optimizer):
 - step: `jaxrag.train.learner.build`'s jitted train step (AdamW, fp32 master weights, compute in the preset's dtype);
@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrag import losses
-from jaxrag.bench.common import table, time_it, write_result
-from jaxrag.bench.model import PRESETS, device_name, forward_flops, jax_train_step
+from benchmarks.common import table, time_it, write_result
+from benchmarks.model import PRESETS, device_name, forward_flops, jax_train_step
 from jaxrag.models import forward_hidden, init_params
 from jaxrag.models.transformer import unstack_layers
 from jaxrag.train.objectives import MAX_LOGITS, head_logprobs

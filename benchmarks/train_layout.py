@@ -1,5 +1,5 @@
 """The update's work and time in the per-row and the prefix-tree layouts (jaxrag.train.prefix_tree), on a step's
-rows of three formats with the shapes of bench.rl's ReAct episodes:
+rows of three formats with the shapes of benchmarks.rl's ReAct episodes:
 
 - react_rag_gym: RAG-Gym's ReAct, one row per turn, each turn's prompt = instructions + the history so far + the
   question (after the history): consecutive prompts do not extend each other (no merge_turns);
@@ -14,9 +14,9 @@ INSTR-token instruction block; DPO: STATES states x 2 pairs. Per format and layo
 (the forward's token slots, padding included) per trained (generated) token, the step's distinct tokens (every
 shared prefix once) per trained token, the tree's slots over the distinct tokens (goal <= 2), the cost model's
 FLOP ratio and the auto choice, and the time of one jitted gradient step (median of `steps` after a compiling one)
-at bench.rl's tiny preset on this CPU. The "1b" columns are the tree the cost model picks for the same rows at
-bench.rl's 1b preset (Llama-3.2-1B shapes): its batch shape, slots over distinct tokens and FLOP ratio, from the
-host-side packing alone (nothing runs at that size here). `python -m jaxrag.bench.train --only layouts` runs it
+at benchmarks.rl's tiny preset on this CPU. The "1b" columns are the tree the cost model picks for the same rows at
+benchmarks.rl's 1b preset (Llama-3.2-1B shapes): its batch shape, slots over distinct tokens and FLOP ratio, from the
+host-side packing alone (nothing runs at that size here). `python -m benchmarks.train --only layouts` runs it
 alone.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxrag.bench.common import table, time_first_and_median
+from benchmarks.common import table, time_first_and_median
 
 B, G, TURNS, NEW, DOCS, INSTR, QUESTION = 2, 8, 3, 16, 100, 300, 20
 STATES = 4
@@ -118,8 +118,8 @@ def grad_step(mcfg, loss: str, batch_size: int):
 
 
 def preset(name: str):
-    """bench.rl's model preset `name` ("tiny" | "1b") as a ModelConfig."""
-    from jaxrag.bench.rl import PRESETS
+    """benchmarks.rl's model preset `name` ("tiny" | "1b") as a ModelConfig."""
+    from benchmarks.rl import PRESETS
     from jaxrag.models import ModelConfig
 
     return ModelConfig(**PRESETS[name], bos_id=1, eos_ids=(2,), pad_id=0)
@@ -184,7 +184,7 @@ def plan_1b(questions: int = 16) -> dict:
 
 def main(steps: int = 2) -> dict:
     rows = run(steps)
-    print(f"update layouts, bench.rl tiny preset, B={B} x G={G}, {TURNS} turns x {NEW} new tokens, {DOCS} document "
+    print(f"update layouts, benchmarks.rl tiny preset, B={B} x G={G}, {TURNS} turns x {NEW} new tokens, {DOCS} document "
           f"tokens a search, {INSTR} instruction tokens")
     print(table(rows, COLUMNS))
     big = plan_1b()

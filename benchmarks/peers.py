@@ -1,12 +1,12 @@
 """The sampler's own speed, the peer every rollout bench is measured against: decode (`pure_decode`) and cached
-prefill (`pure_prefill`) with no engine, host or retrieval around them. Used by bench.rollout and bench.rollout_kv
+prefill (`pure_prefill`) with no engine, host or retrieval around them. Used by benchmarks.rollout and benchmarks.rollout_kv
 (a module of its own so neither imports the other)."""
 from __future__ import annotations
 
 import dataclasses
 import time
 
-from jaxrag.bench.common import durations
+from benchmarks.common import durations
 
 
 def pure_decode(pol, states: int, new_tokens: int, repeats: int = 3, context: int = 0, n: int = 1,

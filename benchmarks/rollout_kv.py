@@ -1,6 +1,6 @@
 """Cross-turn KV reuse vs today's full prefill: full multi-turn rollouts on the synthetic world, the real policy.
 
-    python -m jaxrag.bench.rollout --kv [--workdir DIR] [--batches 1,8,32] [--episodes 128] [--sft-steps 300]
+    python -m benchmarks.rollout --kv [--workdir DIR] [--batches 1,8,32] [--episodes 128] [--sft-steps 300]
         [--paths today,stops,cascade,reuse,cascade+reuse,continuous,cont+cascade,cont+reuse,cont+cascade+reuse]
         [--n 1] [--temperature 0]
         [--cache-blocks 0,128]
@@ -23,7 +23,7 @@ round trips of the slot pool), and the time split: prefill (host
 batch prep + prefill pass), decode, retrieval, host (tokenizer, rendering, parsing, engine). first_run_s: the
 warm-up run's seconds (its compilations included; a path measured later at the same batch size reuses the shapes an
 earlier one compiled). vs_pure_decode%: the run's new tokens (every candidate's) per second of its whole time / a
-pure decode's at the same decode batch, batch distinct prompts x N rows each (bench.peers.pure_decode: one-token
+pure decode's at the same decode batch, batch distinct prompts x N rows each (benchmarks.peers.pure_decode: one-token
 prompts, --max-new-tokens each at --temperature, no stop); vs_pure_decode_ctx%: the same against the decode alone of
 distinct prompts as long as the first path's mean prompt (`context_per_turn`), the attention work a rollout's decode
 cannot avoid. Before 2026-11-27 the prompts were identical, so the sampler prefilled one and every row of the batch
@@ -44,7 +44,7 @@ import argparse
 import time
 from pathlib import Path
 
-from jaxrag.bench.common import matmul_gflops, table, write_result
+from benchmarks.common import matmul_gflops, table, write_result
 from jaxrag.compilation import compilation
 
 
@@ -64,7 +64,7 @@ def pipeline_config(preset: str = "tiny"):
     """The synthetic pipeline's config at `preset` (configs/synthetic/pipeline.py, read from the repository)."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[2] / "configs" / "synthetic" / "pipeline.py"
+    path = Path(__file__).resolve().parents[1] / "configs" / "synthetic" / "pipeline.py"
     spec = importlib.util.spec_from_file_location("synthetic_pipeline", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -144,7 +144,7 @@ def main(argv=None):
     paths = {p: PATHS[p] for p in args.paths.split(",")}
     import jax
 
-    from jaxrag.bench.peers import pure_decode, pure_prefill
+    from benchmarks.peers import pure_decode, pure_prefill
     from jaxrag.env.agents import get_agent
     from jaxrag.env.rollout import RolloutConfig
     from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy

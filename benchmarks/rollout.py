@@ -1,11 +1,11 @@
 """Rollout engine throughput: episodes/s vs batch size, and the share of time in generation / retrieval / host.
 
-    python -m jaxrag.bench.rollout [--jax] [--episodes 64] [--batches 1,2,4,8,16,32,64]
+    python -m benchmarks.rollout [--jax] [--episodes 64] [--batches 1,2,4,8,16,32,64]
         [--new-tokens 16] [--stop-chars 0] [--temperature 0] [--no-fake]
     continuous vs lock-step where action lengths vary: --jax --new-tokens 128 --stop-chars 4 --temperature 1
     N candidates per state, continuous vs lock-step (one prefill per turn; its N rows read the state's cache once:
     cascade; and, as peers, each row copying it): --jax --candidates 5 [...]
-    python -m jaxrag.bench.rollout --kv [...]: cross-turn KV reuse vs full prefill (jaxrag/bench/rollout_kv.py)
+    python -m benchmarks.rollout --kv [...]: cross-turn KV reuse vs full prefill (benchmarks/rollout_kv.py)
 
 Policies measured in the same run:
 - fake: a fixed per-call latency + per-token cost (models a device that saturates with batch);
@@ -40,8 +40,8 @@ import sys
 import time
 from typing import Sequence
 
-from jaxrag.bench.common import table, write_result
-from jaxrag.bench.peers import pure_decode
+from benchmarks.common import table, write_result
+from benchmarks.peers import pure_decode
 from jaxrag.compilation import compilation
 from jaxrag.data.qa import load_qa
 from jaxrag.env.agents import get_agent
@@ -162,7 +162,7 @@ def _timed(pol, retriever, agent, examples, cfg: RolloutConfig, tok=None) -> dic
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--kv" in argv:
-        from jaxrag.bench import rollout_kv
+        from benchmarks import rollout_kv
         return rollout_kv.main([a for a in argv if a != "--kv"])
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=64)

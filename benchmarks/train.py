@@ -1,8 +1,8 @@
 """Train-step speed on CPU for a small Llama: jaxrag SFT / DPO / GRPO steps vs a PyTorch DPO step.
 
-    python -m jaxrag.bench.train [--steps=5] [--only steps|layouts]
+    python -m benchmarks.train [--steps=5] [--only steps|layouts]
 
-`layouts` (jaxrag.bench.train_layout): the update's tokens per trained token and its time, per-row vs prefix-tree
+`layouts` (benchmarks.train_layout): the update's tokens per trained token and its time, per-row vs prefix-tree
 layout, for RAG-Gym ReAct rows, append-only (merged) rows and DPO pairs; written under "layouts".
 
 Peer: a hand-written DPO step (policy + frozen reference forward, sigmoid loss, AdamW) on transformers'
@@ -20,8 +20,8 @@ import os
 import jax
 import numpy as np
 
-from jaxrag.bench.common import table, time_first_and_median, write_result
-from jaxrag.bench.trainer_step import trainer_step
+from benchmarks.common import table, time_first_and_median, write_result
+from benchmarks.trainer_step import trainer_step
 from jaxrag.models import ModelConfig, init_params
 from jaxrag.train.batching import Group, PreferencePair, SFTExample, batch_tokens, group_batch, pair_batch, sft_batch
 
@@ -96,7 +96,7 @@ def main():
     ap.add_argument("--only", choices=("steps", "layouts"), default=None)
     a = ap.parse_args()
     if a.only == "layouts":
-        from jaxrag.bench import train_layout
+        from benchmarks import train_layout
 
         out = write_result("train_layout", train_layout.main(a.steps))
         print(f"wrote {out}")
@@ -116,7 +116,7 @@ def main():
     print(table(rows, ["impl", "loss", "step_s", "tokens_per_s", "first_step_s", "vs torch DPO (speedup)"]))
     payload = {"model": CFG.__dict__ | {"rope_scaling": None}, "seq": SEQ, "pairs": PAIRS, "rows": rows}
     if a.only is None:
-        from jaxrag.bench import train_layout
+        from benchmarks import train_layout
 
         payload["layouts"] = train_layout.main(a.steps)
     write_result("train", payload)

@@ -1,4 +1,4 @@
-"""The trainer's own jitted step on a one-device mesh, as the benches time it (bench.train, bench.model)."""
+"""The trainer's own jitted step on a one-device mesh, as the benches time it (benchmarks.train, benchmarks.model)."""
 
 from __future__ import annotations
 

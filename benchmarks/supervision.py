@@ -1,6 +1,6 @@
 """Process-supervision throughput: states/s of RAG-Gym ranking collection, one question at a time vs all at once.
 
-    python -m jaxrag.bench.supervision [--questions 16] [--n 4] [--d-model 64] [--layers 2] [--new-tokens 16]
+    python -m benchmarks.supervision [--questions 16] [--n 4] [--d-model 64] [--layers 2] [--new-tokens 16]
 
 Setup: a seeded synthetic world (jaxrag.data.synthetic), its multi-hop train questions, BM25 (bm25s) over its
 passages, the plain ReAct agent, the oracle judge (one batched search per judge call). Policy: the real JaxPolicy
@@ -12,7 +12,7 @@ real collection run. Modes:
   batch 1  `collect_ranking` over one question at a time (engine batch 1): N candidates per policy call;
   batched  `collect_ranking` over all questions at once: one policy call per engine step for every live state.
 A peer policy, fake(20ms+10us/tok), scripts the same candidates behind a fixed per-call latency + per-token cost
-(a device that saturates with batch; as bench.rollout). Each mode runs once untimed first (every shape it meets
+(a device that saturates with batch; as benchmarks.rollout). Each mode runs once untimed first (every shape it meets
 compiles), then `--repeats` timed runs alternate between the modes (fastest kept). states/s = judged states
 (ProcessRecords, kept or not) per second. Shares: gen = policy.generate, judge = the oracle (incl. its search),
 ret = the engine's retrieval. prefill_pad_ratio = the sampler's padded prefill (bucketed rows x bucketed longest
@@ -33,7 +33,7 @@ import zlib
 
 import numpy as np
 
-from jaxrag.bench.common import table, write_result
+from benchmarks.common import table, write_result
 from jaxrag.data.synthetic.questions import generate_questions
 from jaxrag.data.synthetic.teacher import GENERIC, QUERY_TEMPLATES
 from jaxrag.data.synthetic.world import RELATIONS, generate_world
@@ -51,7 +51,7 @@ class _C:
 
 class LatencyModel:
     """sleep(call_s + token_s * tokens * rows): a device with a fixed launch cost and per-sequence compute (the
-    same model as bench.rollout's fake); its completions carry `tokens` token ids and no text."""
+    same model as benchmarks.rollout's fake); its completions carry `tokens` token ids and no text."""
 
     def __init__(self, call_s: float = 0.02, token_s: float = 1e-5, tokens: int = 16):
         self.call_s, self.token_s, self.tokens = call_s, token_s, tokens
@@ -118,7 +118,7 @@ class Setup:
 
 
 def make_setup(args) -> Setup:
-    from jaxrag.bench.rollout import tiny_jax
+    from benchmarks.rollout import tiny_jax
     from jaxrag.retrieval import Passage, build_bm25
 
     world = generate_world(args.seed, n_countries=6, n_cities=24, n_persons=150, n_films=60, n_companies=30)

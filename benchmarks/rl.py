@@ -1,7 +1,7 @@
 """One online-RL step (jaxrag.rl.train_rl, GRPO): episodes/s and trained tokens/s at batch 1 vs batched, and where
 the step's time goes (sampling / retrieval / training / host).
 
-    python -m jaxrag.bench.rl [--steps 5] [--questions 2] [--group 4] [--new-tokens 16] [--preset tiny|1b]
+    python -m benchmarks.rl [--steps 5] [--questions 2] [--group 4] [--new-tokens 16] [--preset tiny|1b]
         [--modes batch1,batched,batched_groups,continuous] [--append-only]
 
 Modes (same world, model and update rule):
@@ -19,7 +19,7 @@ Modes (same world, model and update rule):
 World: plain ReAct over BM25 (bm25s) on the multihop contexts corpus (11k passages), k = 5, a random Llama with the
 byte tokenizer. The model's tokens are really sampled (and their log-probs trained on), but a random model's text
 would end every episode Invalid at step 1, so the action the environment executes is scripted: 2 searches, then an
-answer (the bench.rollout convention); the rows hold the sampled ids, so the update costs what it would.
+answer (the benchmarks.rollout convention); the rows hold the sampled ids, so the update costs what it would.
 --append-only: the rows hold the scripted action's own ids instead (its bytes, cut or padded to --new-tokens), so
 each turn's prompt continues the last turn's prompt and action token for token, as in append-only formats (Search-R1,
 ARENA's multi-turn): rows.merge_turns joins an episode's turns into one row (rows per episode: 1) where the whole
@@ -40,7 +40,7 @@ import logging
 import statistics
 import time
 
-from jaxrag.bench.common import table, write_result
+from benchmarks.common import table, write_result
 from jaxrag.paths import bench_data
 
 SEARCHES = 2

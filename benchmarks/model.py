@@ -1,7 +1,7 @@
 """Model speed on whatever backend JAX finds: forward, the trainer's own training step, batched generation and
 one decode step, against transformers/PyTorch on the same device, in the same run.
 
-    python -m jaxrag.bench.model [--preset cpu|quick|1b|8b] [--remat] [--no-torch]
+    python -m benchmarks.model [--preset cpu|quick|1b|8b] [--remat] [--no-torch]
 
 Presets: `cpu` (default; 8 layers, d 512, fp32: the CPU table of the README), `quick` (a smoke run), `1b`
 (Llama-3.2-1B shapes, bf16 compute, fp32 master weights: 8 x 2,048 tokens, decode B 64, prompt 512 + 256 new) and
@@ -40,8 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrag.bench.common import table, time_it, write_result
-from jaxrag.bench.trainer_step import trainer_step
+from benchmarks.common import table, time_it, write_result
+from benchmarks.trainer_step import trainer_step
 from jaxrag.models import ModelConfig, forward, init_params
 from jaxrag.models.transformer import cache_block, decode_step, init_cache, unstack_layers
 from jaxrag.sampling import SamplingParams, sample

@@ -1,13 +1,13 @@
 """Memory plan by AOT lowering (nothing allocated): per-device bytes of a full train step for Llama-3.1-8B shapes.
 
-    python -m jaxrag.bench.memory_plan [--seq=1024] [--pairs=8]
+    python -m benchmarks.memory_plan [--seq=1024] [--pairs=8]
 
 Cases: a full-parameter DPO step with FSDP over 8 (fake CPU) devices, and a LoRA r=256 DPO step on one device.
 The step is the trainer's own (jaxrag.train.steps.make_train_step) lowered with ShapeDtypeStructs and compiled;
 bytes come from XLA's `compiled.memory_analysis()` (CPU backend: buffer assignment differs from GPU's, so read
 these as a plan, not a promise). Writes results/memory_plan.md and results/bench/memory_plan.json.
 
-On an accelerator (`JAX_PLATFORMS=cuda python -m jaxrag.bench.memory_plan`) it plans the cases that fit the devices
+On an accelerator (`JAX_PLATFORMS=cuda python -m benchmarks.memory_plan`) it plans the cases that fit the devices
 present with that backend's own compiler and buffer assignment (one GPU: the LoRA case) and writes
 results/memory_plan_<device>.md and results/bench/memory_plan_<device>.json instead.
 """
@@ -24,7 +24,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from jaxrag import sharding as shd  # noqa: E402
-from jaxrag.bench.common import table, write_result  # noqa: E402
+from benchmarks.common import table, write_result  # noqa: E402
 from jaxrag.models import ModelConfig, param_logical_axes, param_shapes  # noqa: E402
 from jaxrag.models.lora import init_lora, lora_logical_axes  # noqa: E402
 from jaxrag.train import config as tconfig  # noqa: E402
@@ -111,7 +111,7 @@ def main():
              "`compiled.memory_analysis()`). bf16 compute, per-layer remat, AdamW.\n")
     text = (
         "# Memory plan: Llama-3.1-8B DPO steps (AOT, no allocation)\n\n"
-        "Produced by `python -m jaxrag.bench.memory_plan` (the trainer's own step, lowered with ShapeDtypeStructs on\n"
+        "Produced by `python -m benchmarks.memory_plan` (the trainer's own step, lowered with ShapeDtypeStructs on\n"
         + where + "peak = arguments + outputs - aliased (donated state) + temporaries, per device, against an 80 GB GPU.\n"
         + ("The CPU backend's buffer assignment is not the GPU's: treat this as a plan, check on the real device.\n"
            if on_cpu else "") + "\n" + md + "\n"

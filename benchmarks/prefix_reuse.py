@@ -1,6 +1,6 @@
 """Cross-turn KV reuse by agent design: the prompt tokens each turn must prefill, extensions only vs shared prefix.
 
-    python -m jaxrag.bench.prefix_reuse [--workdir DIR] [--episodes 128] [--designs react,search-o1,...]
+    python -m benchmarks.prefix_reuse [--workdir DIR] [--episodes 128] [--designs react,search-o1,...]
         [--modes plain,chat] [--replay react/chat,react/plain] [--batch 16] [--new-tokens 8]
         [--mcts N [--mcts-iterations I]] [--values N [--values-n 4 --values-m 4]]
 
@@ -21,7 +21,7 @@ episode as the session (greedy, --new-tokens per turn; what the model generates 
 a plain-mode prompt never extends the held ids here: only the shared-prefix path reuses), turns/s and the pool's
 prefill token slots and appended tokens per turn for: no sessions, sessions with extensions only, sessions with
 shared prefixes, each timed on a second run (the first compiles every shape it meets).
-Part 3 (--mcts N): ReasonRAG MCTS on N questions of bench.rollout --kv's world with its SFT policy, rollouts through
+Part 3 (--mcts N): ReasonRAG MCTS on N questions of benchmarks.rollout --kv's world with its SFT policy, rollouts through
 the slot pool with KV sessions, without and with the prefix cache, and with expansions through the pool too
 (`mcts_rows`; requests and prefill then count the expansions' samples as well).
 Part 4 (--values N): rollout values (M continuations of each candidate) of the states a ranking collection over N
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxrag.bench.common import matmul_gflops, table, write_result
+from benchmarks.common import matmul_gflops, table, write_result
 
 DESIGNS = ("react", "search-o1", "re2search", "reasonrag", "smartsearch")
 
@@ -44,7 +44,7 @@ DESIGNS = ("react", "search-o1", "re2search", "reasonrag", "smartsearch")
 def tiny_world(workdir: Path):
     """The tiny preset's world, index, teacher and tokenizer (stages already done are kept); its config."""
     from jaxrag import main as jmain
-    from jaxrag.bench.rollout_kv import pipeline_config
+    from benchmarks.rollout_kv import pipeline_config
 
     config = pipeline_config()
     jmain.run(config, workdir, only=["world", "index", "teacher", "tokenizer"])
@@ -114,9 +114,9 @@ def replay(model_cfg, params, turns_by_episode, batch: int, new_tokens: int, ses
 
 
 def sft_world(workdir: Path, questions: int):
-    """(config, tokenizer, retriever, the first `questions` train questions) of bench.rollout --kv's world (its SFT
+    """(config, tokenizer, retriever, the first `questions` train questions) of benchmarks.rollout --kv's world (its SFT
     policy trained for 300 steps if not yet done)."""
-    from jaxrag.bench.rollout_kv import synthetic_world
+    from benchmarks.rollout_kv import synthetic_world
     from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever
 
     config = synthetic_world(workdir, 300)
@@ -134,7 +134,7 @@ def pool_policy(workdir: Path, tok, cache: bool):
 
 
 def mcts_rows(workdir: Path, questions: int, iterations: int, batch: int) -> list[dict]:
-    """Part 3 (--mcts): ReasonRAG MCTS (PolicyTreeEnv, continuous rollouts with KV sessions) over the bench.rollout
+    """Part 3 (--mcts): ReasonRAG MCTS (PolicyTreeEnv, continuous rollouts with KV sessions) over the benchmarks.rollout
     --kv world's SFT policy and its questions, with and without the prefix cache: rollouts/s, the pool's prefill
     token slots per rollout, the forks from cached rows. Each variant runs twice (the first compiles)."""
     from jaxrag.env.agents import get_agent
@@ -169,7 +169,7 @@ def mcts_rows(workdir: Path, questions: int, iterations: int, batch: int) -> lis
 
 def values_rows(workdir: Path, questions: int, n: int, m: int, batch: int) -> list[dict]:
     """Part 4 (--values): Math-Shepherd rollout values (supervision/rollout_values, continuous, KV sessions in the
-    pool) of the states a ranking collection over the bench.rollout --kv world's SFT policy recorded (N candidates
+    pool) of the states a ranking collection over the benchmarks.rollout --kv world's SFT policy recorded (N candidates
     at T = 1, the oracle judge), M continuations each, without and with the prefix cache (which shares a state's
     history among its candidates' first prompts within one insert): seconds, prefill token slots per request, the
     shared heads. Each variant runs twice (the first compiles); the records are collected once."""

@@ -1,6 +1,6 @@
 """Retrieval quality and speed, peers measured in the same run.
 
-    python -m jaxrag.bench.retrieval [--quick] [--max-passages N] [--questions N] [--synthetic N]
+    python -m benchmarks.retrieval [--quick] [--max-passages N] [--questions N] [--synthetic N]
 
 1. Quality on real data: recall@1/5/10 of gold supporting paragraphs (matched by title), question as query, for
    BM25 (bm25s and Lucene), dense (MiniLM in JAX, exact search) and RRF, over corpus_multihop_contexts.jsonl
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxrag.bench.common import table, write_result
+from benchmarks.common import table, write_result
 from jaxrag.paths import bench_data
 from jaxrag.retrieval.ann import AnnConfig, ExactIndex, ScannIndex
 from jaxrag.retrieval.bm25 import build_bm25
@@ -43,7 +43,7 @@ DEPTHS = (10, 20, 50, 100)  # RRF list cuts compared; load_retriever defaults to
 
 
 def log(msg: str) -> None:
-    print(f"[bench.retrieval {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    print(f"[benchmarks.retrieval {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def qps(n: int, seconds: float) -> float:

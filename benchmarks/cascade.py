@@ -1,6 +1,6 @@
 """Cascade decode against the copied fork: one decode step of n samples per prompt.
 
-    python -m jaxrag.bench.cascade [--preset cpu|quick|1b|8b] [--prompts 4] [--n 4,8] [--prompt-len 256,1024]
+    python -m benchmarks.cascade [--preset cpu|quick|1b|8b] [--prompts 4] [--n 4,8] [--prompt-len 256,1024]
         [--new 64] [--steps 16]
 
 RAG-Gym's N candidates a state, GRPO's G completions a question and MCTS's M rollouts a node all decode n rows
@@ -9,7 +9,7 @@ that continue one prompt. generate.sample's copied fork gives each of them a cop
 row's own [U*n, new]) and a decode step reads it once per group (`attend_shared`). Per (n, prompt length), at
 --prompts U prompts and a step halfway through --new tokens: ms per step of each (median over --steps, the
 cache donated as the sampler's is), XLA's bytes accessed per step, the cache's bytes, the speedup, and the
-largest |logit| difference between the two (the same model, so float rounding only). Models: bench.model's
+largest |logit| difference between the two (the same model, so float rounding only). Models: benchmarks.model's
 presets (random weights, the preset's compute dtype and cache dtype). Writes results/bench/cascade.json.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ import argparse
 import jax
 import jax.numpy as jnp
 
-from jaxrag.bench.common import matmul_gflops, table, write_result
-from jaxrag.bench.model import PRESETS, device_name, time_decode_step
+from benchmarks.common import matmul_gflops, table, write_result
+from benchmarks.model import PRESETS, device_name, time_decode_step
 from jaxrag.models import init_cache, init_params, unstack_layers
 
 
