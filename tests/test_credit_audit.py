@@ -132,6 +132,37 @@ def test_replay_values_equal_the_closed_form_of_a_hand_built_world():
     assert out.source == "replay" and out.candidates[0].score == pytest.approx(em[0])
 
 
+@pytest.mark.parametrize("search", [False, True])
+def test_mcts_values_are_spre_on_a_hand_built_world(search):
+    """An answer is its exact leaf value v * alpha^depth; a query's Q is the mean of its rollouts' SPRE values
+    (v * alpha^steps), here 0.8 or 0.3 * alpha^2; with budget left, the search goes on below the candidates and
+    their Q stays that value in expectation."""
+    from jaxrag.supervision.mcts import MCTSConfig
+    from jaxrag.supervision.mcts_env import PolicyTreeEnv
+
+    r, alpha = 300, 0.9
+    rec = _record([_cand(QUERY, "good"), _cand(QUERY, "bad"), _cand(ANSWER, "paris"), _cand(ANSWER, "rome"),
+                   _cand(QUERY, "good")])
+    budget = 2 * r + 2 + (40 if search else 0)   # two leaves' visits + the queries' rollouts (+ more search)
+    search_cfg = MCTSConfig(max_rollouts=budget, max_iterations=100, max_depth=4, rollouts_per_node=r, alpha=alpha,
+                            value_scheme="paper")
+    ctx = CA.AuditContext(_Policy(), _World(), get_agent("react", mode="plain"),
+                          CA.AuditConfig(m=2, k=1, continuous=False),
+                          mcts=dict(search=search_cfg, temperature=1.0, max_new_tokens=16, batch_size=256))
+    out = CA.run_signal("mcts", ctx, [rec])
+    good, bad, right, wrong, again = out["values"][0]
+    assert (right, wrong) == (pytest.approx(alpha), 0.0) and again == good   # a repeated text shares its node
+    for value, p in ((good, 0.8), (bad, 0.3)):
+        assert abs(value - p * alpha ** 2) < 4 * alpha ** 2 * np.sqrt(p * (1 - p) / r)
+    assert out["policy_calls"] >= 2 * r and ("mcts" in ctx.cost)
+    if not search:   # no budget left after the candidates: each Q is exactly its own rollouts' SPRE mean
+        env = PolicyTreeEnv(_Policy(), _World(), get_agent("react", mode="plain"), k=1, reward="em", seed=3)
+        trees, nodes = CA.state_trees(env, [rec], search_cfg)
+        node = next(iter(nodes[0].values()))
+        assert node.Q == pytest.approx(np.mean(node.samples)) and len(node.samples) == r
+        assert set(np.round(node.samples, 6)) <= {0.0, round(alpha ** 2, 6)}
+
+
 # -------------------------------------------------------------------------------------- synthetic world parts
 def test_oracle_action_follows_the_gold_chain():
     q = {"id": "x", "golden_answers": ["Oslo"], "metadata": {"type": "2hop", "gold_chain": [

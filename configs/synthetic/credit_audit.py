@@ -36,8 +36,12 @@ def get_config(preset: str = "demo"):
         split="dev", max_questions=200, states=150, n_candidates=sup.n_candidates, temperature=sup.temperature,
         teacher=True, oracle=True, m=16, replay_temperature=sup.temperature, max_steps=sup.max_steps,
         max_new_tokens=sup.max_new_tokens, batch_size=128, rollout_from="supervision", z=1.96, bootstrap=1000,
-        signals=["oracle", "rollout", "critic", "smartsearch", "logprob", "confidence", "random"]))
+        signals=["oracle", "rollout", "critic", "smartsearch", "mcts", "logprob", "confidence", "random"],
+        # the mcts signal: findings.py's mcts stage's search (SPRE rollouts, one Q), per state and tree
+        mcts=dict(uct="code", c=1.414, max_children=2, max_rollouts=16, max_iterations=16, max_depth=sup.max_steps,
+                  rollouts_per_node=1, alpha=0.9, min_margin=0.01, value_scheme="paper")))
     if preset == "tiny":
         c.credit_audit.update(dict(max_questions=12, states=12, n_candidates=2, m=8, max_steps=4, max_new_tokens=16,
                                    batch_size=64, bootstrap=200))
+        c.credit_audit.mcts.update(dict(max_rollouts=6, max_iterations=6, max_depth=4))
     return c

@@ -14,6 +14,7 @@ interval over states.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from typing import Callable, Sequence
@@ -22,7 +23,10 @@ import numpy as np
 
 from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Episode, State, Step, answer_reward
 from jaxrag.env.parsing import canon
-from jaxrag.env.rollout import Candidate, RolloutConfig, rollout, select_first_valid
+from jaxrag.env.rollout import Candidate, RolloutConfig, execute, rollout, select_first_valid
+from jaxrag.supervision.mcts import (REASONING, TERMINAL, _make_terminal, backup, new_tree, pair_value, run_mcts,
+                                     spre)
+from jaxrag.supervision.mcts_env import PolicyTreeEnv
 from jaxrag.supervision.records import ProcessRecord, ScoredCandidate
 from jaxrag.supervision.rollout_values import RolloutValueConfig, rollout_values
 
@@ -139,6 +143,7 @@ class AuditContext:
     judge: object = None  # the world's oracle (step labels; SmartSearch's usefulness)
     critic: object = None  # a CriticScorer (the Bradley–Terry critic, the PRM of best-of-N)
     rollout: RolloutValueConfig | None = None  # the supervision stage's rollout-value settings
+    mcts: dict | None = None  # {"search": MCTSConfig, "temperature", "max_new_tokens", "batch_size"} (the mcts signal)
     cost: dict = dataclasses.field(default_factory=dict)  # signal -> {"policy_calls": ...}, where a signal counts
     cache: dict = dataclasses.field(default_factory=dict)  # what several signals read (the teacher-forced log-probs)
 
@@ -198,6 +203,78 @@ def critic_signal(ctx: AuditContext, records):
     from jaxrag.supervision.critic import score_records
 
     return _scores(score_records(ctx.critic, records))
+
+
+@signal("mcts")
+def mcts_signal(ctx: AuditContext, records):
+    """ReasonRAG's MCTS-SPRE value: per state, a tree whose root's children are the state's distinct candidates, each
+    new one rolled out as the search rolls out a new node, then the search run on to its per-tree budget; a
+    candidate's value is its node's (pair_value: Q, or the code scheme's reward)."""
+    if ctx.mcts is None:
+        raise Unavailable("no MCTS settings")
+    m = ctx.mcts
+    env = PolicyTreeEnv(ctx.policy, ctx.retriever, ctx.agent, k=ctx.cfg.k, temperature=m["temperature"],
+                        rollout_temperature=m["temperature"], max_new_tokens=m["max_new_tokens"],
+                        batch_size=m["batch_size"], reward="em", seed=ctx.cfg.seed + 3)
+    trees, kids = state_trees(env, records, m["search"])
+    run_mcts(env, trees, m["search"])
+    ctx.cost["mcts"] = {"policy_calls": env.sampled_actions}
+    out = []
+    for rec, tree, nodes in zip(records, trees, kids):
+        value = {key: pair_value(tree, node) for key, node in nodes.items()}
+        out.append([value[canon(c.raw)] for c in rec.candidates])
+    return out
+
+
+def state_trees(env, records: Sequence[ProcessRecord], cfg) -> tuple[list, list[dict]]:
+    """One MCTS tree per record, grown to the record's state (its history as a chain of expanded nodes) with one
+    root child per distinct candidate text: an answer or an unparsable action is a Terminal leaf with its exact value
+    (v · α^depth), a query is executed (one batched search) and rolled out `cfg.rollouts_per_node` times (SPRE), as
+    `run_mcts` treats a new node. Returns the trees (ready for `run_mcts` to search on) and, per record, the candidate
+    key (`distinct`'s) -> its node."""
+    cfg.validate()
+    trees, kids, opened, touched, q_states, q_steps = [], [], [], [], [], []
+    for rec in records:
+        tree = new_tree({"qid": rec.qid, "question": rec.question, "gold": rec.gold})
+        node = tree.root
+        for i, h in enumerate(rec.history):
+            node.expanded = True
+            node = tree.add(node, stage=REASONING, depth=env.tree_steps(rec.history[:i + 1]), raw=h.action.raw,
+                            action=h.action, kind="action", prompt=h.prompt, step=copy.deepcopy(h))
+        node.expanded = True
+        mine = {}
+        for j in distinct(rec):
+            c = rec.candidates[j]
+            step = Step(action=c.action, prompt=rec.prompt)
+            depth = node.depth + (env.tree_steps([step]))
+            terminal = c.action.kind in (ANSWER, INVALID) or depth >= cfg.max_depth
+            child = tree.add(node, stage=TERMINAL if terminal else REASONING, depth=depth, raw=c.raw,
+                             action=c.action, kind="action", prompt=rec.prompt, step=step)
+            mine[canon(c.raw)] = child
+            if c.action.kind == ANSWER:
+                _make_terminal(tree, child, answer_reward(c.action.text, tree.gold, env.reward), cfg)
+            elif terminal:
+                _make_terminal(tree, child, None, cfg, reason="invalid" if c.action.kind == INVALID else "max_depth")
+            else:
+                q_states.append(rec.state())
+                q_steps.append(step)
+                opened.append((tree, child))
+                continue
+            touched.append((tree, child))
+        trees.append(tree)
+        kids.append(mine)
+    if q_steps:
+        execute(q_states, q_steps, env.retriever, env.agent, env.k, None, seed=env.seed)
+    if opened and cfg.rollouts_per_node > 0:
+        for (tree, child), oc in zip(opened, env.rollout(opened, cfg.rollouts_per_node, cfg.max_depth)):
+            child.samples = spre(oc, cfg.alpha)
+            child.visits = len(child.samples)
+            child.own_q = sum(child.samples) / len(child.samples) if child.samples else 0.0
+            child.extra["rollouts"] = [dataclasses.asdict(o) for o in oc]
+            tree.used += len(child.samples)
+    for tree, child in touched + opened:
+        backup(tree, child, cfg)
+    return trees, kids
 
 
 def _policy_logprobs(ctx: AuditContext, records) -> list[list[np.ndarray]]:

@@ -97,8 +97,9 @@ def resolved_hops(question: dict, history: list[TeacherStep]) -> list[bool]:
     return [h["passage_id"] in seen for h in question["metadata"]["gold_chain"]]
 
 
-def _next_hop(question: dict, resolved: list[bool]) -> int | None:
-    """Index of the first unresolved hop; chains resolve in order (a hop needs the previous answer's name)."""
+def next_hop(resolved: list[bool]) -> int | None:
+    """Index of the first unresolved hop (`resolved_hops`); chains resolve in order (a hop needs the previous answer's
+    name)."""
     for i, r in enumerate(resolved):
         if not r:
             return i
@@ -150,7 +151,7 @@ def teacher_action(
     """The teacher's next abstract action given the question record and the steps taken so far."""
     guess_pool = guess_pool or {}
     resolved = resolved_hops(question, history)
-    hop_index = _next_hop(question, resolved)
+    hop_index = next_hop(resolved)
     hops = question["metadata"]["gold_chain"]
     if hop_index is None:
         return TeacherAction(
@@ -204,7 +205,7 @@ def oracle_action(question: dict, history: list[TeacherStep]) -> TeacherAction:
     """The flawless next action at any state: the answer once every hop's gold passage has been retrieved, else a
     query for the first unresolved hop (its first template not yet issued in `history`)."""
     resolved = resolved_hops(question, history)
-    hop_index = _next_hop(question, resolved)
+    hop_index = next_hop(resolved)
     extra = {"reasoning": _reasoning(question, resolved, hop_index), "hop": hop_index, "flaw": None}
     if hop_index is None:
         return TeacherAction("answer", _final_answer(question), {**extra, "predicted_answer": _final_answer(question)})

@@ -22,7 +22,8 @@ from jaxrag.console import num
 from jaxrag.jsonl import read_jsonl, write_jsonl
 from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
-from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy, world_seed
+from jaxrag.pipelines.synthetic.world import (load_questions, load_tokenizer, make_retriever, stage_policy,
+                                             teacher_config, world_seed)
 from jaxrag.train.distributed import lead_only
 
 DECISIONS = ("search/search", "answer/search", "answer/answer")
@@ -79,7 +80,8 @@ def credit_audit_stage(config, workdir, name) -> None:
 
 def audit_context(config, workdir, name, policy, retriever, agent, cfg):
     """What the signals read, built as their own stages build it: the oracle judge at the index's k, the critic
-    stage's scorer, the supervision stage's rollout-value settings (its M, temperature, batch and seed)."""
+    stage's scorer, the supervision stage's rollout-value settings (its M, temperature, batch and seed), the mcts
+    signal's search settings (`mcts`) at the audit's sampling temperature."""
     from jaxrag.supervision.credit_audit import AuditContext
     from jaxrag.supervision.judges import get_judge
     from jaxrag.supervision.rollout_values import RolloutValueConfig
@@ -94,8 +96,17 @@ def audit_context(config, workdir, name, policy, retriever, agent, cfg):
     rollout = (RolloutValueConfig(m=sup.rollout_m, temperature=sup.temperature, metric="em", max_steps=sup.max_steps,
                                   k=k, batch_size=sup.batch_size * sup.n_candidates,
                                   max_new_tokens=sup.max_new_tokens, seed=config.seed + 2) if sup.rollout_m else None)
+    mcts = (dict(search=mcts_config(s), temperature=s.temperature, max_new_tokens=s.max_new_tokens,
+                 batch_size=s.batch_size) if s.get("mcts") else None)
     return AuditContext(policy, retriever, agent, cfg, judge=get_judge("oracle", retriever=retriever, k=k),
-                        critic=critic, rollout=rollout)
+                        critic=critic, rollout=rollout, mcts=mcts)
+
+
+def mcts_config(s):
+    """The mcts signal's search settings (MCTSConfig fields under `mcts`), checked."""
+    from jaxrag.supervision.mcts import MCTSConfig
+
+    return MCTSConfig(**s.mcts.to_dict()).validate()
 
 
 def choose_states(records: list, n: int, seed: int) -> list:
@@ -130,14 +141,17 @@ def add_reference_actions(records: list, agent, config, workdir, *, teacher: boo
     if not (teacher or oracle):
         return
     tsec = config.teacher
-    tcfg = T.TeacherConfig(tsec.p_vague, tsec.p_redundant, tsec.p_premature, tsec.max_retries, tsec.max_steps)
+    tcfg = teacher_config(tsec)
     entities = read_jsonl(Path(workdir) / "world" / "entities.jsonl")
     pool = T.guess_pool_from_entities([e for e in entities if not e["heldout"]])
     stop = agent.stop[0] if agent.stop else ""
     for rec in records:
         q = {"id": rec.qid, "golden_answers": rec.gold, "metadata": rec.metadata}
-        hist = [T.TeacherStep(T.TeacherAction(st.action.kind, st.action.text, {}), [d.doc_id for d in st.docs])
-                for st in rec.history]
+        hist = []
+        for st in rec.history:   # the policy's steps, each query tagged with the hop it was after (the first open)
+            hop = T.next_hop(T.resolved_hops(q, hist)) if st.action.kind == "query" else None
+            hist.append(T.TeacherStep(T.TeacherAction(st.action.kind, st.action.text, {"hop": hop, "flaw": "policy"}),
+                                      [d.doc_id for d in st.docs]))
         acts = []
         if teacher:
             rng = T.episode_rng(world_seed(config) + 1000 * (rec.step + 1), rec.qid)
@@ -293,6 +307,11 @@ def check_audit(config, name: str) -> None:
             config_fail(f"{name}.{key}", f"{s[key]} must be >= {low}")
     if s.split not in checks.SPLITS:
         config_fail(f"{name}.split", f"{s.split!r}: choose {' | '.join(checks.SPLITS)}")
+    if s.get("mcts"):
+        try:
+            mcts_config(s)
+        except (TypeError, ValueError) as e:
+            config_fail(f"{name}.mcts", str(e))
     src = config.get(s.rollout_from)
     if src is None or "rollout_m" not in src:
         config_fail(f"{name}.rollout_from", f"{s.rollout_from!r} is not a section with rollout_m (the supervision "
