@@ -11,7 +11,7 @@ from scipy import stats as scipy_stats
 
 from jaxrag.data.synthetic import teacher as T
 from jaxrag.env.agents import get_agent
-from jaxrag.env.mdp import ANSWER, QUERY, Action, Doc
+from jaxrag.env.mdp import ANSWER, QUERY, Action, Doc, Step
 from jaxrag.supervision import credit_audit as CA
 from jaxrag.supervision.records import ProcessRecord, ScoredCandidate, read_records
 from jaxrag.testing import completion, cut_at_stop
@@ -132,35 +132,82 @@ def test_replay_values_equal_the_closed_form_of_a_hand_built_world():
     assert out.source == "replay" and out.candidates[0].score == pytest.approx(em[0])
 
 
+def _mcts_settings(**kw):
+    from jaxrag.supervision.mcts import MCTSConfig
+
+    search = MCTSConfig(**{"max_depth": 4, "alpha": 0.9, "value_scheme": "paper", **kw.pop("search", {})})
+    return CA.MCTSSignalConfig(**{"search": search, "temperature": 1.0, "max_new_tokens": 16, "batch_size": 256,
+                                  "seed": 3, **kw})
+
+
 @pytest.mark.parametrize("search", [False, True])
 def test_mcts_values_are_spre_on_a_hand_built_world(search):
-    """An answer is its exact leaf value v * alpha^depth; a query's Q is the mean of its rollouts' SPRE values
-    (v * alpha^steps), here 0.8 or 0.3 * alpha^2; with budget left, the search goes on below the candidates and
-    their Q stays that value in expectation."""
-    from jaxrag.supervision.mcts import MCTSConfig
+    """At a state after one step (a useless search): an answer's value is its exact leaf value v * alpha^depth with
+    depth = the state's step + 1; with no budget left after the candidates' own evaluation, a query's value is the
+    mean of its rollouts' SPRE values v * alpha^steps (the rollout ends with the answer at step 3), here 0.8 or 0.3
+    times alpha^3 in expectation; a repeated text shares its node. With budget left, the search grows the tree
+    below the candidates and the answers keep their exact values."""
     from jaxrag.supervision.mcts_env import PolicyTreeEnv
 
     r, alpha = 300, 0.9
+    first = Step(action=Action(QUERY, "bad", "search: bad\n"), docs=_World().search(["bad"], 1)[0])
     rec = _record([_cand(QUERY, "good"), _cand(QUERY, "bad"), _cand(ANSWER, "paris"), _cand(ANSWER, "rome"),
-                   _cand(QUERY, "good")])
-    budget = 2 * r + 2 + (40 if search else 0)   # two leaves' visits + the queries' rollouts (+ more search)
-    search_cfg = MCTSConfig(max_rollouts=budget, max_iterations=100, max_depth=4, rollouts_per_node=r, alpha=alpha,
-                            value_scheme="paper")
-    ctx = CA.AuditContext(_Policy(), _World(), get_agent("react", mode="plain"),
-                          CA.AuditConfig(m=2, k=1, continuous=False),
-                          mcts=dict(search=search_cfg, temperature=1.0, max_new_tokens=16, batch_size=256))
+                   _cand(QUERY, "good")], history=[first])
+    rec.step = 1
+    # the queries' r rollouts and the answers' one evaluation each exceed a budget of 1 per candidate
+    m = _mcts_settings(search={"rollouts_per_node": 1 if search else r}, per_candidate=30 if search else 1)
+    agent = get_agent("react", mode="plain")
+    ctx = CA.AuditContext(_Policy(), _World(), agent, CA.AuditConfig(m=2, k=1, continuous=False), mcts=m)
     out = CA.run_signal("mcts", ctx, [rec])
     good, bad, right, wrong, again = out["values"][0]
-    assert (right, wrong) == (pytest.approx(alpha), 0.0) and again == good   # a repeated text shares its node
-    for value, p in ((good, 0.8), (bad, 0.3)):
-        assert abs(value - p * alpha ** 2) < 4 * alpha ** 2 * np.sqrt(p * (1 - p) / r)
-    assert out["policy_calls"] >= 2 * r and ("mcts" in ctx.cost)
-    if not search:   # no budget left after the candidates: each Q is exactly its own rollouts' SPRE mean
-        env = PolicyTreeEnv(_Policy(), _World(), get_agent("react", mode="plain"), k=1, reward="em", seed=3)
-        trees, nodes = CA.state_trees(env, [rec], search_cfg)
-        node = next(iter(nodes[0].values()))
-        assert node.Q == pytest.approx(np.mean(node.samples)) and len(node.samples) == r
-        assert set(np.round(node.samples, 6)) <= {0.0, round(alpha ** 2, 6)}
+    assert (right, wrong) == (alpha ** 2, 0.0) and again == good
+    assert out["sampled_actions"] >= out["policy_calls"] == ctx.cost["mcts"]["policy_calls"] > 0
+
+    env = PolicyTreeEnv(_Policy(), _World(), agent, k=1, temperature=1.0, rollout_temperature=1.0,
+                        max_new_tokens=16, batch_size=256, seed=3)   # the signal's env, drawing the same samples
+    (tree,), (kids,) = CA.state_trees(env, [rec], m.search)
+    assert [n.depth for n in kids] == [rec.step + 1] * 4 and tree.used == (4 if search else 2 * r + 2)
+    if search:
+        CA.search_states(env, [tree], [4], m)
+        assert tree.used >= 4 * 30 and max(n.depth for n in tree.nodes) > rec.step + 1
+        assert kids[2].N > 1 and kids[2].Q == alpha ** 2   # re-visited, still exact
+        return
+    for node, value, p in zip(kids, (good, bad), (0.8, 0.3)):
+        spre = [o["value"] * alpha ** o["steps"] for o in node.extra["rollouts"]]
+        assert {o["steps"] for o in node.extra["rollouts"]} == {3} and len(spre) == r
+        assert value == node.Q == pytest.approx(np.mean(spre), abs=1e-12)
+        assert abs(value - p * alpha ** 3) < 4 * alpha ** 3 * np.sqrt(p * (1 - p) / r)
+
+
+@pytest.mark.parametrize("agent", ["react", "reasonrag"])
+def test_a_state_tree_is_the_path_the_search_grows_to_that_state(agent):
+    """PolicyTreeEnv.path_tree rebuilds from an executed history the path run_mcts grew to that state: the same
+    stages, depths, kinds, texts and steps (ReasonRAG's grounded query: a Grounding node, then its evidence node), so
+    the state's depth counts tree steps as the search counts them."""
+    from fakes import OverlapRetriever, Passage
+    from jaxrag.supervision.mcts import REASONING, MCTSConfig, run_mcts
+    from jaxrag.supervision.mcts_env import PolicyTreeEnv
+    from jaxrag.testing import ScriptedPolicy
+
+    def respond(prompt, j):   # evidence for ReasonRAG's grounding prompts; else search twice, then answer
+        if agent == "reasonrag" and prompt.rstrip("\n").split("\n")[-1].startswith("doc:"):
+            return f"evidence: ev{j}\n"
+        n = prompt.count("\nsearch: ")
+        return f"search: topic{(n + j) % 3} fact\n" if n < 2 else "answer: a0\n"
+
+    passages = [Passage(f"p{i}", f"Title {i}", f"fact {i} about topic{i % 3}") for i in range(6)]
+    env = PolicyTreeEnv(ScriptedPolicy(respond), OverlapRetriever(passages), get_agent(agent, mode="plain"), k=2)
+    item = {"id": "q0", "question": "item 0 ?", "golden_answers": ["a0"]}
+    [tree] = run_mcts(env, [item], MCTSConfig(max_iterations=30, rollouts_per_node=1, value_scheme="paper"))
+    deepest = max((n for n in tree.nodes if n.stage == REASONING), key=lambda n: n.depth)
+    assert deepest.depth >= (4 if agent == "reasonrag" else 2)
+    rebuilt, node = env.path_tree(item, tree.history(deepest))
+
+    def path(t, n):
+        return [(x.stage, x.depth, x.kind, x.raw, x.prompt, x.action, x.step) for x in t.path(n)]
+
+    assert path(rebuilt, node) == path(tree, deepest) and not node.expanded
+    assert rebuilt.history(node) == tree.history(deepest)
 
 
 # -------------------------------------------------------------------------------------- synthetic world parts
@@ -245,6 +292,77 @@ def test_signals_compute_as_their_own_stages(audit_run):
         np.testing.assert_allclose(f, s_, atol=2e-3)
 
 
+class _ForcedRoot:
+    """A TreeEnv: ReasonRAG's search over the policy (PolicyTreeEnv), except that expanding an audit state's node
+    gives the state's candidates instead of samples (other nodes get the stage's max_children samples)."""
+
+    def __init__(self, env, forced: dict, n: int):
+        self.env, self.forced, self.n = env, forced, n
+
+    def expand(self, items, n, max_depth):
+        keys = [(id(t), nd.id) for t, nd in items]
+        if any(k in self.forced for k in keys):
+            assert all(k in self.forced for k in keys)   # the first round expands every state at once
+            return self.env.children(items, [self.forced[k] for k in keys], max_depth)
+        return self.env.expand(items, self.n, max_depth)
+
+    def rollout(self, items, k, max_depth):
+        return self.env.rollout(items, k, max_depth)
+
+
+def test_mcts_signal_is_run_mcts_from_the_state(audit_run):
+    """The mcts signal's value of every candidate is the Q that run_mcts itself gives that child when it searches
+    from the state (its tree grown along the state's history, the same settings, seed and budget) and its expansion
+    of the state yields the candidates: on the tiny policy's audit states with a common number of candidates."""
+    import collections
+    import dataclasses
+
+    from jaxrag.env.parsing import canon
+    from jaxrag.pipelines.synthetic.credit_audit import audit_context
+    from jaxrag.pipelines.synthetic.world import load_tokenizer, make_retriever, stage_policy
+    from jaxrag.supervision.mcts import pair_value, run_mcts
+    from jaxrag.supervision.mcts_env import PolicyTreeEnv
+
+    config, workdir = audit_run
+    truth = read_records(workdir / "credit_audit" / "records_replay.jsonl")
+    d, _ = collections.Counter(len(CA.distinct(r)) for r in truth).most_common(1)[0]
+    recs = [r for r in truth if len(CA.distinct(r)) == d]   # one budget: the signal searches them together
+    agent, retriever = get_agent("react", mode="plain"), make_retriever(config, workdir)
+    policy = stage_policy(workdir, "sft", load_tokenizer(workdir), config.get("sampler"))
+    ctx = audit_context(config, workdir, "credit_audit", policy, retriever, agent,
+                        CA.AuditConfig(k=config.index.k, max_new_tokens=config.credit_audit.max_new_tokens))
+    m = ctx.mcts
+    assert m.search.max_depth == config.credit_audit.max_steps and m.per_candidate == config.supervision.rollout_m
+    got = CA.mcts_signal(ctx, recs)
+
+    env = PolicyTreeEnv(policy, retriever, agent, k=config.index.k, temperature=m.temperature,
+                        rollout_temperature=m.temperature, max_new_tokens=m.max_new_tokens, batch_size=m.batch_size,
+                        seed=m.seed)
+    trees, forced, states = [], {}, []
+    for rec in recs:
+        tree, node = env.path_tree({"qid": rec.qid, "question": rec.question, "gold": rec.gold}, rec.history)
+        assert node.depth == rec.step   # the react agent: one tree step per engine step
+        forced[(id(tree), node.id)] = [(rec.candidates[i].raw, Step(action=rec.candidates[i].action, prompt=rec.prompt))
+                                       for i in CA.distinct(rec)]
+        trees.append(tree)
+        states.append(node)
+    budget = m.per_candidate * d
+    # run_mcts keeps at most max_children of an expansion: room for the candidates; elsewhere the env samples the
+    # stage's max_children
+    cfg = dataclasses.replace(m.search, max_rollouts=budget, max_iterations=budget,
+                              max_children=max(d, m.search.max_children))
+    run_mcts(_ForcedRoot(env, forced, m.search.max_children), trees, cfg)
+    grew = 0
+    for rec, tree, node, row in zip(recs, trees, states, got):
+        kids = tree.kids(node)
+        want = {canon(k.raw): pair_value(tree, k) for k in kids}
+        assert row == [want[canon(c.raw)] for c in rec.candidates]
+        assert tree.used >= budget
+        grew += any(tree.kids(k) for k in kids)
+    assert grew > 0   # the search went on below the candidates
+    assert ctx.cost["mcts"]["sampled_actions"] == env.sampled_actions > ctx.cost["mcts"]["policy_calls"] > 0
+
+
 def test_common_random_numbers_give_equal_candidates_equal_continuations(audit_run):
     """Replay through the slot pool: a state's duplicated candidate is continued exactly as the original (the same
     streams); every continuation's EM and F1 is kept."""
@@ -317,4 +435,10 @@ def test_a_signal_is_named_by_the_table_or_by_module_and_function(tmp_path, monk
         check_audit(config, "credit_audit")
     config.credit_audit.signals, config.credit_audit.m = ["oracle"], 1
     with pytest.raises(ValueError, match=r"config.credit_audit.m: 1 must be >= 2"):
+        check_audit(config, "credit_audit")
+    config.credit_audit.signals, config.credit_audit.m, config.credit_audit.mcts_rollouts = ["mcts"], 2, 0
+    with pytest.raises(ValueError, match=r"config.credit_audit.mcts_rollouts: 0 must be >= 1"):
+        check_audit(config, "credit_audit")
+    config.credit_audit.mcts_rollouts, config.credit_audit.mcts.search.alpha = 1, 0.0
+    with pytest.raises(ValueError, match=r"config.credit_audit.mcts: MCTSConfig.alpha: must be in \(0, 1\]"):
         check_audit(config, "credit_audit")

@@ -14,15 +14,15 @@ from pathlib import Path
 import ml_collections
 
 
-def _load_pipeline():
-    """configs/synthetic/pipeline.py beside this file (wherever the run starts from)."""
-    spec = importlib.util.spec_from_file_location("synthetic_pipeline_config", Path(__file__).with_name("pipeline.py"))
+def _load(name: str):
+    """A config module beside this file (wherever the run starts from)."""
+    spec = importlib.util.spec_from_file_location(f"synthetic_{name}_config", Path(__file__).with_name(f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-pipeline = _load_pipeline()
+pipeline = _load("pipeline")
 
 
 def get_config(preset: str = "demo"):
@@ -37,11 +37,19 @@ def get_config(preset: str = "demo"):
         teacher=True, oracle=True, m=16, replay_temperature=sup.temperature, max_steps=sup.max_steps,
         max_new_tokens=sup.max_new_tokens, batch_size=128, rollout_from="supervision", z=1.96, bootstrap=1000,
         signals=["oracle", "rollout", "critic", "smartsearch", "mcts", "logprob", "confidence", "random"],
-        # the mcts signal: findings.py's mcts stage's search (SPRE rollouts, one Q), per state and tree
-        mcts=dict(uct="code", c=1.414, max_children=2, max_rollouts=16, max_iterations=16, max_depth=sup.max_steps,
-                  rollouts_per_node=1, alpha=0.9, min_margin=0.01, value_scheme="paper")))
+        # the mcts signal searches as findings.py's mcts stage does (its search settings, temperature, tokens and
+        # batch), from each state with its candidates as the root's children, to mcts_rollouts simulations per
+        # distinct candidate: the rollout signal's M continuations per candidate, at comparable compute
+        mcts=_mcts_stage(preset), mcts_rollouts=sup.rollout_m))
     if preset == "tiny":
         c.credit_audit.update(dict(max_questions=12, states=12, n_candidates=2, m=8, max_steps=4, max_new_tokens=16,
                                    batch_size=64, bootstrap=200))
-        c.credit_audit.mcts.update(dict(max_rollouts=6, max_iterations=6, max_depth=4))
     return c
+
+
+def _mcts_stage(preset: str) -> dict:
+    """findings.py's mcts stage's search (`mcts`: MCTSConfig fields, less its per-tree budget max_rollouts and
+    max_iterations, which mcts_rollouts replaces) and sampling settings."""
+    s = _load("findings").get_config(preset).mcts
+    search = {k: v for k, v in s.mcts.to_dict().items() if k not in ("max_rollouts", "max_iterations")}
+    return dict(search=search, temperature=s.temperature, max_new_tokens=s.max_new_tokens, batch_size=s.batch_size)

@@ -23,9 +23,8 @@ import numpy as np
 
 from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Episode, State, Step, answer_reward
 from jaxrag.env.parsing import canon
-from jaxrag.env.rollout import Candidate, RolloutConfig, execute, rollout, select_first_valid
-from jaxrag.supervision.mcts import (REASONING, TERMINAL, _make_terminal, backup, new_tree, pair_value, run_mcts,
-                                     spre)
+from jaxrag.env.rollout import Candidate, RolloutConfig, rollout, select_first_valid
+from jaxrag.supervision.mcts import MCTSConfig, expand_with, pair_value, run_mcts
 from jaxrag.supervision.mcts_env import PolicyTreeEnv
 from jaxrag.supervision.records import ProcessRecord, ScoredCandidate
 from jaxrag.supervision.rollout_values import RolloutValueConfig, rollout_values
@@ -143,7 +142,7 @@ class AuditContext:
     judge: object = None  # the world's oracle (step labels; SmartSearch's usefulness)
     critic: object = None  # a CriticScorer (the Bradley–Terry critic, the PRM of best-of-N)
     rollout: RolloutValueConfig | None = None  # the supervision stage's rollout-value settings
-    mcts: dict | None = None  # {"search": MCTSConfig, "temperature", "max_new_tokens", "batch_size"} (the mcts signal)
+    mcts: MCTSSignalConfig | None = None  # the mcts stage's search settings and the audit's budget
     cost: dict = dataclasses.field(default_factory=dict)  # signal -> {"policy_calls": ...}, where a signal counts
     cache: dict = dataclasses.field(default_factory=dict)  # what several signals read (the teacher-forced log-probs)
 
@@ -205,76 +204,89 @@ def critic_signal(ctx: AuditContext, records):
     return _scores(score_records(ctx.critic, records))
 
 
+@dataclasses.dataclass(frozen=True)
+class MCTSSignalConfig:
+    """The mcts signal's settings: the mcts stage's search (MCTSConfig), sampling and seed, and the audit's budget."""
+
+    search: MCTSConfig = MCTSConfig(value_scheme="paper")
+    per_candidate: int = 2  # simulations per distinct candidate: a state's tree searches to this x its candidates
+    temperature: float = 1.0  # expansions and rollouts (the mcts stage's)
+    max_new_tokens: int = 40
+    batch_size: int = 64
+    seed: int = 0
+
+    def __post_init__(self):
+        self.search.validate()
+        if self.per_candidate < 1:
+            raise ValueError(f"MCTSSignalConfig.per_candidate={self.per_candidate} must be >= 1")
+
+
 @signal("mcts")
 def mcts_signal(ctx: AuditContext, records):
-    """ReasonRAG's MCTS-SPRE value: per state, a tree whose root's children are the state's distinct candidates, each
-    new one rolled out as the search rolls out a new node, then the search run on to its per-tree budget; a
-    candidate's value is its node's (pair_value: Q, or the code scheme's reward)."""
+    """ReasonRAG's MCTS-SPRE value: per state, a tree grown to the state whose node there has the state's distinct
+    candidates as children (evaluated as the search evaluates new children: an answer exactly, v·α^depth; a query
+    by SPRE rollouts), then searched on with the mcts stage's settings to `per_candidate` x candidates simulations;
+    a candidate's value is its node's pair value (Q under the "paper" scheme)."""
     if ctx.mcts is None:
         raise Unavailable("no MCTS settings")
     m = ctx.mcts
-    env = PolicyTreeEnv(ctx.policy, ctx.retriever, ctx.agent, k=ctx.cfg.k, temperature=m["temperature"],
-                        rollout_temperature=m["temperature"], max_new_tokens=m["max_new_tokens"],
-                        batch_size=m["batch_size"], reward="em", seed=ctx.cfg.seed + 3)
-    trees, kids = state_trees(env, records, m["search"])
-    run_mcts(env, trees, m["search"])
-    ctx.cost["mcts"] = {"policy_calls": env.sampled_actions}
+    policy = _CountingPolicy(ctx.policy)
+    env = PolicyTreeEnv(policy, ctx.retriever, ctx.agent, k=ctx.cfg.k, temperature=m.temperature,
+                        rollout_temperature=m.temperature, max_new_tokens=m.max_new_tokens, batch_size=m.batch_size,
+                        seed=m.seed)
+    trees, nodes = state_trees(env, records, m.search)
+    search_states(env, trees, [len(n) for n in nodes], m)
+    ctx.cost["mcts"] = {"policy_calls": policy.calls, "sampled_actions": env.sampled_actions}
     out = []
-    for rec, tree, nodes in zip(records, trees, kids):
-        value = {key: pair_value(tree, node) for key, node in nodes.items()}
+    for rec, tree, kids in zip(records, trees, nodes):
+        value = {canon(rec.candidates[i].raw): pair_value(tree, node) for i, node in zip(distinct(rec), kids)}
         out.append([value[canon(c.raw)] for c in rec.candidates])
     return out
 
 
-def state_trees(env, records: Sequence[ProcessRecord], cfg) -> tuple[list, list[dict]]:
-    """One MCTS tree per record, grown to the record's state (its history as a chain of expanded nodes) with one
-    root child per distinct candidate text: an answer or an unparsable action is a Terminal leaf with its exact value
-    (v · α^depth), a query is executed (one batched search) and rolled out `cfg.rollouts_per_node` times (SPRE), as
-    `run_mcts` treats a new node. Returns the trees (ready for `run_mcts` to search on) and, per record, the candidate
-    key (`distinct`'s) -> its node."""
-    cfg.validate()
-    trees, kids, opened, touched, q_states, q_steps = [], [], [], [], [], []
+class _CountingPolicy:
+    """The policy, counting its batched `generate` calls (the audit's unit of policy calls, as the rollout engine
+    counts its steps); everything else is the policy's."""
+
+    def __init__(self, policy):
+        self._policy, self.calls = policy, 0
+
+    def generate(self, *args, **kwargs):
+        self.calls += 1
+        return self._policy.generate(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._policy, name)
+
+
+def state_trees(env: PolicyTreeEnv, records: Sequence[ProcessRecord], cfg: MCTSConfig) -> tuple[list, list[list]]:
+    """One tree per record, grown along its history to its state (`PolicyTreeEnv.path_tree`: the state's node has
+    the depth the search would give it), expanded with the record's distinct candidates (`distinct`'s order) by
+    `expand_with`: each evaluated as run_mcts evaluates a new child. Returns the trees and each one's candidate
+    nodes."""
+    items, proposals = [], []
     for rec in records:
-        tree = new_tree({"qid": rec.qid, "question": rec.question, "gold": rec.gold})
-        node = tree.root
-        for i, h in enumerate(rec.history):
-            node.expanded = True
-            node = tree.add(node, stage=REASONING, depth=env.tree_steps(rec.history[:i + 1]), raw=h.action.raw,
-                            action=h.action, kind="action", prompt=h.prompt, step=copy.deepcopy(h))
-        node.expanded = True
-        mine = {}
-        for j in distinct(rec):
-            c = rec.candidates[j]
-            step = Step(action=c.action, prompt=rec.prompt)
-            depth = node.depth + (env.tree_steps([step]))
-            terminal = c.action.kind in (ANSWER, INVALID) or depth >= cfg.max_depth
-            child = tree.add(node, stage=TERMINAL if terminal else REASONING, depth=depth, raw=c.raw,
-                             action=c.action, kind="action", prompt=rec.prompt, step=step)
-            mine[canon(c.raw)] = child
-            if c.action.kind == ANSWER:
-                _make_terminal(tree, child, answer_reward(c.action.text, tree.gold, env.reward), cfg)
-            elif terminal:
-                _make_terminal(tree, child, None, cfg, reason="invalid" if c.action.kind == INVALID else "max_depth")
-            else:
-                q_states.append(rec.state())
-                q_steps.append(step)
-                opened.append((tree, child))
-                continue
-            touched.append((tree, child))
-        trees.append(tree)
-        kids.append(mine)
-    if q_steps:
-        execute(q_states, q_steps, env.retriever, env.agent, env.k, None, seed=env.seed)
-    if opened and cfg.rollouts_per_node > 0:
-        for (tree, child), oc in zip(opened, env.rollout(opened, cfg.rollouts_per_node, cfg.max_depth)):
-            child.samples = spre(oc, cfg.alpha)
-            child.visits = len(child.samples)
-            child.own_q = sum(child.samples) / len(child.samples) if child.samples else 0.0
-            child.extra["rollouts"] = [dataclasses.asdict(o) for o in oc]
-            tree.used += len(child.samples)
-    for tree, child in touched + opened:
-        backup(tree, child, cfg)
-    return trees, kids
+        tree, node = env.path_tree({"qid": rec.qid, "question": rec.question, "gold": rec.gold}, rec.history)
+        items.append((tree, node))
+        proposals.append([(rec.candidates[i].raw, _candidate_step(rec, rec.candidates[i])) for i in distinct(rec)])
+    children = env.children(items, proposals, cfg.max_depth)
+    nodes = expand_with(env, [(t, n, kids) for (t, n), kids in zip(items, children)], cfg)
+    return [t for t, _ in items], nodes
+
+
+def _candidate_step(rec: ProcessRecord, c: ScoredCandidate) -> Step:
+    return Step(action=copy.deepcopy(c.action), prompt=rec.prompt, token_ids=list(c.token_ids),
+                logprobs=list(c.logprobs))
+
+
+def search_states(env: PolicyTreeEnv, trees: Sequence, n_candidates: Sequence[int], m: MCTSSignalConfig) -> None:
+    """run_mcts on each state's tree up to its budget, `per_candidate` x its candidates simulations (the candidates'
+    own evaluations included; as many rounds at most): trees of one budget are searched together."""
+    groups: dict[int, list] = {}
+    for tree, n in zip(trees, n_candidates):
+        groups.setdefault(m.per_candidate * n, []).append(tree)
+    for budget, group in sorted(groups.items()):
+        run_mcts(env, group, dataclasses.replace(m.search, max_rollouts=budget, max_iterations=budget))
 
 
 def _policy_logprobs(ctx: AuditContext, records) -> list[list[np.ndarray]]:
@@ -371,7 +383,8 @@ def get_signal(name: str, where: str = "credit_audit.signals") -> Signal:
 
 
 def run_signal(name: str, ctx: AuditContext, records: Sequence[ProcessRecord]) -> dict:
-    """{"values": per record per candidate (or None), "seconds", "policy_calls"} | {"unavailable": why}."""
+    """{"values": per record per candidate (or None), "seconds", "policy_calls", and what else the signal counted
+    (e.g. "sampled_actions")} | {"unavailable": why}."""
     fn = get_signal(name)
     t0 = time.perf_counter()
     try:
@@ -380,8 +393,7 @@ def run_signal(name: str, ctx: AuditContext, records: Sequence[ProcessRecord]) -
         return {"unavailable": str(e)}
     if len(values) != len(records) or any(len(v) != len(r.candidates) for v, r in zip(values, records)):
         raise ValueError(f"credit audit: signal {name!r} must return one score per candidate of every state")
-    return {"values": values, "seconds": time.perf_counter() - t0,
-            "policy_calls": ctx.cost.get(name, {}).get("policy_calls", 0)}
+    return {"policy_calls": 0, **ctx.cost.get(name, {}), "values": values, "seconds": time.perf_counter() - t0}
 
 
 # --------------------------------------------------------------------------------------------------- scores

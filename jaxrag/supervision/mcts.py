@@ -42,6 +42,10 @@ preference_data_generation.process_node; under "code" only between rewarded sibl
 through rewarded nodes with at least two children, as the released script), and trees as JSON (`tree_to_json` /
 `tree_from_json`, JSONL files).
 
+A search can start below the question: `expand_with` expands a node with given children (e.g. the candidate actions
+of an audited state, jaxrag.supervision.credit_audit's mcts signal) evaluated as run_mcts evaluates new children,
+and run_mcts then searches on from the partly grown trees.
+
 The environment is an interface (`TreeEnv`: expand + rollout over many (tree, node) pairs at once) so tests can use a
 deterministic toy; `jaxrag.supervision.mcts_env.PolicyTreeEnv` is the real one over a policy, a retriever and an agent
 design (ReasonRAG's).
@@ -324,8 +328,7 @@ def run_mcts(env: TreeEnv, items: Iterable, cfg: MCTSConfig = MCTSConfig(), *, j
     if cfg.judge_weight > 0 and judge is None:
         raise ValueError("MCTSConfig.judge_weight > 0 needs a judge")
     trees = [new_tree(it) for it in items]
-    st = {"iterations": 0, "expand_calls": 0, "rollout_calls": 0, "judge_calls": 0, "expanded": 0, "rollouts": 0,
-          "revisits": 0, "judge_failures": 0, "expand_s": 0.0, "rollout_s": 0.0, "judge_s": 0.0}
+    st = _new_stats()
     t_start = time.perf_counter()
     while True:
         active = [t for t in trees if t.used < cfg.max_rollouts and t.iterations < cfg.max_iterations]
@@ -351,49 +354,9 @@ def run_mcts(env: TreeEnv, items: Iterable, cfg: MCTSConfig = MCTSConfig(), *, j
             if len(children) != len(to_expand):
                 raise ValueError(f"TreeEnv.expand returned {len(children)} child lists for {len(to_expand)} nodes")
             for (t, n), kids in zip(to_expand, children):
-                n.expanded = True
                 st["expanded"] += 1
-                if not kids:  # nothing came back: a dead end, scored 0
-                    _make_terminal(t, n, None, cfg, reason="no children")
-                    touched.append((t, n))
-                for ch in kids[: cfg.max_children]:
-                    node = t.add(n, stage=ch.stage, depth=n.depth + 1, raw=ch.raw, action=ch.action, kind=ch.kind,
-                                 prompt=ch.prompt, step=ch.step, extra=dict(ch.extra))
-                    if node.stage == TERMINAL:
-                        _make_terminal(t, node, ch.value, cfg)
-                        touched.append((t, node))
-                    elif node.depth >= cfg.max_depth:
-                        _make_terminal(t, node, None, cfg, reason="max_depth")
-                        touched.append((t, node))
-                    else:
-                        new_open.append((t, node))
-
-        if new_open and cfg.rollouts_per_node > 0:
-            t0 = time.perf_counter()
-            outs = env.rollout(new_open, cfg.rollouts_per_node, cfg.max_depth)
-            st["rollout_s"] += time.perf_counter() - t0
-            st["rollout_calls"] += 1
-            if len(outs) != len(new_open):
-                raise ValueError(f"TreeEnv.rollout returned {len(outs)} outcome lists for {len(new_open)} nodes")
-            for (t, node), oc in zip(new_open, outs):
-                node.samples = spre(oc, cfg.alpha)
-                node.visits = len(node.samples)
-                node.own_q = sum(node.samples) / len(node.samples) if node.samples else 0.0
-                node.extra["rollouts"] = [dataclasses.asdict(o) for o in oc]
-                t.used += len(node.samples)
-                st["rollouts"] += len(node.samples)
-
-        judged = list(new_open)
-        if cfg.value_scheme == "code" and cfg.rollouts_per_node == 0:  # the code judges every new node
-            judged += [(t, n) for t, n in touched if n.visits == 1 and n.judge_score is None and n.parent is not None]
-        if judged and judge is not None and cfg.judge_weight > 0:
-            t0 = time.perf_counter()
-            _judge_nodes(judge, judged, cfg, st)
-            st["judge_s"] += time.perf_counter() - t0
-            st["judge_calls"] += 1
-
-        for t, node in touched + new_open:
-            backup(t, node, cfg)
+                _attach(t, n, kids[: cfg.max_children], cfg, touched, new_open)
+        _evaluate(env, judge, cfg, st, touched, new_open)
         st["iterations"] += 1
     for t in trees:
         t.metadata["value_scheme"] = cfg.value_scheme
@@ -405,6 +368,90 @@ def run_mcts(env: TreeEnv, items: Iterable, cfg: MCTSConfig = MCTSConfig(), *, j
     if stats is not None:
         stats.update(st)
     return trees
+
+
+def expand_with(env: TreeEnv, items: Sequence[tuple[Tree, Node, Sequence[Child]]], cfg: MCTSConfig = MCTSConfig(),
+                *, judge: Judge | None = None, stats: dict | None = None) -> list[list[Node]]:
+    """Expand each (tree, node) with the given children instead of the env's samples (all of them, however many:
+    e.g. the candidate actions of an audited state), each evaluated as `run_mcts` evaluates a new expansion's
+    children (a Terminal child, or one at max_depth, exactly; the others rolled out `rollouts_per_node` times, all
+    trees' in ONE `env.rollout` call, and judged where the search judges), then backed up. Budget (`Tree.used`) is
+    spent as run_mcts spends it, but not checked, and no iteration is counted; `run_mcts` on the trees searches on.
+    Returns the new child nodes of each item, in the children's order."""
+    cfg.validate()
+    if cfg.judge_weight > 0 and judge is None:
+        raise ValueError("MCTSConfig.judge_weight > 0 needs a judge")
+    st = _new_stats()
+    touched: list[tuple[Tree, Node]] = []
+    new_open: list[tuple[Tree, Node]] = []
+    added = []
+    for t, n, kids in items:
+        if n.expanded or n.stage == TERMINAL:
+            raise ValueError(f"tree {t.qid!r}: node {n.id} is already expanded or Terminal")
+        first = len(t.nodes)
+        st["expanded"] += 1
+        _attach(t, n, list(kids), cfg, touched, new_open)
+        added.append(t.nodes[first:])
+    _evaluate(env, judge, cfg, st, touched, new_open)
+    if stats is not None:
+        stats.update(st)
+    return added
+
+
+def _new_stats() -> dict:
+    return {"iterations": 0, "expand_calls": 0, "rollout_calls": 0, "judge_calls": 0, "expanded": 0, "rollouts": 0,
+            "revisits": 0, "judge_failures": 0, "expand_s": 0.0, "rollout_s": 0.0, "judge_s": 0.0}
+
+
+def _attach(t: Tree, n: Node, kids: Sequence[Child], cfg: MCTSConfig, touched: list, new_open: list) -> None:
+    """Add an expanded node's children: a Terminal child (or one at max_depth) is scored exactly and goes to
+    `touched`, the others to `new_open` (to be rolled out); no child at all makes `n` a dead end, scored 0."""
+    n.expanded = True
+    if not kids:  # nothing came back: a dead end, scored 0
+        _make_terminal(t, n, None, cfg, reason="no children")
+        touched.append((t, n))
+    for ch in kids:
+        node = t.add(n, stage=ch.stage, depth=n.depth + 1, raw=ch.raw, action=ch.action, kind=ch.kind,
+                     prompt=ch.prompt, step=ch.step, extra=dict(ch.extra))
+        if node.stage == TERMINAL:
+            _make_terminal(t, node, ch.value, cfg)
+            touched.append((t, node))
+        elif node.depth >= cfg.max_depth:
+            _make_terminal(t, node, None, cfg, reason="max_depth")
+            touched.append((t, node))
+        else:
+            new_open.append((t, node))
+
+
+def _evaluate(env: TreeEnv, judge: Judge | None, cfg: MCTSConfig, st: dict, touched: list, new_open: list) -> None:
+    """Simulate the new open nodes (SPRE over `rollouts_per_node` rollouts, one env call), judge where the search
+    judges, and back up every touched and new node."""
+    if new_open and cfg.rollouts_per_node > 0:
+        t0 = time.perf_counter()
+        outs = env.rollout(new_open, cfg.rollouts_per_node, cfg.max_depth)
+        st["rollout_s"] += time.perf_counter() - t0
+        st["rollout_calls"] += 1
+        if len(outs) != len(new_open):
+            raise ValueError(f"TreeEnv.rollout returned {len(outs)} outcome lists for {len(new_open)} nodes")
+        for (t, node), oc in zip(new_open, outs):
+            node.samples = spre(oc, cfg.alpha)
+            node.visits = len(node.samples)
+            node.own_q = sum(node.samples) / len(node.samples) if node.samples else 0.0
+            node.extra["rollouts"] = [dataclasses.asdict(o) for o in oc]
+            t.used += len(node.samples)
+            st["rollouts"] += len(node.samples)
+
+    judged = list(new_open)
+    if cfg.value_scheme == "code" and cfg.rollouts_per_node == 0:  # the code judges every new node
+        judged += [(t, n) for t, n in touched if n.visits == 1 and n.judge_score is None and n.parent is not None]
+    if judged and judge is not None and cfg.judge_weight > 0:
+        t0 = time.perf_counter()
+        _judge_nodes(judge, judged, cfg, st)
+        st["judge_s"] += time.perf_counter() - t0
+        st["judge_calls"] += 1
+
+    for t, node in touched + new_open:
+        backup(t, node, cfg)
 
 
 def _make_terminal(tree: Tree, node: Node, value: float | None, cfg: MCTSConfig, reason: str = "") -> None:

@@ -7,11 +7,12 @@ Expansion and rollouts go through the rollout engine's batched calls (`rollout.c
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Action, Episode, State, Step, answer_reward
-from jaxrag.supervision.mcts import GROUNDING, REASONING, TERMINAL, Child, Node, Outcome, Tree
+from jaxrag.supervision.mcts import GROUNDING, REASONING, TERMINAL, Child, Node, Outcome, Tree, new_tree
 
 
 @dataclass
@@ -84,51 +85,30 @@ class PolicyTreeEnv:
 
     # ---- expand -----------------------------------------------------------------------------------------
     def expand(self, items: Sequence[tuple[Tree, Node]], n: int, max_depth: int) -> list[list[Child]]:
-        from jaxrag.env.rollout import candidates, execute
+        from jaxrag.env.rollout import candidates
 
         self.calls["expand"] += 1
         out: list[list[Child]] = [[] for _ in items]
         reason = [i for i, (_, nd) in enumerate(items) if nd.stage == REASONING]
         ground = [i for i, (_, nd) in enumerate(items) if nd.stage == GROUNDING]
         if reason:
-            states = []
-            for i in reason:
-                t, nd = items[i]
-                s = t.state(nd)
-                s.must_answer = nd.depth + 1 >= max_depth or len(s.history) + 1 >= self.engine_max_steps(max_depth)
-                states.append(s)
+            states = self._states([items[i] for i in reason], max_depth)
             prompts, cands = candidates(self.policy, self.agent, states, n, temperature=self.temperature,
                                         max_new_tokens=self.max_new_tokens, seed=self._seed(), slots=self._pool_slots)
             self.sampled["expand"] += sum(len(c) for c in cands)
-            q_states, q_steps = [], []
-            for j, i in enumerate(reason):
-                t, nd = items[i]
+            proposals = []
+            for j in range(len(reason)):
+                row = []
                 for c in cands[j]:
-                    action = c.action
-                    if states[j].must_answer and action.kind == QUERY and action.extra.get("predicted_answer"):
-                        action = Action(ANSWER, action.extra["predicted_answer"], action.raw,
-                                        {**action.extra, "forced_by_max_steps": True})
                     comp = c.completion
-                    step = Step(action=action, prompt=prompts[j],
+                    step = Step(action=c.action, prompt=prompts[j],
                                 token_ids=[int(x) for x in getattr(comp, "token_ids", ()) or ()],
                                 logprobs=[float(x) for x in getattr(comp, "logprobs", ()) or ()],
                                 finish_reason=str(getattr(comp, "finish_reason", "")))
-                    raw = getattr(comp, "text", action.raw)
-                    if action.kind == ANSWER:
-                        v = answer_reward(action.text, t.gold, self.reward, t.choices)
-                        out[i].append(Child(raw, TERMINAL, action, prompts[j], v, step))
-                    elif action.kind == INVALID:
-                        out[i].append(Child(raw, TERMINAL, action, prompts[j], None, step,
-                                            extra={"terminal_reason": "invalid"}))
-                    else:
-                        out[i].append(Child(raw, GROUNDING if self._grounds else REASONING, action, prompts[j], None,
-                                            step))
-                        q_states.append(states[j])
-                        q_steps.append(step)
-            if q_steps:  # one batched search (+ summaries when grounding is not a tree stage)
-                summarizer = None if self._grounds else (self.summarizer or self.policy)
-                execute(q_states, q_steps, self.retriever, self.agent, self.k, summarizer,
-                        summary_max_new_tokens=self.summary_max_new_tokens, seed=self._seed())
+                    row.append((getattr(comp, "text", c.action.raw), step))
+                proposals.append(row)
+            for i, kids in zip(reason, self._action_children([items[i] for i in reason], states, proposals)):
+                out[i] = kids
         if ground:
             prompts = []
             for i in ground:
@@ -147,6 +127,77 @@ class PolicyTreeEnv:
                     step.summary_prompt, step.summary_raw = prompts[j], comp.text
                     step.summary = self._parse_summary(comp.text)
                     out[i].append(Child(comp.text, REASONING, None, prompts[j], None, step, kind="evidence"))
+        return out
+
+    def children(self, items: Sequence[tuple[Tree, Node]], proposals: Sequence[Sequence[tuple[str, Step]]],
+                 max_depth: int) -> list[list[Child]]:
+        """Children of Reasoning nodes from given actions instead of samples (e.g. an audited state's candidates):
+        each (raw text, Step holding its parsed action and prompt) becomes the Child `expand` makes of a sampled one
+        (an answer Terminal with its reward, an unparsable action Terminal, a query executed: one batched search)."""
+        if any(nd.stage != REASONING for _, nd in items):
+            raise ValueError("PolicyTreeEnv.children: actions are proposed at Reasoning nodes only")
+        return self._action_children(items, self._states(items, max_depth), proposals)
+
+    def path_tree(self, item, history: Sequence[Step]) -> tuple[Tree, Node]:
+        """A tree grown along executed engine steps (an episode's state): per step the node `expand` makes of it (a
+        query with its evidence node when grounding is a tree stage), each parent expanded with that one child.
+        Returns the tree and the node after the last step (unexpanded; its depth the steps' tree steps)."""
+        tree = new_tree(item)
+        node = tree.root
+        for h in history:
+            grounded = self._grounds and h.action.kind == QUERY
+            node.expanded = True
+            step = copy.deepcopy(h)
+            if grounded:  # the query node holds the step before its evidence, as expand leaves it
+                step.summary, step.summary_prompt, step.summary_raw = None, "", ""
+            node = tree.add(node, stage=GROUNDING if grounded else REASONING, depth=node.depth + 1, raw=h.action.raw,
+                            action=h.action, kind="action", prompt=h.prompt, step=step)
+            if grounded:
+                node.expanded = True
+                node = tree.add(node, stage=REASONING, depth=node.depth + 1, raw=h.summary_raw, kind="evidence",
+                                prompt=h.summary_prompt, step=copy.deepcopy(h))
+        return tree, node
+
+    def _states(self, items: Sequence[tuple[Tree, Node]], max_depth: int) -> list[State]:
+        """The States of Reasoning nodes, `must_answer` on the last step max_depth allows."""
+        states = []
+        for t, nd in items:
+            s = t.state(nd)
+            s.must_answer = nd.depth + 1 >= max_depth or len(s.history) + 1 >= self.engine_max_steps(max_depth)
+            states.append(s)
+        return states
+
+    def _action_children(self, items: Sequence[tuple[Tree, Node]], states: Sequence[State],
+                         proposals: Sequence[Sequence[tuple[str, Step]]]) -> list[list[Child]]:
+        """Children from (raw text, Step) proposals per Reasoning node: on a must-answer state a query carrying a
+        predicted answer becomes that answer; queries are executed in ONE batched search (+ summaries when
+        grounding is not a tree stage)."""
+        from jaxrag.env.rollout import execute
+
+        out: list[list[Child]] = [[] for _ in items]
+        q_states, q_steps = [], []
+        for j, (t, nd) in enumerate(items):
+            for raw, step in proposals[j]:
+                action = step.action
+                if states[j].must_answer and action.kind == QUERY and action.extra.get("predicted_answer"):
+                    action = Action(ANSWER, action.extra["predicted_answer"], action.raw,
+                                    {**action.extra, "forced_by_max_steps": True})
+                    step = dataclasses.replace(step, action=action)
+                if action.kind == ANSWER:
+                    v = answer_reward(action.text, t.gold, self.reward, t.choices)
+                    out[j].append(Child(raw, TERMINAL, action, step.prompt, v, step))
+                elif action.kind == INVALID:
+                    out[j].append(Child(raw, TERMINAL, action, step.prompt, None, step,
+                                        extra={"terminal_reason": "invalid"}))
+                else:
+                    out[j].append(Child(raw, GROUNDING if self._grounds else REASONING, action, step.prompt, None,
+                                        step))
+                    q_states.append(states[j])
+                    q_steps.append(step)
+        if q_steps:  # one batched search (+ summaries when grounding is not a tree stage)
+            summarizer = None if self._grounds else (self.summarizer or self.policy)
+            execute(q_states, q_steps, self.retriever, self.agent, self.k, summarizer,
+                    summary_max_new_tokens=self.summary_max_new_tokens, seed=self._seed())
         return out
 
     def _parse_summary(self, text: str) -> str | None:

@@ -6,7 +6,9 @@ max_questions (stratified by question type), states (audit states kept, stratifi
 and state kind), n_candidates and temperature (the policy's own samples per state, the supervision stage's T),
 teacher / oracle (add the teacher's and the oracle's action at each state), m and replay_temperature (the replay's
 continuations), max_steps, max_new_tokens, batch_size, signals, z, bootstrap. The rollout-value signal takes the
-supervision section's settings (config[rollout_from]: rollout_m, temperature; its seed, as that stage draws it).
+supervision section's settings (config[rollout_from]: rollout_m, temperature; its seed, as that stage draws it); the
+mcts signal the mcts stage's (`mcts`: search, temperature, max_new_tokens, batch_size; the run's seed) and the
+audit's budget `mcts_rollouts` (simulations per distinct candidate).
 Outputs under workdir/<name>/: results.json, results.md, credit_audit.png, records_replay.jsonl (the states, their
 candidates and every continuation's EM and F1), signals.jsonl (each signal's value per candidate).
 """
@@ -81,7 +83,7 @@ def credit_audit_stage(config, workdir, name) -> None:
 def audit_context(config, workdir, name, policy, retriever, agent, cfg):
     """What the signals read, built as their own stages build it: the oracle judge at the index's k, the critic
     stage's scorer, the supervision stage's rollout-value settings (its M, temperature, batch and seed), the mcts
-    signal's search settings (`mcts`) at the audit's sampling temperature."""
+    stage's search settings and seed with the audit's per-candidate budget."""
     from jaxrag.supervision.credit_audit import AuditContext
     from jaxrag.supervision.judges import get_judge
     from jaxrag.supervision.rollout_values import RolloutValueConfig
@@ -96,17 +98,22 @@ def audit_context(config, workdir, name, policy, retriever, agent, cfg):
     rollout = (RolloutValueConfig(m=sup.rollout_m, temperature=sup.temperature, metric="em", max_steps=sup.max_steps,
                                   k=k, batch_size=sup.batch_size * sup.n_candidates,
                                   max_new_tokens=sup.max_new_tokens, seed=config.seed + 2) if sup.rollout_m else None)
-    mcts = (dict(search=mcts_config(s), temperature=s.temperature, max_new_tokens=s.max_new_tokens,
-                 batch_size=s.batch_size) if s.get("mcts") else None)
+    mcts = mcts_settings(s, config.seed) if s.get("mcts") else None
     return AuditContext(policy, retriever, agent, cfg, judge=get_judge("oracle", retriever=retriever, k=k),
                         critic=critic, rollout=rollout, mcts=mcts)
 
 
-def mcts_config(s):
-    """The mcts signal's search settings (MCTSConfig fields under `mcts`), checked."""
+def mcts_settings(s, seed: int):
+    """The mcts signal's settings: `mcts` (the mcts stage's search: MCTSConfig fields under `search`; its
+    temperature, max_new_tokens, batch_size), `mcts_rollouts` (simulations per distinct candidate) and the mcts
+    stage's seed (the run's)."""
+    from jaxrag.supervision.credit_audit import MCTSSignalConfig
     from jaxrag.supervision.mcts import MCTSConfig
 
-    return MCTSConfig(**s.mcts.to_dict()).validate()
+    m = s.mcts
+    return MCTSSignalConfig(search=MCTSConfig(**m.search.to_dict()), per_candidate=int(s.mcts_rollouts),
+                            temperature=float(m.temperature), max_new_tokens=int(m.max_new_tokens),
+                            batch_size=int(m.batch_size), seed=seed)
 
 
 def choose_states(records: list, n: int, seed: int) -> list:
@@ -188,7 +195,8 @@ def audit_results(truth: list, signals: dict, cfg, replay_stats: dict, **counts)
             continue
         vals = CA.on_distinct(truth, sig["values"])
         row = {"replay": CA.score_signal(views, vals, n_boot=cfg.bootstrap, seed=cfg.seed),
-               "seconds_per_state": sig["seconds"] / n_states, "policy_calls": sig["policy_calls"]}
+               "seconds_per_state": sig["seconds"] / n_states, "policy_calls": sig["policy_calls"],
+               **({"sampled_actions": sig["sampled_actions"]} if "sampled_actions" in sig else {})}
         if oracle_views is not None and name != "oracle":
             row["oracle"] = CA.score_signal(oracle_views, vals, n_boot=cfg.bootstrap, seed=cfg.seed,
                                             breakdown=("decision",))
@@ -307,11 +315,16 @@ def check_audit(config, name: str) -> None:
             config_fail(f"{name}.{key}", f"{s[key]} must be >= {low}")
     if s.split not in checks.SPLITS:
         config_fail(f"{name}.split", f"{s.split!r}: choose {' | '.join(checks.SPLITS)}")
-    if s.get("mcts"):
+    if "mcts" in s.signals:
+        if not s.get("mcts") or "mcts_rollouts" not in s:
+            config_fail(f"{name}.mcts", "the mcts signal needs the mcts stage's settings (`mcts`: search, temperature, "
+                                        "max_new_tokens, batch_size) and `mcts_rollouts`; or drop it from signals")
+        if int(s.mcts_rollouts) < 1:
+            config_fail(f"{name}.mcts_rollouts", f"{s.mcts_rollouts} must be >= 1 (simulations per distinct candidate)")
         try:
-            mcts_config(s)
-        except (TypeError, ValueError) as e:
-            config_fail(f"{name}.mcts", str(e))
+            mcts_settings(s, config.seed)
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            config_fail(f"{name}.mcts", f"{e} (see configs/synthetic/credit_audit.py)")
     src = config.get(s.rollout_from)
     if src is None or "rollout_m" not in src:
         config_fail(f"{name}.rollout_from", f"{s.rollout_from!r} is not a section with rollout_m (the supervision "
