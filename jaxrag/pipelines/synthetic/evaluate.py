@@ -103,8 +103,9 @@ def eval_stage(config, workdir, name) -> None:
             t0 = time.perf_counter()
             episodes = rollout(policy, retriever, agent, qs, rcfg, select=select)
             write_episodes(out / f"episodes_{system['name']}_{split}.jsonl", episodes)
-            scored = score_episodes(episodes, {q["id"]: q for q in qs})
-            scored["errors"] = taxonomy(episodes, {q["id"]: q for q in qs})
+            by_id = {q["id"]: q for q in qs}
+            scored = score_episodes(episodes, by_id)
+            scored["errors"] = taxonomy(episodes, by_id)
             scored["seconds"] = round(time.perf_counter() - t0, 2)
             results["systems"][system["name"]]["splits"][split] = scored
             a = scored["all"]
