@@ -99,6 +99,18 @@ def test_a_sampling_stage_beyond_the_unseen_pool_is_refused_before_any_stage(tmp
     assert not os.listdir(tmp_path) or not os.path.exists(tmp_path / "world" / "DONE")
 
 
+def test_eval_only_runs_the_named_systems_and_refuses_an_unknown_one(tmp_path):
+    from jaxrag.pipelines.synthetic.evaluate import selected_systems
+
+    c = config_module("pipeline").get_config("tiny")
+    assert [s["name"] for s in selected_systems(c.eval)] == [s["name"] for s in c.eval.systems]
+    c.eval.only = "dpo, sft_react"
+    assert [s["name"] for s in selected_systems(c.eval)] == ["sft_react", "dpo"]   # the section's order
+    c.eval.only = "sft_react,dpo_kto"
+    with pytest.raises(jmain.StageError, match=r"eval\.only: 'dpo_kto' is not one of the systems"):
+        jmain.run(c, tmp_path)
+
+
 def test_anchor_level_pool_keeps_whole_anchors_out(tmp_path):
     """unseen_by_anchor: no anchor of the pool anchors a question SFT trains on (the question-level pool leaks them);
     the sampling stages draw the head of the pool."""

@@ -100,7 +100,7 @@ def get_config(preset: str = "demo"):
                      split="test", max_questions=100, temperature=0.5, **rollout_common)  # T: dev split
     c.eval = dict(
         fn=f"{P}.evaluate:eval_stage", splits=("test", "heldout"), max_questions=200, max_steps=8, max_new_tokens=40,
-        batch_size=128,
+        batch_size=128, only="",
         systems=[
             dict(name="no_retrieval", agent="direct", model="sft"),
             dict(name="rag", agent="rag", model="sft"),

@@ -86,3 +86,6 @@ def check_eval(config, name: str) -> None:
             _stage_ref(config, name, f"{where}.critic", system["critic"])
             if int(system.get("n", 0)) < 1:
                 config_fail(f"{where}.n", "a critic system needs n >= 1 candidates")
+    for x in [x.strip() for x in str(s.get("only") or "").split(",") if x.strip()]:
+        if x not in seen:
+            config_fail(f"{name}.only", f"{x!r} is not one of the systems ({', '.join(sorted(seen))})")

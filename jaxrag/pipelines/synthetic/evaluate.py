@@ -1,7 +1,8 @@
 """The synthetic pipeline's evaluation stage: every system x eval split, stratified by question type.
 
 config[name].systems: a list of {"name", "agent", "model"} (model = the stage whose model/ is loaded); optional
-"critic" (a critic stage: PRM-guided best-of-N with "n" candidates at temperature "temperature"). Baseline agents
+"critic" (a critic stage: PRM-guided best-of-N with "n" candidates at temperature "temperature"); only (comma-separated
+system names to run, "" = all: a study that trains a few stages evaluates those alone). Baseline agents
 (direct, rag) run the same model made to answer at once (ForcedAnswerPolicy), so they differ from the search agent
 only in how much retrieval they get. Outputs: episodes_<system>_<split>.jsonl and results.json under workdir/<name>/
 (each split's metrics, and under "errors" where its failures come from: jaxrag.pipelines.synthetic.taxonomy).
@@ -71,6 +72,12 @@ def rollout_config(config, s, **over):
                          max_new_tokens=s.max_new_tokens, reward="em", seed=config.seed, **over)
 
 
+def selected_systems(s) -> list[dict]:
+    """The eval section's systems named in its `only` list (all when it is empty), in the section's order."""
+    only = [x.strip() for x in str(s.get("only") or "").split(",") if x.strip()]
+    return [system for system in s.systems if not only or system["name"] in only]
+
+
 @lead_only  # host-side: process 0 alone (docs/multihost.md)
 def eval_stage(config, workdir, name) -> None:
     from jaxrag.env.agents import get_agent
@@ -83,7 +90,7 @@ def eval_stage(config, workdir, name) -> None:
     policies: dict = {}
     out = stage_dir(workdir, name)
     results = {"seed": config.seed, "k": config.index.k, "systems": {}}
-    for system in s.systems:
+    for system in selected_systems(s):
         agent = get_agent(system["agent"], mode="plain")
         if system["model"] not in policies:  # each stage's model loaded once
             policies[system["model"]] = stage_policy(workdir, system["model"], tok, config.get("sampler"))
