@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 SFT_REDUCTIONS = ("token", "sequence")
@@ -149,15 +150,17 @@ def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k2", clam
 
 
 # ------------------------------------------------------------------------------------------------------- GRPO
-def group_advantages(rewards: jax.Array, group_size: int, eps: float = 1e-4, std_ddof: int = 1) -> jax.Array:
-    """rewards[N] with N = B·G, groups contiguous -> A_i = (r_i - mean_group) / (std_group + eps), [N].
-    std_ddof=1 is the unbiased std TRL uses; 0 the population std."""
+def group_advantages(rewards, group_size: int, eps: float = 1e-4, std_ddof: int = 1):
+    """rewards[N] with N = B·G, groups contiguous -> A_i = (r_i - mean_group) / (std_group + eps), [N] float32.
+    std_ddof=1 is the unbiased std TRL uses; 0 the population std. A jax array is computed in float32 (inside the
+    loss); a numpy array on the host in float64 (the RL loop's rows), so each caller keeps its precision."""
     if rewards.shape[0] % group_size:
         raise ValueError(f"{rewards.shape[0]} rewards do not split into groups of {group_size}")
-    r = rewards.reshape(-1, group_size).astype(jnp.float32)
-    mean = jnp.mean(r, axis=1, keepdims=True)
-    std = jnp.std(r, axis=1, keepdims=True, ddof=std_ddof) if group_size > std_ddof else jnp.zeros_like(mean)
-    return ((r - mean) / (std + eps)).reshape(-1)
+    xp = np if isinstance(rewards, np.ndarray) else jnp
+    r = rewards.reshape(-1, group_size).astype(np.float64 if xp is np else jnp.float32)
+    mean = xp.mean(r, axis=1, keepdims=True)
+    std = xp.std(r, axis=1, keepdims=True, ddof=std_ddof) if group_size > std_ddof else xp.zeros_like(mean)
+    return ((r - mean) / (std + eps)).reshape(-1).astype(xp.float32)
 
 
 def _aggregate(per_token: jax.Array, mask: jax.Array, aggregation: str) -> jax.Array:

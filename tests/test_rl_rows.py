@@ -1,5 +1,6 @@
 """Episodes -> RL token rows: masks, group checks, advantages, aggregation weights and trajectory GAE by hand."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -69,8 +70,13 @@ def test_group_advantages_by_hand():
     np.testing.assert_allclose(adv[:3], [(2 / 3) / (std + 1e-4), (-1 / 3) / (std + 1e-4), (-1 / 3) / (std + 1e-4)],
                                rtol=1e-6)
     np.testing.assert_array_equal(adv[3:], 0.0)  # a group without signal has no advantage
-    np.testing.assert_allclose(adv, np.asarray(losses.group_advantages(np.array([1, 0, 0, .5, .5, .5], np.float32), 3)),
-                               rtol=1e-5)
+    # one formula: the loss's float32 jax path agrees; the host path is the float64 one, returned as float32
+    r = [1, 0, 0, .5, .5, .5]
+    np.testing.assert_allclose(adv, np.asarray(losses.group_advantages(jnp.asarray(r, jnp.float32), 3)), rtol=1e-5)
+    assert adv.dtype == np.float32
+    np.testing.assert_array_equal(adv, ((np.reshape(r, (2, 3)) - np.mean(np.reshape(r, (2, 3)), 1, keepdims=True))
+                                        / (np.std(np.reshape(r, (2, 3)), 1, ddof=1, keepdims=True) + 1e-4))
+                                  .reshape(-1).astype(np.float32))
 
 
 def test_aggregation_weights_treat_the_trajectory_as_the_sequence():

@@ -42,6 +42,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxrag.env.mdp import Episode
+from jaxrag import losses
 from jaxrag.losses import GRPO_AGGREGATIONS
 from jaxrag.train import prefix_tree as PT
 from jaxrag.train.batching import bucket_size, pick_bucket
@@ -132,13 +133,10 @@ def check_groups(episodes: Sequence[Episode], group_size: int) -> list[str]:
 
 def group_advantages(episodes: Sequence[Episode], rewards: Sequence[float], group_size: int, eps: float = 1e-4,
                      std_ddof: int = 1) -> np.ndarray:
-    """A_e = (r_e - mean_g) / (std_g + eps) per group of `group_size` episodes of one question -> [E] float32.
-    std_ddof=1: the unbiased std TRL uses (a group of one has std 0)."""
+    """A_e = (r_e - mean_g) / (std_g + eps) per group of `group_size` episodes of one question -> [E] float32
+    (jaxrag.losses.group_advantages in float64 on the host, after checking that each group is one question's)."""
     check_groups(episodes, group_size)
-    r = np.asarray(rewards, np.float64).reshape(-1, group_size)
-    mean = r.mean(axis=1, keepdims=True)
-    std = r.std(axis=1, ddof=std_ddof, keepdims=True) if group_size > std_ddof else np.zeros_like(mean)
-    return ((r - mean) / (std + eps)).reshape(-1).astype(np.float32)
+    return losses.group_advantages(np.asarray(rewards, np.float64), group_size, eps, std_ddof)
 
 
 
