@@ -1,40 +1,13 @@
 """Batched rollout engine: many episodes advance together, one padded policy call per step.
 
-Each engine step: render the prompts of all live episodes -> one `policy.generate` call (n candidates
-each) -> parse -> `select` one candidate per state -> one batched `retriever.search` for every query ->
-one batched summarizer call (Search-o1 / Re²Search summaries, ReasonRAG grounding) -> update states;
-finished episodes leave and pending ones refill the batch.
+`rollout(policy, retriever, agent, items, RolloutConfig)` runs every item to the end: each step renders the live
+episodes' prompts, makes one `policy.generate` call (n candidates each), `select`s one per state, runs one batched
+`retriever.search` and one batched summarizer call, and refills the batch. It knows only the Policy and Retriever
+protocols. A policy that keeps sessions keeps each episode's KV cache across turns; `RolloutConfig(continuous=True)`
+runs the turns through the policy's continuous slot pool instead of lock-step.
 
-Knows only the Policy protocol (`generate(prompts, n, temperature, max_new_tokens, stop, seed) ->
-list[list[Completion]]`) and the Retriever protocol (`search(queries, k) -> list[list[Hit]]`).
-
-A policy that keeps sessions (`policy.keeps_sessions`, a JaxPolicy with session_slots: jaxrag.sampling.sessions) gets
-one session key per episode with each action call and `release(keys)` when episodes finish: an episode's KV cache
-then lives across its turns and only what its prompt appends is prefilled. At n_candidates = N > 1 the session
-keeps a branch per candidate (batch_size x N slots) and the next turn continues the one `select` picked, its
-appended tokens prefilled once for the N new candidates.
-
-Continuous batching (RolloutConfig(continuous=True), a policy with `continuous`: JaxPolicy): instead of one
-generate call per engine step, the episodes' turns go through a slot pool of batch_size decode slots (x N below)
-(sampling.continuous): after every decode chunk (up to 16 steps; it ends sooner once a quarter of the slots are done)
-the turns that finished are parsed, their retrieval run (batched over the turns that finished in the same chunk),
-their next prompts rendered and queued, and finished episodes replaced by pending ones, while the other slots'
-turns keep decoding; a freed slot idles only until the chunk ends. With overlap=True that host work runs while the
-next chunk decodes (the device runs asynchronously): a freed slot then idles one more chunk, and the host's time
-hides behind the device's (worth it only where the host's work per chunk is long, e.g. a remote retriever: on a
-2-core CPU with local BM25 it was ~1.8x slower). n_candidates = N > 1: a turn is N requests of the same prompt
-in a pool of batch_size x N slots (the lock-step decode batch's rows); the pool prefills their prompt once, and
-its N slots, a group, read it once (SlotPool(group=N): cascade attention, the policy's `cascade`; a pool that keeps
-sessions copies it into each slot instead); the turn is selected (`select`, batched over the turns
-that completed in the chunk) once all N have finished. Request keys fold in (episode index x N + candidate, step),
-so at T > 0 the samples do not depend on the batch size (they differ from the lock-step path's per-call keys);
-at T = 0 every episode gets the lock-step path's actions and token ids. Falls back to lock-step: a policy without
-`continuous` (scripted fakes) and agents that summarize (Search-o1 / Re²Search summaries, ReasonRAG grounding: a
-second policy call per turn). A pool that keeps sessions (`sess.keeps_sessions`: JaxPolicy(pool_sessions=True))
-gets the episode index as the session of each of its turn's N requests (and `release` when the episode ends): a
-turn whose prompt extends the last prompt + the picked candidate's completion prefills only what it appends,
-once, into that candidate's parked slot, forked to the turn's other N - 1 slots; otherwise each turn's prompt is
-prefilled in full, once per turn.
+Details (the engine step, sessions, continuous batching, keys, fallbacks): docs/continuous_batching.md,
+"The rollout engine".
 """
 from __future__ import annotations
 

@@ -1,42 +1,11 @@
 """Stage `rl`: online GRPO / PPO (jaxrag.rl.train_rl) from a checkpoint, with a live retriever and a named reward.
 
-config.<name> (configs/arena/grpo.py, configs/smartsearch/grpo.py):
-  fn         "jaxrag.pipelines.rl:rl_stage"
-  policy     path: a HF checkpoint dir (jaxrag.models.load_hf; every stage's model/ is one); "stage:<s>" =
-             workdir/<s>/model, a relative path is under the workdir. tokenizer: "" = the checkpoint dir, else a
-             tokenizer dir / *.model. dtype ("" = checkpoint's), max_prompt_tokens (0 = max_seq_len -
-             max_new_tokens; agents render over-long prompts shorter, jaxrag.sampling.policy).
-  retriever  corpus (JSONL, BM25 built in memory over its first max_passages, 0 = all, backend bm25s | lucene) or
-             index_dir (a built index, jaxrag.retrieval.load_retriever; encoder, query_encoder, rrf_k, depth as
-             jaxrag.pipelines.common.load_retriever reads them, "" / 0 = the index's own).
-  questions  path (QA JSONL, jaxrag.data.qa.load_qa), select ("all", "first:N", ...), limit (0 = no limit).
-  agent      name (jaxrag.env.agents), mode (chat | plain), max_docs (0 = all), max_doc_chars (0 = no cut), opts (the
-             design's own fields, e.g. ARENA's stop_at).
-  reward     a reward spec (jaxrag.supervision.rewards.reward_fn): "em", "arena", "em+0.5*f1".
-  answer_judge  the LLM judge of a judged reward ("arena_ljacc": ARENA's LJ accuracy): jaxrag.judge.judge_from_config
-             keys (base_url "" = none, model, api_key_env, timeout_s, retries, backoff_s, workers).
-  prm        optional ("" = none), loss ppo only: a critic checkpoint (HF dir + head.npz, or stage:<s>) whose score of
-             each executed action is that step's reward (RAG-Gym's PPO: rewards from the trained PRM;
-             jaxrag.pipelines.eval.load_prm) instead of `reward`'s outcome at the last token.
-  rl         jaxrag.rl.RLConfig fields (steps, questions_per_step, group_size, inner_steps, temperature, ...;
-             group_rollout "smartsearch_refine": SmartSearch's stage-3 refinement rollout, jaxrag.rl.group_rollout).
-  judge      optional; needed by rl.group_rollout "smartsearch_refine": a judge section as the collection stages read
-             it (jaxrag.pipelines.collect.make_judge: kind http | local | fn), the process-reward model that judges
-             every query's usefulness and rewrites the bad ones (the released code asks one endpoint for both).
-             With independent groups, a judge section credits every episode's queries (usefulness: the S_t of
-             SmartSearch's composite reward, as its released reward asks the model for every trajectory).
-  train      the trainer config (loss grpo | ppo; sampling_temperature, grpo.group_size, batch_size and steps are
-             set from rl: see jaxrag.rl.rl_train_config).
-Outputs under workdir/<name>/: checkpoints/, metrics.jsonl, tb/, train_config.json, episodes.jsonl, model/ (the
-trained policy, LoRA merged, with its tokenizer and, for ppo, head.npz: jaxrag.pipelines.common.save_checkpoint),
-summary.json.
+`rl_stage(config, workdir, name)` reads the stage's section (policy, retriever, questions, agent, reward,
+answer_judge, prm, rl, judge, train; examples: configs/arena/grpo.py, configs/smartsearch/grpo.py), trains, and
+writes checkpoints/, metrics.jsonl, episodes.jsonl, model/ and summary.json under workdir/<name>/.
+`tiny_checkpoint_stage` makes the smoke variants' policy (a random Llama with a small byte-level BPE tokenizer).
 
-The synthetic world (configs/synthetic/pipeline.py: grpo_section): policy.path = "stage:sft", retriever.corpus =
-"world/corpus.jsonl", questions.path = "world/questions_train.jsonl", agent "react" in mode "plain", reward "em",
-rl.k = config.index.k; evaluated as a system whose model is this stage.
-
-`tiny_checkpoint_stage` makes the smoke variants' policy: a random Llama saved as a HF checkpoint with a small
-byte-level BPE tokenizer trained on a corpus slice (and the agents' system prompts), in workdir/<name>/model.
+Details (every config key, the outputs, the synthetic world's section): docs/running.md, "The RL stage".
 """
 
 from __future__ import annotations

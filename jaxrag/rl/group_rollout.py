@@ -1,40 +1,13 @@
-"""How one RL step samples its groups: B questions in, B contiguous groups of exactly G episodes of one question out
-(the order jaxrag.rl.rows.check_groups requires). The strategy is RLConfig.group_rollout:
+"""How one RL step samples its groups: B questions in, B contiguous groups of exactly G episodes of one question out.
 
-- "independent" (default): every question passed G times to ONE `rollout` call (one sample per row): GRPO's
-  G independent episodes.
-- "smartsearch_refine": SmartSearch's stage-3 rollout, "Query Aware Policy Optimization" (004 §4.4; released code
-  src/verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py `generate_sequences` + generate_new_prompts.py):
-  repeat, until every question has G episodes:
-    1. an initial trajectory y0 for every question still short of G (ONE batched rollout over those questions);
-    2. credit of every search step of every y0 (jaxrag.supervision.smartsearch.assess: novelty by rule, usefulness
-       by the judge when one is given; ONE batched judge call);
-    3. every S_t = 0 query rewritten by the refiner (ONE batched call) and, per y0, the first `refine_keep_m - 1`
-       usable refinements, earliest step first, regenerated from the refined query on (ONE batched rollout):
-       y1..y_{M-1}, whose steps before the refined one are y0's own;
-    4. the expansion set {y0, y1, ...} (at most M = refine_keep_m of them) appended to the question's group, cut at G.
-  A y0 without a bad query (or whose refinements all failed) is an expansion set of one; the next round samples a
-  fresh y0 (the paper's "repeat this generation-and-expansion process"; the code's `while active_indices` loop).
-  Every round adds at least one episode per short question, so at most G rounds run.
+`sample_groups(gs, questions, rc, rcfg, stats)` dispatches on `RLConfig.group_rollout` to a strategy:
+`independent` (default: G independent episodes per question, GRPO's) or `smartsearch_refine` (SmartSearch's
+stage-3 "Query Aware Policy Optimization": a y0 per question, its bad queries refined and regenerated, expansion
+sets of at most `refine_keep_m` appended until every group has G). `GroupSampler` holds what a strategy samples
+with (policy, retriever, judge, refiner, the trainer's scorer).
 
-  Paper vs released code. The paper: "retain at most M trajectories from this set" and repeat until G; it gives
-  neither M nor how the set is expanded. The code (what is followed here): G = rollout.n = 8; each y0's steps are
-  judged, EVERY bad query (judge "0" or redundancy > 1) is rewritten, and only the FIRST usable refined prefix is
-  regenerated (`input_ids_list = [input_ids_list[0]]`): sets of {y0, y1}, i.e. M = 2 (refine_keep_m's default).
-  (The code regenerates inside its per-question loop, so earlier questions' prefixes are rolled out again for
-  each later question — an indentation slip, not reproduced.) Refined episodes are scored like any other: the
-  composite reward's S_t come from `assess` on every kept episode (one more batched judge call), as the code's
-  reward manager judges every trajectory.
-
-  The refiner's query tokens (written by the refiner, not sampled by the policy). The released code trains them:
-  the refined prefix keeps loss_mask 1 over its action tokens (the original query's mask, extended with ones when
-  the refined query is longer), and verl recomputes old log-probs with the actor (ray_trainer
-  `compute_log_prob`) for every token, so the ratio on them starts at 1 and they get the plain policy gradient
-  A·∇log π. Followed with rc.refine_query_loss (default True): the refined step gets token_ids = the policy
-  tokenizer's ids of the agent's text of the action, prompt_ids = the prompt as the sampler encodes it, and
-  logprobs = the CURRENT policy's own log-probs of those ids at the sampling temperature (`GroupSampler.score`,
-  the trainer's scorer) — never log-probs of a sampler that did not produce them. False: the refined step has no
-  generated ids, so it gives no row (no loss), and only the regenerated continuation and y0's prefix are trained.
+Details (the rounds, paper vs released code, training the refiner's query tokens): docs/running.md,
+"How a step samples its groups".
 """
 
 from __future__ import annotations

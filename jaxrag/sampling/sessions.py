@@ -1,39 +1,13 @@
 """Cross-turn KV reuse: an episode keeps its cache between turns and only the appended tokens are prefilled.
 
-A `SessionPool` holds the keys/values of up to `slots` live branches, each up to `max_len` tokens, in per-layer
-device buffers [slots, K, max_len, Dh] (memory fixed when the pool is built: `nbytes`), plus on the host each
-session's (an episode's action thread's) BRANCHES: one per candidate of its last call, each a slot and the token
-ids it holds (prompt + that candidate's completion, as the model saw them). At n = 1 a session is one branch.
+A `SessionPool` holds each session's branches (one per candidate of its last call: a slot and the token ids it
+holds) in fixed device buffers. `sample_sessions` is `generate.sample` for prompts that carry a session key: a
+prompt that extends a branch (`extends`), or shares at least `min_shared` ids with one (`shared_prefix`), prefills
+only the rest; any other is a counted fallback, prefilled in full. Results equal the full prefill's (a first turn
+of distinct prompts bit for bit, later turns up to float rounding).
 
-`sample_sessions` is `generate.sample` (n candidates per prompt, rows i*n + j) for prompts that carry a session
-key. A prompt REUSES a branch of its session when the prompt's token ids start with the branch's ids and are
-longer (the longest such branch; best-of-N: the next prompt extends the candidate `select` picked): a token-level
-test, so what the model reads is exactly the ids a full prefill would read (the prompt's own tokenization, not a
-splice of id lists). A prompt that extends no branch but shares a prefix of at least `min_shared` ids with one
-(`shared_prefix`: RAG-Gym's formats, whose question follows the growing history; a completion whose last token the
-tokenizer merges with the appended text) keeps that prefix and prefills the rest (`reused_partial`). Any other
-prompt (a new episode, a prompt the agent shortened from its head) is prefilled in full: the FALLBACK, counted by
-reason in `SessionPool.stats` (once per prompt, whatever n). A session takes n slots (the
-pool needs keys x n); its n new candidates replace its old branches (the reused one's slot among them).
-
-Device side, per call, per PROMPT row (not per candidate): fallback prompts get their own prefill pass
-(generate's) straight into a pool slot of theirs; then the batch cache is gathered from the pool with every
-row's kept tokens right-aligned before a shared slot M (rows are ragged; holes are masked by the cache's `valid`,
-RoPE reads each token's own position), the reusing rows' appended tokens are run through `forward_cached` at
-slots [M, M+T) with positions continuing each row's own, and at n > 1 the n decode rows of each prompt read
-its cache once per group (generate's cascade; or copies of it, cascade=False: every appended token is computed
-once either way). The generate.decode loop samples, and each decode row's tokens (after its prompt's, under the
-cascade) belong in its branch's pool slot, left-aligned and in order (`store_rows`: the prompt compacted once per
-prefix row, then it and the decoded run written as two windows; the tokens past a stop-string cut lie after the
-held ones and are never read). That store waits for the next call (`SessionPool.defer`, `flush`), which knows which
-rows are still wanted: of a session's n candidates the next turn continues one, and its other slots take that
-turn's candidates, so the rest are never written (a session the call leaves out keeps every branch; reading
-`SessionPool.kv` stores whatever is waiting). At n = 5 that is a fifth of the rows, and a finished episode's none;
-the pool holds the last call's decode cache until then. A call whose prompts are all new takes generate's own
-prefill on an empty cache (forked as generate.sample forks it): the first turn is the plain path, bit for bit, when
-its prompts are distinct (identical prompts, e.g. a GRPO group's first turn, are prefilled once per row here;
-generate.sample prefills them once). Later turns equal the full prefill up to float rounding (attention over the
-cache sums in another order).
+Details (the pool, which prompts reuse, the device side, exactness): docs/continuous_batching.md,
+"Lock-step sessions".
 """
 from __future__ import annotations
 

@@ -1,40 +1,11 @@
 """ARENA adaptive reward (003 §3.3; METHODS.md §5), registered as reward "arena".
 
-  format    ∈ {0, 1}: the reply is the <relevance>, <analysis>, <answer> sections
-  accuracy  ∈ {0, 1}: exact match of the <answer> text against the gold answers
-  relevance ∈ {0, 0.5, 1}: 1 if the cited reference ids equal the gold supporting ids, 0.5 if they overlap, else 0
-  bonus     = 10 if all three are 1, else 0
-  total     = format + accuracy + relevance + bonus (all weights 1; code configs/grpo.yaml reward_weights)
+total = format + accuracy + relevance + bonus (10 when all three are 1), scored by `arena_episode_reward` from the
+episode's last generation, in the released code's "strict" reading by default or the "lenient" one
+(`arena_lenient`). The ablations of 003 §5.3 (Fig. 3) register their own rewards: "arena_nobonus", "arena_f1acc",
+"arena_naive" and the judged "arena_ljacc" (an LLM judge's verdict as the accuracy term).
 
-Two readings of these rules, chosen by `format`:
-  "strict" (default; every registered ARENA reward but "arena_lenient"): the released code's (src/evaluate.py
-      get_all_scores; jaxrag.metrics.arena_code_reward), scored from the reply text alone: the reply must start with
-      the three sections, only whitespace between, no '<' inside one, `</answer>` ending a line; the answer is the
-      first closed <answer> ("" without one); the ids are the first <relevance> read as a JSON list ("1, 3" cites
-      nothing); EM under ARENA's normalization (jaxrag.metrics.arena_normalize: punctuation -> spaces, so "U.S." is
-      not "US", while "Harry’s Bar" and "New_York" match). Conformance: tests/conformance/test_conformance_arena.py.
-  "lenient" (reward "arena_lenient"): jaxrag's first reading of the paper: the sections in order anywhere in the
-      text, the agent's parse of the answer (the last <answer>, an unclosed one accepted) and of the ids (any digits),
-      the official SQuAD normalization, and an empty citation never counts as relevant.
-
-The text scored is the episode's last generation (ARENA answers in one step); the gold ids are
-`episode.metadata["gold_ref_ids"]` (1-based positions of the supporting paragraphs among the references, set by the
-rollout engine from the dataset's supporting titles).
-
-The ablations of 003 §5.3 (Fig. 3; configs/arena/fig3.py) register their own rewards (all "strict"):
-  "arena_nobonus"  w/o bonus reward: format + accuracy + relevance (App. I)
-  "arena_f1acc"    F1 accuracy: the accuracy term is the answer's token F1 (max over the gold answers; the released
-                   evaluate.py f1_score: ARENA's normalization, no yes/no rule) instead of EM; the bonus still needs
-                   all three terms at 1
-  "arena_naive"    Naive-GRPO (§4.3: "format and accuracy rewards", for the agent "arena_naive"): format = the
-                   original recipe's check (open-r1 format_reward: the reply is <think>…</think>, whitespace,
-                   <answer>…</answer> ending a line) + EM accuracy of the first closed <answer>
-  "arena_ljacc"    LJ accuracy: the accuracy term is an LLM judge's verdict on the <answer> text with ARENA's LJ
-                   prompt (jaxrag.judge.LJ_PROMPT; the released src/rewards.py accuracy_reward, commented out there:
-                   an empty answer scores 0 without a call, "yes" 1, "no" 0, a reply that says neither 0.5). Here a
-                   judge that fails after its retries also scores 0.5, and the component lj_failed counts it. A
-                   judged reward (rewards.register_judged): the RL stage's answer_judge section names the endpoint;
-                   `prepare` asks about a batch's answers `workers` at a time.
+Details (each term, both readings, the ablations): docs/conformance.md, ARENA, "The reward".
 """
 
 from __future__ import annotations

@@ -1,54 +1,12 @@
 """ReasonRAG MCTS with Shortest Path Reward Estimation (002 §2.2, App. A; METHODS.md §5), batched over many trees.
 
-Tree: a node is a state s = (question, prior steps y_<i, stage ∈ {Reasoning, Grounding, Terminal}) with a visit count
-N and a value Q. Reasoning nodes expand into query/answer actions; a query's documents are retrieved and the child is
-a Grounding node, whose children are evidence extractions (back to Reasoning); an answer (or an Invalid action, or a
-step past `max_depth`) is Terminal.
+`run_mcts(env, items, MCTSConfig)` grows one tree per question, every phase (select, expand, simulate, backup) one
+batched call over all active trees; `expand_with` starts a search below the question. `value_scheme` "code" (the
+released code, default) or "paper". Outputs: `tree_records`, `tree_pairs` and JSON trees (`tree_to_json`,
+`write_trees` / `read_trees`). The environment is a `TreeEnv` (expand + rollout over many (tree, node) pairs);
+`jaxrag.supervision.mcts_env.PolicyTreeEnv` is the real one.
 
-One MCTS iteration, for EVERY active tree at once:
-  select    descend from the root by UCT until a node that is Terminal or not yet expanded;
-            paper (002 Eq. 5): Q(s_i) + c·sqrt(Σ_j N(s_j)) / (1 + N(s_i))   (Σ over the siblings s_j)
-            code  (reasonrag_pipeline._uct): Q + c·sqrt(ln N(parent) / N), unvisited children first; c = 1.414.
-            Ties go to the first child.
-  expand    every selected non-terminal leaf gets `max_children` (2) children from ONE `env.expand` call;
-  simulate  every new non-terminal child gets `rollouts_per_node` (k) rollouts to the end from ONE `env.rollout`
-            call: SPRE (002 Eq. 1) Q = (1/k) Σ_i v(rollout_i) · α^{steps(rollout_i)}, v = F1 vs gold, steps = total
-            steps of the trajectory. A Terminal child is exact: Q = v · α^{depth}. Optionally an LLM judge scores
-            every new non-terminal node (ReasonRAG Fig. 14, JudgeRequest kind "step_score") in ONE `judge.judge` call,
-            mixed as Q = (1 − w)·SPRE + w·judge (w = `judge_weight`; a failed item keeps the SPRE value, recorded);
-  backup    along the path to the root: N(s) = own visits + Σ_children N; Q(s) = visit-weighted mean of the children,
-            Σ N_c Q_c / Σ N_c (ReasonRAG preference_data_generation.calculate_mcts_reward_bottom_up), or with
-            backup="all" the mean of every rollout through s, its own included (Eq. 1 read literally).
-  Selecting a Terminal leaf again re-visits it (N += 1, its exact Q re-backed up), as the released code does.
-
-Budget per tree: `max_rollouts` (64; the code's number of MCTS simulations) counts rollouts, terminal evaluations and
-re-visits (and under "code" with the judge as the only value, every judged node: one simulation of the code each);
-`max_iterations` caps the rounds; `max_depth` (7; the code's `max_iter`, "iterations" in 002 Table 1) caps
-the steps of any trajectory, Reasoning and Grounding steps both counting, as in the code's `node.step`.
-
-Value schemes (`value_scheme`; docs/conformance.md):
-  code   (default; ReasonRAG's released pipeline + preference script) a leaf without a valid answer (an Invalid action,
-         a step past max_depth, a dead end, an unexpanded node) gets no reward: it counts its visits in N but adds
-         nothing to its parent's value. With the judge as the only value (rollouts_per_node 0) every new node is
-         judged, Terminal ones too, and selection uses the judge's Q. Pairs use a second value computed after the
-         search (`code_rewards`): the bottom-up SPRE over answered leaves, reward = F1·α^depth (`reasonrag_f1`: the
-         preference script's F1, which keeps articles), a parent the visit-weighted mean of its rewarded children.
-  paper  one Q for selection and pairs (SPRE rollouts, optionally judge-mixed); every leaf has a value, one without
-         a valid answer v = 0, and it is averaged into its parent's Q and can be the rejected side of a pair.
-
-Outputs: `tree_records` (ProcessRecords, source "mcts", score = the pair value of each child of every expanded
-node), `tree_pairs` (sibling pairs with a value gap ≥ 0.01 and different content, the chosen one valid: 002 §2.3 and
-preference_data_generation.process_node; under "code" only between rewarded siblings, walking down from the root
-through rewarded nodes with at least two children, as the released script), and trees as JSON (`tree_to_json` /
-`tree_from_json`, JSONL files).
-
-A search can start below the question: `expand_with` expands a node with given children (e.g. the candidate actions
-of an audited state, jaxrag.supervision.credit_audit's mcts signal) evaluated as run_mcts evaluates new children,
-and run_mcts then searches on from the partly grown trees.
-
-The environment is an interface (`TreeEnv`: expand + rollout over many (tree, node) pairs at once) so tests can use a
-deterministic toy; `jaxrag.supervision.mcts_env.PolicyTreeEnv` is the real one over a policy, a retriever and an agent
-design (ReasonRAG's).
+Details (the tree, the formulas of one iteration, budget, value schemes, outputs): docs/mcts.md.
 """
 
 from __future__ import annotations
