@@ -183,4 +183,5 @@ def test_the_variant_block_adds_simpo_beside_dpo_as_a_system_and_a_seeds_pair(my
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["stages"][got["stages"].index("dpo") + 1] == "simpo"
     assert (got["loss"], got["layout"]) == ("my_losses:simpo", "pairs")
-    assert "simpo" in got["systems"] and got["pairs"] == [["simpo", "dpo"]]
+    assert "simpo" in got["systems"] and got["pairs"][-1] == ["simpo", "dpo"]
+    assert got["pairs"][:-1] == [["grpo_f1_penalty", "grpo"]]   # the demo's own variant

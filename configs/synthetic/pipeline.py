@@ -9,6 +9,8 @@ count: the same seed gives the same results on any machine.
 
 import ml_collections
 
+from configs.common.variant import variant
+
 P = "jaxrag.pipelines.synthetic"
 
 
@@ -45,7 +47,7 @@ def get_config(preset: str = "demo"):
     # from sibling questions (world.unseen_pool); not yet measured in the demo
     c.unseen_by_anchor = False
     c.stages = ["world", "index", "teacher", "tokenizer", "sft", "supervision", "dpo", "critic",
-                "outcome", "grpo", "grpo_f1_penalty", "agreement", "bestofn", "eval", "report"]
+                "outcome", "grpo", "agreement", "bestofn", "eval", "report"]   # + grpo_f1_penalty, a variant below
 
     # Many entities, so the policy cannot memorize the world and has to learn to read and copy (held-out names).
     c.world = dict(fn=f"{P}.world:world_stage", n_countries=40, n_cities=300, n_persons=2000, n_films=1000,
@@ -110,7 +112,6 @@ def get_config(preset: str = "demo"):
             dict(name="sft_critic_bo4", agent="react", model="sft", critic="critic", n=4, temperature=0.5),
             dict(name="dpo_critic_bo4", agent="react", model="dpo", critic="critic", n=4, temperature=0.5),
             dict(name="grpo", agent="react", model="grpo"),
-            dict(name="grpo_f1_penalty", agent="react", model="grpo_f1_penalty"),
         ],
     )
     c.report = dict(fn=f"{P}.report:report_stage")
@@ -126,25 +127,15 @@ def get_config(preset: str = "demo"):
         # the SFT policy inherits a step-level flaw its outcomes barely show; set the dose with
         # --config.teacher.p_vague_first (docs/demo.md, "A positive control").
         c.teacher.p_vague_first = 0.5
-    c.grpo_f1_penalty = f1_penalty_section(c)
+    # The strong outcome baseline (Search-R1++'s reward): the grpo stage with reward F1 - 0.05 x searches, floored at
+    # 0, instead of EM; the same steps x questions x G, temperature, KL and lr. Search-R1++ trains with REINFORCE;
+    # GRPO here keeps the comparison with `grpo` to the reward alone. A right 3-hop answer in 3 searches earns 0.85.
+    variant(c, "grpo", "grpo_f1_penalty", label="F1 - search penalty (Search-R1++) vs EM reward, same RL budget",
+            reward="f1_search_penalty(0.05)")
     for s in c.stages:  # every trainer's data order follows `seed`
         if "train" in c[s] and "seed" in c[s].train and c[s].train.get_ref("seed") is not c.get_ref("seed"):
             c[s].train.seed = c.get_ref("seed")
     return c
-
-
-def f1_penalty_section(c) -> ml_collections.ConfigDict:
-    """The strong outcome baseline (Search-R1++): the `grpo` stage with reward F1 - 0.05 x searches, floored at 0,
-    instead of EM; the same steps x questions x G (the same sampled budget), temperature, KL and lr as `grpo`.
-
-    Search-R1++ trains with REINFORCE; here the RL stage's GRPO (group-normalized advantages) keeps the comparison
-    with `grpo` to the reward alone. 0.05 per search: a right 3-hop answer found in 3 searches still earns 0.85."""
-    g = grpo_section(c)
-    g.reward = "f1_search_penalty(0.05)"
-    g.rl.update({k: v for k, v in c.grpo.rl.to_dict().items() if k not in ("k", "seed")})
-    g.train.optimizer.lr = c.grpo.train.optimizer.lr
-    g.train.progress = c.grpo.train.progress
-    return g
 
 
 def grpo_section(c) -> ml_collections.ConfigDict:

@@ -14,7 +14,8 @@ seeds_study_stage, config[name]: runs (the seed_runs stage), eval (the per-seed 
 comma-separated: "eval,eval_findings", their systems together; a system in two is an error), bestofn (the per-seed
 best-of-N stage, "" = none), comparisons (a list of {a, b, label}: system names of the eval stage, or
 "bo<N>_<selector>" for the best-of-N stage's runs, e.g. "bo4_critic", "bo4_first_valid", "bo1_critic"; the seeds'
-own `study_pairs`, a variant's pairing, join them), n_boot, level. Outputs under <workdir>/<name>/: results.md, results.json, seeds.png.
+own `study_pairs`, a variant's pairing, join them), metrics (what the comparisons difference: "em", "f1",
+"vague"; default em), n_boot, level. Outputs under <workdir>/<name>/: results.md, results.json, seeds.png.
 """
 
 from __future__ import annotations
@@ -48,31 +49,35 @@ def seed_command(s, seed: int, workdir) -> list[str]:
     return cmd
 
 
-@lead_only  # host-side: process 0 launches the seeds' runs (docs/multihost.md)
-def seed_runs_stage(config, workdir, name) -> None:
+def launch(name: str, label: str, cmd: list[str], run_dir: Path, stages=()) -> dict:
+    """Run one pipeline command line (a jaxrag.main subprocess, the same jaxrag as this process) and return its
+    record: wall seconds here and the seconds of each planned stage read off its DONE records."""
     import jaxrag
     from jaxrag.workdir import read_done
 
-    s = config[name]
-    root = Path(jaxrag.__file__).resolve().parents[1]  # run the same jaxrag as this process
+    root = Path(jaxrag.__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
-    runs = []
-    for seed in s.seeds:
-        cmd = seed_command(s, seed, workdir)
-        log(name, f"seed {seed}: {' '.join(cmd[1:])}")
-        t0 = time.perf_counter()
-        rc = subprocess.run(cmd, cwd=root, env=env).returncode
-        wall = round(time.perf_counter() - t0, 1)
-        if rc != 0:
-            raise RuntimeError(f"{name}: seed {seed}'s run failed (exit {rc}); its log: "
-                               f"{seed_dir(workdir, seed) / 'log.txt'} (rerun this study to resume it)")
-        done = {p.parent.name: read_done(p) or {} for p in sorted(seed_dir(workdir, seed).glob("*/DONE"))
-                if not s.get("stages") or p.parent.name in s.stages}  # the planned stages only
-        stage_seconds = {k: v.get("seconds") for k, v in done.items()}
-        runs.append({"seed": seed, "workdir": str(seed_dir(workdir, seed)), "wall_seconds": wall,
-                     "stage_seconds": stage_seconds,
-                     "stage_seconds_total": round(sum(v for v in stage_seconds.values() if v), 1)})
-        log(name, f"seed {seed}: {wall:.0f} s here; its stages took {runs[-1]['stage_seconds_total']:.0f} s")
+    log(name, f"{label}: {' '.join(cmd[1:])}")
+    t0 = time.perf_counter()
+    rc = subprocess.run(cmd, cwd=root, env=env).returncode
+    wall = round(time.perf_counter() - t0, 1)
+    if rc != 0:
+        raise RuntimeError(f"{name}: {label}'s run failed (exit {rc}); its log: {run_dir / 'log.txt'} (rerun this "
+                           "study to resume it)")
+    done = {p.parent.name: read_done(p) or {} for p in sorted(run_dir.glob("*/DONE"))
+            if not stages or p.parent.name in stages}  # the planned stages only
+    stage_seconds = {k: v.get("seconds") for k, v in done.items()}
+    record = {"workdir": str(run_dir), "wall_seconds": wall, "stage_seconds": stage_seconds,
+              "stage_seconds_total": round(sum(v for v in stage_seconds.values() if v), 1)}
+    log(name, f"{label}: {wall:.0f} s here; its stages took {record['stage_seconds_total']:.0f} s")
+    return record
+
+
+@lead_only  # host-side: process 0 launches the seeds' runs (docs/multihost.md)
+def seed_runs_stage(config, workdir, name) -> None:
+    s = config[name]
+    runs = [{"seed": seed, **launch(name, f"seed {seed}", seed_command(s, seed, workdir), seed_dir(workdir, seed),
+                                    s.get("stages") or ())} for seed in s.seeds]
     write_json(stage_dir(workdir, name) / "runs.json", {"config": s.config, "runs": runs})
 
 
@@ -92,17 +97,23 @@ seed_runs_stage.check_config = check_seed_runs
 
 
 # ------------------------------------------------------------------------------------------------ the study
-def per_question_scores(path: Path) -> dict[str, tuple[float, float]]:
-    """qid -> (EM, F1) of every episode in an episodes JSONL."""
+# the per-question scores a study reads, in per_question_scores' order
+METRICS = ("em", "f1", "vague")
+
+
+def per_question_scores(path: Path) -> dict[str, tuple[float, float, float]]:
+    """qid -> (EM, F1, vague) of every episode in an episodes JSONL; vague: 1 where the episode issued a vague query
+    (jaxrag.pipelines.synthetic.taxonomy.vague, the positive control's planted flaw)."""
     from jaxrag.env.mdp import read_episodes
     from jaxrag.metrics import exact_match, f1_score
+    from jaxrag.pipelines.synthetic.taxonomy import vague
 
-    return {ep.qid: (float(exact_match(ep.answer, ep.gold)), float(f1_score(ep.answer, ep.gold)))
+    return {ep.qid: (float(exact_match(ep.answer, ep.gold)), float(f1_score(ep.answer, ep.gold)), float(vague(ep)))
             for ep in read_episodes(path)}
 
 
 def seed_scores(run_dir: Path, eval_stage: str, bestofn_stage: str) -> dict[tuple[str, str], dict]:
-    """(system, split) -> {qid: (EM, F1)} of one seed's run: the eval stages' systems (eval_stage: one stage or
+    """(system, split) -> {qid: (EM, F1, vague)} of one seed's run: the eval stages' systems (eval_stage: one stage or
     several comma-separated) and, as "bo<N>_<selector>", the best-of-N stage's runs."""
     out = {}
     for stage in [x.strip() for x in eval_stage.split(",") if x.strip()]:
@@ -133,33 +144,36 @@ def score_matrix(per_seed: list[dict], key: tuple[str, str], metric: int = 0) ->
     return np.array([[scores[key][q][metric] for q in qids] for scores in per_seed]), qids
 
 
-def study(per_seed: list[dict], comparisons, n_boot: int, level: float) -> dict:
-    """The table (mean +/- SE over seeds of EM and F1, per system and split) and the comparisons' intervals."""
+def study(per_seed: list[dict], comparisons, n_boot: int, level: float, metrics=("em",)) -> dict:
+    """The table (mean +/- SE over seeds of EM, F1 and the vague-query share, per system and split) and the
+    comparisons' intervals, one per comparison, split and metric (names of METRICS)."""
     from jaxrag.evaluate import describe_difference, mean_se, paired_bootstrap, paired_components
 
     keys = [k for k in per_seed[0] if all(k in s for s in per_seed)]
     table = []
     for system, split in keys:
         em, _ = score_matrix(per_seed, (system, split), 0)
-        f1, _ = score_matrix(per_seed, (system, split), 1)
-        em_mean, em_se = mean_se(em.mean(axis=1))
-        f1_mean, f1_se = mean_se(f1.mean(axis=1))
-        table.append({"system": system, "split": split, "n_questions": em.shape[1], "em_mean": em_mean,
-                      "em_se": em_se, "f1_mean": f1_mean, "f1_se": f1_se, "em_per_seed": em.mean(axis=1).tolist()})
+        row = {"system": system, "split": split, "n_questions": em.shape[1]}
+        for metric in METRICS:
+            m, _ = score_matrix(per_seed, (system, split), METRICS.index(metric))
+            row[f"{metric}_mean"], row[f"{metric}_se"] = mean_se(m.mean(axis=1))
+        table.append({**row, "em_per_seed": em.mean(axis=1).tolist()})
     diffs = []
     splits = sorted({k[1] for k in keys}, key=lambda s: (s != "test", s))
-    for c in comparisons:
-        for split in splits:
-            if (c["a"], split) not in keys or (c["b"], split) not in keys:
-                continue
-            a, qa = score_matrix(per_seed, (c["a"], split))
-            b, qb = score_matrix(per_seed, (c["b"], split))
-            if qa != qb:
-                raise ValueError(f"{c['a']} and {c['b']} ({split}) were scored on other questions: no pairing")
-            r = paired_components(a, b, level=level)
-            boot = paired_bootstrap(a, b, n_boot=n_boot, level=level)
-            diffs.append({**r, "boot_lo": boot["lo"], "boot_hi": boot["hi"], "a": c["a"], "b": c["b"],
-                          "label": c["label"], "split": split, "text": describe_difference(c["a"], c["b"], r)})
+    for metric in metrics:
+        for c in comparisons:
+            for split in splits:
+                if (c["a"], split) not in keys or (c["b"], split) not in keys:
+                    continue
+                a, qa = score_matrix(per_seed, (c["a"], split), METRICS.index(metric))
+                b, qb = score_matrix(per_seed, (c["b"], split), METRICS.index(metric))
+                if qa != qb:
+                    raise ValueError(f"{c['a']} and {c['b']} ({split}) were scored on other questions: no pairing")
+                r = paired_components(a, b, level=level)
+                boot = paired_bootstrap(a, b, n_boot=n_boot, level=level)
+                diffs.append({**r, "boot_lo": boot["lo"], "boot_hi": boot["hi"], "a": c["a"], "b": c["b"],
+                              "label": c["label"], "split": split, "metric": metric,
+                              "text": describe_difference(c["a"], c["b"], r)})
     return {"seeds": len(per_seed), "table": table, "comparisons": diffs}
 
 
@@ -170,23 +184,24 @@ def markdown(res: dict, runs: list[dict], level: float) -> str:
              "questions and the teacher's episodes are the same in all. Mean over seeds +/- the standard error of "
              "that mean (sample SD / sqrt(seeds)); per seed, the share of the split's questions answered exactly.",
              "", "## Per system and split", "",
-             "| system | split | questions | EM mean +/- SE | F1 mean +/- SE | EM per seed |",
-             "|---|---|---|---|---|---|"]
+             "| system | split | questions | EM mean +/- SE | F1 mean +/- SE | vague-query share +/- SE | EM per seed |",
+             "|---|---|---|---|---|---|---|"]
     for r in res["table"]:
         lines.append(f"| {r['system']} | {r['split']} | {r['n_questions']} | {r['em_mean']:.3f} +/- {r['em_se']:.3f} "
-                     f"| {r['f1_mean']:.3f} +/- {r['f1_se']:.3f} | "
+                     f"| {r['f1_mean']:.3f} +/- {r['f1_se']:.3f} | {r['vague_mean']:.3f} +/- {r['vague_se']:.3f} | "
                      + ", ".join(f"{v:.3f}" for v in r["em_per_seed"]) + " |")
-    lines += ["", f"## Paired differences (EM, {level:.0%} intervals over seeds and questions)", "",
+    lines += ["", f"## Paired differences ({level:.0%} intervals over seeds and questions)", "",
               "The interval is the paired variance components' (seed, question, residual; a t interval with "
               "Satterthwaite's degrees of freedom: jaxrag.evaluate.paired_components); the two-way bootstrap's, "
               "which counts the residual twice and is wider, beside it. A difference is claimed only where the "
               "interval excludes 0. MDE: the smallest true difference this design detects with 80 % power; "
-              "disagree: the share of seed x question cells where the two systems' EM differs (0: they answer "
-              "alike, and no method effect can show).", "",
-              "| comparison | split | a - b [interval] | SE | MDE | disagree | bootstrap interval | reading |",
-              "|---|---|---|---|---|---|---|---|"]
+              "disagree: the share of seed x question cells where the two systems' score differs (0: they answer "
+              "alike, and no method effect can show). Metric em: exact match; vague: whether an episode issued a "
+              "vague query (the positive control's planted flaw; lower is better).", "",
+              "| comparison | split | metric | a - b [interval] | SE | MDE | disagree | bootstrap interval | reading |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for d in res["comparisons"]:
-        lines.append(f"| {d['label']} | {d['split']} | {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] | "
+        lines.append(f"| {d['label']} | {d['split']} | {d['metric']} | {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] | "
                      f"{d['se']:.3f} | {d['mde']:.3f} | {d['disagree']:.3f} | [{d['boot_lo']:+.3f}, "
                      f"{d['boot_hi']:+.3f}] | {d['text']} |")
     lines += ["", "## Runtime", "", "| seed | wall s (this study) | stage s (sum of DONE records) |", "|---|---|---|"]
@@ -215,8 +230,9 @@ def plot(res: dict, path) -> None:
         b.errorbar([d["diff"]], [y], xerr=[[d["diff"] - d["lo"]], [d["hi"] - d["diff"]]], fmt="o", capsize=3,
                    color="C0" if d["lo"] <= 0 <= d["hi"] else "C3")
     b.axvline(0, color="k", lw=0.8)
-    b.set_yticks(ys, [f"{d['a']} - {d['b']} ({d['split']})" for d in comps], fontsize=7)
-    b.set(xlabel="EM difference", title="paired differences, variance-components interval")
+    b.set_yticks(ys, [f"{d['a']} - {d['b']} ({d['split']}{'' if d['metric'] == 'em' else ', ' + d['metric']})"
+                      for d in comps], fontsize=7)
+    b.set(xlabel="difference (EM, or the metric named)", title="paired differences, variance-components interval")
     b.plot([], [], "o", color="C3", label="interval excludes 0")
     b.plot([], [], "o", color="C0", label="no difference detectable")
     save_figure(fig, (a, b), path)
@@ -227,14 +243,14 @@ def seeds_study_stage(config, workdir, name) -> None:
     s = config[name]
     runs = json.loads((Path(workdir) / s.runs / "runs.json").read_text())["runs"]
     per_seed = [seed_scores(Path(r["workdir"]), s.eval, s.get("bestofn", "")) for r in runs]
-    res = study(per_seed, comparisons_of(s, runs), int(s.n_boot), float(s.level))
+    res = study(per_seed, comparisons_of(s, runs), int(s.n_boot), float(s.level), tuple(s.get("metrics", ("em",))))
     res["runs"] = runs
     out = stage_dir(workdir, name)
     write_json(out / "results.json", res)
     (out / "results.md").write_text(markdown(res, runs, float(s.level)))
     plot(res, out / "seeds.png")
     for d in res["comparisons"]:
-        log(name, f"{d['label']} ({d['split']}): {d['text']}")
+        log(name, f"{d['label']} ({d['split']}, {d['metric']}): {d['text']}")
 
 
 def comparisons_of(s, runs: list[dict]) -> list[dict]:
@@ -258,6 +274,9 @@ def check_study(config, name: str) -> None:
             config_fail(f"{name}.comparisons[{i}]", f"{dict(c)}: needs exactly a, b, label")
     if not 0 < float(s.level) < 1:
         config_fail(f"{name}.level", f"{s.level}: a coverage in (0, 1)")
+    for m in s.get("metrics", ("em",)):
+        if m not in METRICS:
+            config_fail(f"{name}.metrics", f"{m!r}: one of {', '.join(METRICS)}")
 
 
 seeds_study_stage.check_config = check_study
