@@ -25,7 +25,7 @@ def flatten(d, prefix: str = "") -> dict:
 # value a key reads as absent, so older workdirs keep their stage fingerprints and older checkpoints resume.
 LATER = {"rl.continuous": False, "train_layout": "auto",   # train_layout: the same objective either way
          "loss_opts": {},   # a table loss has no options of its own
-         "p_vague_first": 0.0,   # the teacher's decision-density knob, off
+         "p_vague_first": 0.0, "p_premature_last": 0.0,   # the teacher's planted flaws, off
          "only": ""}   # the eval stage's system filter: all
 
 

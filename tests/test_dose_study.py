@@ -64,6 +64,7 @@ def test_rows_and_effects_are_the_eval_episodes_means_and_paired_differences(dos
 @pytest.mark.parametrize("key, value, message", [
     ("doses", (0.0, 1.5), r"dose_runs\.doses: \[0\.0, 1\.5\]: distinct probabilities in \[0, 1\]"),
     ("seeds", (0, 0), r"dose_runs\.seeds: \[0, 0\]: at least one seed, none repeated"),
+    ("knob", "teacher.p_vague", r"dose_runs\.knob: 'teacher\.p_vague': one of teacher\.p_vague_first, "),
 ])
 def test_bad_doses_and_seeds_are_refused_before_any_run(tmp_path, key, value, message):
     c = config_module("dose").get_config("tiny")

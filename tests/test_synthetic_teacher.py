@@ -122,12 +122,32 @@ def test_each_hops_first_query_is_vague_at_the_dose_and_the_trajectory_recovers(
     assert len(firsts) > 500 and abs(np.mean(firsts) - p) < 0.05
 
 
-def test_the_dose_at_zero_draws_nothing_extra(small):
+@pytest.mark.parametrize("p", [1.0, 0.5])
+def test_the_last_hop_is_answered_before_its_search_at_the_dose(small, p):
+    w, qs = small
+    cfg = T.TeacherConfig(p_vague=0, p_redundant=0, p_premature=0, p_premature_last=p)
+    trajs = T.run_teacher(qs * 2, PerfectRetriever(w), k=2, cfg=cfg, seed=3)
+    early = []
+    for q, steps in zip(qs * 2, trajs):
+        hops = q["metadata"]["hops"]
+        last = steps[-1].action
+        searched = {s.action.extra["hop"] for s in steps if s.action.kind == "query"}
+        if hops == 1:   # a one-hop chain has no earlier hop: never cut short
+            assert last.extra["flaw"] is None and last.text == q["golden_answers"][0]
+            continue
+        early.append(last.extra["flaw"] == "premature_last")
+        assert searched == set(range(hops - 1 if early[-1] else hops))   # every hop but the last, or all
+    assert len(early) > 300 and abs(np.mean(early) - p) < 0.06
+
+
+@pytest.mark.parametrize("knob", ["p_vague_first", "p_premature_last"])
+def test_the_dose_at_zero_draws_nothing_extra(small, knob):
     w, qs = small
     r = PerfectRetriever(w)
-    base = T.run_teacher(qs[:80], r, 2, T.TeacherConfig(), seed=4)
-    zero = T.run_teacher(qs[:80], r, 2, T.TeacherConfig(p_vague_first=0.0), seed=4)
-    dosed = T.run_teacher(qs[:80], r, 2, T.TeacherConfig(p_vague_first=0.3), seed=4)
+    qs = qs[:40] + [q for q in qs if q["metadata"]["hops"] > 1][:40]   # one-hop and multi-hop chains
+    base = T.run_teacher(qs, r, 2, T.TeacherConfig(), seed=4)
+    zero = T.run_teacher(qs, r, 2, T.TeacherConfig(**{knob: 0.0}), seed=4)
+    dosed = T.run_teacher(qs, r, 2, T.TeacherConfig(**{knob: 0.3}), seed=4)
     actions = lambda trajs: [[s.action for s in t] for t in trajs]
     assert actions(zero) == actions(base) and actions(dosed) != actions(base)
     with pytest.raises(ValueError, match="p_vague_first"):
@@ -154,3 +174,8 @@ def test_the_control_preset_is_the_demo_with_the_dose_and_the_demo_keeps_its_fin
     # the knob at 0 reads as absent, so workdirs made before it keep their teacher stage
     assert "p_vague_first" not in stage_settings(demo, "teacher")["teacher"]
     assert stage_settings(control, "teacher")["teacher"]["p_vague_first"] == 0.5
+    # the EM-costing control: the other flaw, and SFT on every trajectory so the policy inherits it
+    premature = flatten(mod.get_config("control_premature").to_dict())
+    assert {k for k in a if a[k] != premature[k]} == {"teacher.p_premature_last", "sft.only_correct"}
+    assert premature["teacher.p_premature_last"] == 0.5 and premature["sft.only_correct"] is False
+    assert "p_premature_last" not in stage_settings(demo, "teacher")["teacher"]

@@ -1,6 +1,7 @@
 """The dose-response study of the positive control (docs/demo.md, "A positive control"):
 
 python -m jaxrag.main --config=configs/synthetic/dose.py --workdir=runs/dose          # p = 0, 0.25, 0.5, 1; seed 0
+python -m jaxrag.main --config=configs/synthetic/dose.py:premature --workdir=runs/dose_premature  # EM-costing flaw
 python -m jaxrag.main --config=configs/synthetic/dose.py:tiny --workdir=runs/dose_tiny  # p = 0, 1 on tiny (tests)
 
   dose_runs  every (p, seed) an ordinary run of pipeline.py:control with --config.teacher.p_vague_first=p into
@@ -26,15 +27,19 @@ COMPARISONS = [
 
 
 def get_config(preset: str = "demo"):
-    """preset: demo (the control pipeline at four doses, one seed) | tiny (the tiny pipeline at p = 0 and 1, tests)."""
-    if preset not in ("demo", "tiny"):
-        raise ValueError(f"configs/synthetic/dose.py: unknown preset {preset!r} (demo | tiny)")
+    """preset: demo (the vague-first control at four doses, one seed) | premature (pipeline.py:control_premature:
+    an answer before the last hop's search at p = 0.5, a flaw that costs EM) | tiny (the tiny pipeline at p = 0 and
+    1, tests)."""
+    if preset not in ("demo", "premature", "tiny"):
+        raise ValueError(f"configs/synthetic/dose.py: unknown preset {preset!r} (demo | premature | tiny)")
     pipeline = Path(__file__).resolve().with_name("pipeline.py")
     c = ml_collections.ConfigDict()
     c.stages = ["dose_runs", "dose"]
-    c.dose_runs = dict(fn=f"{P}.dose:dose_runs_stage", config=f"{pipeline}:{'tiny' if preset == 'tiny' else 'control'}",
-                       doses=(0.0, 1.0) if preset == "tiny" else (0.0, 0.25, 0.5, 1.0), seeds=(0,), stages=STAGES,
-                       eval_only=",".join(SYSTEMS), flags="")
+    preset_of = {"demo": "control", "premature": "control_premature", "tiny": "tiny"}[preset]
+    doses = {"demo": (0.0, 0.25, 0.5, 1.0), "premature": (0.5,), "tiny": (0.0, 1.0)}[preset]
+    c.dose_runs = dict(fn=f"{P}.dose:dose_runs_stage", config=f"{pipeline}:{preset_of}",
+                       knob="teacher.p_premature_last" if preset == "premature" else "teacher.p_vague_first",
+                       doses=doses, seeds=(0,), stages=STAGES, eval_only=",".join(SYSTEMS), flags="")
     c.dose = dict(fn=f"{P}.dose:dose_study_stage", runs="dose_runs", eval="eval", metrics=("vague", "em"),
                   comparisons=[dict(a=a, b=b, label=label) for a, b, label in COMPARISONS], level=0.95)
     return c

@@ -12,6 +12,7 @@ import ml_collections
 from configs.common.variant import variant
 
 P = "jaxrag.pipelines.synthetic"
+PRESETS = ("demo", "tiny", "control", "control_premature")
 
 
 def trainer(**kw) -> ml_collections.ConfigDict:
@@ -30,8 +31,8 @@ def trainer(**kw) -> ml_collections.ConfigDict:
 
 
 def get_config(preset: str = "demo"):
-    if preset not in ("demo", "tiny", "control"):
-        raise ValueError(f"configs/synthetic/pipeline.py: unknown preset {preset!r} (demo | tiny | control)")
+    if preset not in PRESETS:
+        raise ValueError(f"configs/synthetic/pipeline.py: unknown preset {preset!r} ({' | '.join(PRESETS)})")
     c = ml_collections.ConfigDict()
     # seed: the SFT init, every trainer's data order and every sampling stream (the seeds study varies it:
     # configs/synthetic/seeds.py); world_seed: the world, its questions and the teacher's episodes (kept fixed)
@@ -53,9 +54,11 @@ def get_config(preset: str = "demo"):
     c.world = dict(fn=f"{P}.world:world_stage", n_countries=40, n_cities=300, n_persons=2000, n_films=1000,
                    n_companies=400, heldout_frac=0.1, split_fractions=(0.8, 0.1, 0.1), comparisons_per_anchor=0.5)
     c.index = dict(fn=f"{P}.world:index_stage", backend="bm25s", k=2)  # k: the one home of documents per search
-    # p_vague_first: decision density, each hop's first query vague with this probability (the control preset)
+    # p_vague_first: decision density, each hop's first query vague with this probability (the control preset);
+    # p_premature_last: an answer before the last hop's search with this probability (control_premature)
     c.teacher = dict(fn=f"{P}.world:teacher_stage", p_vague=0.1, p_redundant=0.1, p_premature=0.05, max_retries=3,
-                     max_steps=10, p_vague_first=0.0, splits=("train", "dev", "heldout"))  # never the test split
+                     max_steps=10, p_vague_first=0.0, p_premature_last=0.0,
+                     splits=("train", "dev", "heldout"))  # never the test split
     c.tokenizer = dict(fn=f"{P}.world:tokenizer_stage", vocab_size=1024, agents=("react", "re2search"))
     # ModelConfig fields (vocab_size and special ids come from the tokenizer).
     c.model = dict(model_type="llama", d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, head_dim=32, d_ff=384,
@@ -127,6 +130,11 @@ def get_config(preset: str = "demo"):
         # the SFT policy inherits a step-level flaw its outcomes barely show; set the dose with
         # --config.teacher.p_vague_first (docs/demo.md, "A positive control").
         c.teacher.p_vague_first = 0.5
+    if preset == "control_premature":
+        # A planted flaw that costs answers: the teacher answers with a guess, before searching the last hop of a
+        # multi-hop chain, half the time; SFT keeps every trajectory (failed ones too), so its policy inherits it.
+        c.teacher.p_premature_last = 0.5
+        c.sft.only_correct = False
     # The strong outcome baseline (Search-R1++'s reward): the grpo stage with reward F1 - 0.05 x searches, floored at
     # 0, instead of EM; the same steps x questions x G, temperature, KL and lr. Search-R1++ trains with REINFORCE;
     # GRPO here keeps the comparison with `grpo` to the reward alone. A right 3-hop answer in 3 searches earns 0.85.

@@ -61,9 +61,13 @@ class TeacherConfig:
     # draw, only when > 0, so 0 leaves every trajectory as it was); the teacher then retries with a good query, so
     # the trajectory still succeeds and SFT, which keeps correct trajectories, inherits the flaw
     p_vague_first: float = 0.0
+    # a flaw that costs answers: with this probability the teacher answers (a guess) once only the last hop of a
+    # multi-hop chain is open, before any query for it (drawn only when > 0); SFT must keep failed trajectories
+    # (sft.only_correct False) to inherit it
+    p_premature_last: float = 0.0
 
     def __post_init__(self):
-        for name in ("p_vague", "p_redundant", "p_premature", "p_vague_first"):
+        for name in ("p_vague", "p_redundant", "p_premature", "p_vague_first", "p_premature_last"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"TeacherConfig.{name}={v} must be in [0, 1]")
@@ -179,7 +183,11 @@ def teacher_action(
             },
         )
     extra = {"reasoning": _reasoning(question, resolved, hop_index), "predicted_answer": guess, "hop": hop_index}
-    if cfg.p_vague_first > 0 and not any(a.extra.get("hop") == hop_index for a in queries):
+    first_at_hop = not any(a.extra.get("hop") == hop_index for a in queries)
+    if cfg.p_premature_last > 0 and first_at_hop and hop_index == len(hops) - 1 > 0:
+        if rng.random() < cfg.p_premature_last:
+            return TeacherAction("answer", guess, {**extra, "flaw": "premature_last"})
+    if cfg.p_vague_first > 0 and first_at_hop:
         if rng.random() < cfg.p_vague_first:
             return TeacherAction("query", _vague_query(hops[hop_index], rng), {**extra, "flaw": "vague"})
     # One draw per decision: premature | redundant | vague | good, rates as configured.

@@ -1,8 +1,8 @@
 """The dose-response study: the positive control's planted flaw (each hop's first query vague with probability p,
 `teacher.p_vague_first`) at several doses, and per dose what each method does to it against SFT, with intervals.
 
-dose_runs_stage, config[name]: config (a pipeline config with its preset, "path.py:preset"), doses (values of
-teacher.p_vague_first), seeds, stages (the pipeline stages each run needs, empty = all), eval_only (the eval
+dose_runs_stage, config[name]: config (a pipeline config with its preset, "path.py:preset"), knob (the dotted
+config key the dose sets: teacher.p_vague_first, or teacher.p_premature_last), doses (its values), seeds, stages (the pipeline stages each run needs, empty = all), eval_only (the eval
 stage's systems, "" = all), flags (more flags for every run). Each (dose, seed) is an ordinary run of jaxrag.main
 into <workdir>/p<dose>_seed<seed>/, so a finished run is skipped stage by stage and one can be rerun on its own.
 Output: <workdir>/<name>/runs.json.
@@ -30,6 +30,9 @@ from jaxrag.pipelines.synthetic.seeds import METRICS, launch, score_matrix, seed
 from jaxrag.train.distributed import lead_only
 
 
+KNOBS = ("teacher.p_vague_first", "teacher.p_premature_last")   # the teacher's planted flaws
+
+
 def run_dir(workdir, dose: float, seed: int) -> Path:
     return Path(workdir) / f"p{float(dose):g}_seed{seed}"
 
@@ -37,7 +40,7 @@ def run_dir(workdir, dose: float, seed: int) -> Path:
 def run_command(s, dose: float, seed: int, workdir) -> list[str]:
     """The jaxrag.main command line of one (dose, seed) run."""
     cmd = [sys.executable, "-m", "jaxrag.main", f"--config={s.config}", f"--workdir={run_dir(workdir, dose, seed)}",
-           f"--config.seed={seed}", f"--config.teacher.p_vague_first={float(dose):g}"]
+           f"--config.seed={seed}", f"--config.{s.get('knob', 'teacher.p_vague_first')}={float(dose):g}"]
     if s.get("eval_only"):
         cmd.append(f"--config.eval.only={s.eval_only}")
     cmd += shlex.split(s.get("flags") or "")
@@ -53,7 +56,8 @@ def dose_runs_stage(config, workdir, name) -> None:
              **launch(name, f"p {float(dose):g} seed {seed}", run_command(s, dose, seed, workdir),
                       run_dir(workdir, dose, seed), s.get("stages") or ())}
             for dose in s.doses for seed in s.seeds]
-    write_json(stage_dir(workdir, name) / "runs.json", {"config": s.config, "runs": runs})
+    write_json(stage_dir(workdir, name) / "runs.json",
+               {"config": s.config, "knob": s.get("knob", "teacher.p_vague_first"), "runs": runs})
 
 
 def check_dose_runs(config, name: str) -> None:
@@ -66,6 +70,8 @@ def check_dose_runs(config, name: str) -> None:
     path = str(s.config).split(":")[0]
     if not Path(path).exists():
         config_fail(f"{name}.config", f"{path}: no such config file")
+    if s.get("knob", "teacher.p_vague_first") not in KNOBS:
+        config_fail(f"{name}.knob", f"{s.knob!r}: one of {', '.join(KNOBS)}")
 
 
 dose_runs_stage.check_config = check_dose_runs
@@ -103,9 +109,10 @@ def study(by_dose: dict[float, list[dict]], comparisons, metrics, level: float) 
 
 def markdown(res: dict, runs: list[dict], level: float) -> str:
     seeds = sorted({r["seed"] for r in runs})
-    lines = [f"# Dose-response: the planted vague first query at p = {', '.join(f'{d:g}' for d in res['doses'])}",
+    lines = [f"# Dose-response: {res['knob']} = {', '.join(f'{d:g}' for d in res['doses'])}",
              "", f"Each dose is a full run of the control pipeline per seed ({', '.join(map(str, seeds))}); the world "
-             "and its questions are the same in all, the teacher's episodes differ only in the planted flaw. "
+             "and its questions are the same in all, the teacher's episodes differ only in the planted flaw "
+             f"({res['knob']}). "
              "vague: the share of episodes that issued a vague query (lower is better); em: exact match. Means "
              f"with their SE and {level:.0%} interval over seeds and questions.", "",
              "## Per dose and system", "", "| p | split | system | metric | mean +/- SE | interval |",
@@ -129,6 +136,7 @@ def markdown(res: dict, runs: list[dict], level: float) -> str:
 
 
 def plot(res: dict, path, split: str = "test") -> None:
+    knob = res["knob"].split(".")[-1]
     """Per metric two panels: each system's mean against p, and each comparison's effect against p (intervals as
     error bars, 0 marked)."""
     metrics = list(dict.fromkeys(r["metric"] for r in res["rows"]))
@@ -140,7 +148,7 @@ def plot(res: dict, path, split: str = "test") -> None:
             left.errorbar([r["dose"] for r in rs], [r["mean"] for r in rs],
                           yerr=[[r["mean"] - r["lo"] for r in rs], [r["hi"] - r["mean"] for r in rs]],
                           fmt="o-", capsize=3, label=system, color=f"C{i}")
-        left.set(xlabel="p (planted vague first query)", ylabel=metric, title=f"{metric} per system ({split})")
+        left.set(xlabel=f"p ({knob})", ylabel=metric, title=f"{metric} per system ({split})")
         ds = [d for d in res["comparisons"] if d["metric"] == metric and d["split"] == split]
         for i, label in enumerate(dict.fromkeys(f"{d['a']} - {d['b']}" for d in ds)):
             dd = [d for d in ds if f"{d['a']} - {d['b']}" == label]
@@ -148,7 +156,7 @@ def plot(res: dict, path, split: str = "test") -> None:
                            yerr=[[d["diff"] - d["lo"] for d in dd], [d["hi"] - d["diff"] for d in dd]],
                            fmt="o-", capsize=3, label=label, color=f"C{i}")
         right.axhline(0, color="k", lw=0.8)
-        right.set(xlabel="p (planted vague first query)", ylabel=f"{metric} difference",
+        right.set(xlabel=f"p ({knob})", ylabel=f"{metric} difference",
                   title=f"paired effect on {metric} ({split}), variance-components interval")
     save_figure(fig, axes.ravel().tolist(), path)
 
@@ -156,12 +164,13 @@ def plot(res: dict, path, split: str = "test") -> None:
 @lead_only  # host-side: process 0 alone (docs/multihost.md)
 def dose_study_stage(config, workdir, name) -> None:
     s = config[name]
-    runs = json.loads((Path(workdir) / s.runs / "runs.json").read_text())["runs"]
+    recorded = json.loads((Path(workdir) / s.runs / "runs.json").read_text())
+    runs = recorded["runs"]
     by_dose: dict[float, list[dict]] = {}
     for r in runs:
         by_dose.setdefault(float(r["dose"]), []).append(seed_scores(Path(r["workdir"]), s.eval, ""))
     res = study(by_dose, [dict(c) for c in s.comparisons], tuple(s.metrics), float(s.level))
-    res["runs"] = runs
+    res["runs"], res["knob"] = runs, recorded.get("knob", "teacher.p_vague_first")
     out = stage_dir(workdir, name)
     write_json(out / "results.json", res)
     (out / "results.md").write_text(markdown(res, runs, float(s.level)))
