@@ -70,6 +70,12 @@ def _fail(name: str, key: str, msg: str):
 
 def check_config(config, name: str) -> None:
     """Static checks run by jaxrag.main before any stage starts; errors name the key."""
+    resolve_section(config, name)
+
+
+def resolve_section(config, name: str):
+    """The stage's section checked and resolved, in one place for jaxrag.main's check and for the stage itself:
+    returns (RLConfig, the reward spec as configured, the reward function with its answer judge)."""
     from jaxrag.env.agents import get_agent
     from jaxrag.rl.config import RLConfig, rl_layout, rl_train_config
     from jaxrag.supervision.rewards import reward_fn
@@ -106,7 +112,7 @@ def check_config(config, name: str) -> None:
         _fail(name, "answer_judge", str(e))
     reward = sc.reward.to_dict() if hasattr(sc.reward, "to_dict") else sc.reward
     try:
-        reward_fn(reward, answer_judge=judge)
+        reward_f = reward_fn(reward, answer_judge=judge)
     except (KeyError, ValueError) as e:
         _fail(name, "reward", str(e))
     if sc.get("prm") and rl_layout(sc.train) != "ppo":   # rl_train_config above checked the loss resolves
@@ -119,6 +125,7 @@ def check_config(config, name: str) -> None:
         from jaxrag.pipelines.collect import check_judge
 
         check_judge(name, common.plain(sc.judge), "the process-reward model's endpoint")
+    return rc, reward, reward_f
 
 
 def answer_judge(sc):
@@ -130,11 +137,10 @@ def answer_judge(sc):
 
 def rl_stage(config, workdir: str, name: str | None = None) -> None:
     from jaxrag.data.qa import load_qa
-    from jaxrag.rl import RLConfig, train_rl
-    from jaxrag.supervision.rewards import reward_fn
+    from jaxrag.rl import train_rl
 
     name = stage_name(config, STAGE_FN, name)
-    check_config(config, name)
+    rc, reward, reward_f = resolve_section(config, name)
     sc = config[name]
     out = common.stage_dir(workdir, name)
     policy = common.load_policy(sc.policy, workdir)
@@ -142,8 +148,6 @@ def rl_stage(config, workdir: str, name: str | None = None) -> None:
     agent = common.load_agent(sc.agent, policy.tokenizer)
     questions = load_qa(common.resolve(sc.questions.path, workdir), sc.questions.get("select") or None,
                         limit=sc.questions.get("limit") or None)
-    rc = RLConfig.from_dict(sc.rl.to_dict())
-    reward = sc.reward.to_dict() if hasattr(sc.reward, "to_dict") else sc.reward
     common.log(name, f"{sc.train.loss} over {len(questions)} questions, agent {sc.agent.name}, reward {reward}")
     judge = None
     if sc.get("judge"):   # the refinement rollout's refiner and judge, or the usefulness judge of independent groups
@@ -155,8 +159,8 @@ def rl_stage(config, workdir: str, name: str | None = None) -> None:
         from jaxrag.pipelines.eval import load_prm
 
         step_rewards = load_prm(sc.prm, f"config.{name}.prm", workdir, sc.agent)
-    result = train_rl(policy, retriever, agent, questions, reward_fn(reward, answer_judge=answer_judge(sc)), rc,
-                      sc.train, out, step_rewards=step_rewards, judge=judge, refiner=judge)
+    result = train_rl(policy, retriever, agent, questions, reward_f, rc, sc.train, out, step_rewards=step_rewards,
+                      judge=judge, refiner=judge)
     from jaxrag.models.hf import stored_dtype
     from jaxrag.train.distributed import is_lead
 
