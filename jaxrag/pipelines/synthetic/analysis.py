@@ -16,7 +16,8 @@ from pathlib import Path
 from jaxrag.console import num, standard_error
 from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
-from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
+from jaxrag.pipelines.synthetic.world import (load_questions, load_tokenizer, make_retriever, rollout_config,
+                                              stage_policy)
 from jaxrag.train.distributed import lead_only
 
 
@@ -49,7 +50,7 @@ def bestofn_stage(config, workdir, name) -> None:
     from jaxrag.env.agents import get_agent
     from jaxrag.env.mdp import write_episodes
     from jaxrag.env.rollout import rollout
-    from jaxrag.pipelines.synthetic.evaluate import rollout_config, score_episodes, stratified
+    from jaxrag.pipelines.synthetic.evaluate import score_episodes, stratified
     from jaxrag.pipelines.synthetic.preference import critic_select
 
     s = config[name]

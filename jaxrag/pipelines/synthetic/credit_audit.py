@@ -24,8 +24,8 @@ from jaxrag.console import num
 from jaxrag.jsonl import read_jsonl, write_jsonl
 from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
-from jaxrag.pipelines.synthetic.world import (load_questions, load_tokenizer, make_retriever, stage_policy,
-                                             teacher_config, world_seed)
+from jaxrag.pipelines.synthetic.world import (load_questions, load_tokenizer, make_retriever, rollout_config,
+                                             stage_policy, teacher_config, world_seed)
 from jaxrag.train.distributed import lead_only
 
 DECISIONS = ("search/search", "answer/search", "answer/answer")
@@ -34,7 +34,6 @@ DECISIONS = ("search/search", "answer/search", "answer/answer")
 @lead_only  # host-side: process 0 alone (docs/multihost.md)
 def credit_audit_stage(config, workdir, name) -> None:
     from jaxrag.env.agents import get_agent
-    from jaxrag.env.rollout import RolloutConfig
     from jaxrag.pipelines.synthetic.evaluate import stratified
     from jaxrag.supervision import credit_audit as CA
     from jaxrag.supervision.records import write_records
@@ -47,8 +46,7 @@ def credit_audit_stage(config, workdir, name) -> None:
     policy = stage_policy(workdir, s.policy, tok, config.get("sampler"))
     qs = stratified(load_questions(workdir, s.split), s.max_questions)
     k = config.index.k
-    rc = RolloutConfig(k=k, max_steps=s.max_steps, batch_size=s.batch_size, n_candidates=s.n_candidates,
-                       temperature=s.temperature, max_new_tokens=s.max_new_tokens, reward="em", seed=config.seed + 11)
+    rc = rollout_config(config, s, n_candidates=s.n_candidates, temperature=s.temperature, seed=config.seed + 11)
     visited = CA.policy_states(policy, retriever, agent, qs, rc)
     add_reference_actions(visited, agent, config, workdir, teacher=s.teacher, oracle=s.oracle)
     # only states with two distinct candidates have a pair to score

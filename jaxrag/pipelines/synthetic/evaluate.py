@@ -18,7 +18,8 @@ from jaxrag.console import num, standard_error
 from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.taxonomy import taxonomy
-from jaxrag.pipelines.synthetic.world import load_questions, load_tokenizer, make_retriever, stage_policy
+from jaxrag.pipelines.synthetic.world import (load_questions, load_tokenizer, make_retriever, rollout_config,
+                                              stage_policy)
 from jaxrag.train.distributed import lead_only
 
 FORCED_ANSWER_AGENTS = ("direct", "rag")
@@ -63,13 +64,6 @@ def stratified(questions: list[dict], limit: int) -> list[dict]:
     per_type = -(-limit // len(by_type))
     keep = {q["id"] for qs in by_type.values() for q in qs[:per_type]}
     return [q for q in questions if q["id"] in keep]
-
-
-def rollout_config(config, s, **over):
-    from jaxrag.env.rollout import RolloutConfig
-
-    return RolloutConfig(k=config.index.k, max_steps=s.max_steps, batch_size=s.batch_size,
-                         max_new_tokens=s.max_new_tokens, reward="em", seed=config.seed, **over)
 
 
 def selected_systems(s) -> list[dict]:

@@ -16,6 +16,7 @@ from jaxrag.pipelines.common import read_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.sft import sft_on_episodes
 from jaxrag.pipelines.synthetic.supervise import sampling_setup
+from jaxrag.pipelines.synthetic.world import rollout_config
 from jaxrag.train.distributed import from_lead
 
 
@@ -40,14 +41,13 @@ def sample_budget(config, workdir, name, budget: int) -> tuple[list, int, int]:
     """Whole trajectories from the policy until `budget` actions are sampled (at most 100 rounds over the
     questions, each with its own seed); writes them to episodes.jsonl. -> (episodes, actions sampled, rounds)."""
     from jaxrag.env.mdp import write_episodes
-    from jaxrag.env.rollout import RolloutConfig, rollout
+    from jaxrag.env.rollout import rollout
 
     s, out, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
     episodes, sampled, rounds = [], 0, 0
     while sampled < budget and rounds < 100:
-        rc = RolloutConfig(k=config.index.k, max_steps=s.max_steps, batch_size=s.batch_size, temperature=s.temperature,
-                           max_new_tokens=s.max_new_tokens, reward="em", seed=config.seed + 7919 * (rounds + 1),
-                           progress=True)
+        rc = rollout_config(config, s, temperature=s.temperature, seed=config.seed + 7919 * (rounds + 1),
+                            progress=True)
         for ep in rollout(policy, retriever, agent, questions, rc):
             if sampled >= budget:
                 break

@@ -21,21 +21,20 @@ from jaxrag.pipelines.common import load_checkpoint, log, model_dir, save_checkp
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.sft import sft_on_episodes
 from jaxrag.pipelines.synthetic.supervise import sampling_setup
-from jaxrag.pipelines.synthetic.world import tokenizer_path
+from jaxrag.pipelines.synthetic.world import rollout_config, tokenizer_path
 from jaxrag.train.distributed import is_lead, lead_only
 
 
 @lead_only  # host-side: process 0 alone (docs/multihost.md)
 def curriculum_data_stage(config, workdir, name) -> None:
     from jaxrag.env.mdp import write_episodes
-    from jaxrag.env.rollout import RolloutConfig, rollout
+    from jaxrag.env.rollout import rollout
     from jaxrag.supervision import smartsearch as SS
     from jaxrag.supervision.judges import get_judge
     from jaxrag.supervision.records import write_pairs, write_records
 
     s, out, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
-    rc = RolloutConfig(k=config.index.k, max_steps=s.max_steps, batch_size=s.batch_size, temperature=s.temperature,
-                       max_new_tokens=s.max_new_tokens, reward="f1", seed=config.seed + 31)
+    rc = rollout_config(config, s, temperature=s.temperature, reward="f1", seed=config.seed + 31)
     items = [q for q in questions for _ in range(s.samples)]  # contiguous samples per question
     episodes = rollout(policy, retriever, agent, items, rc)
     chains = {q["id"]: q["metadata"]["gold_chain"] for q in questions}

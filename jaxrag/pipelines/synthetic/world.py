@@ -148,6 +148,16 @@ def index_stage(config, workdir, name) -> None:
               f"{len(hops)} dev hops (each hop's first query template)")
 
 
+def rollout_config(config, s, **over):
+    """The rollout engine's settings for a sampling or eval section `s`: the index's k, the section's max_steps,
+    batch_size and max_new_tokens, EM reward, the run's seed; `over` replaces any of them (temperature, seed, ...)."""
+    from jaxrag.env.rollout import RolloutConfig
+
+    base = dict(k=config.index.k, max_steps=s.max_steps, batch_size=s.batch_size, max_new_tokens=s.max_new_tokens,
+                reward="em", seed=config.seed)
+    return RolloutConfig(**{**base, **over})
+
+
 def teacher_config(section) -> T.TeacherConfig:
     """The teacher's settings from its config section (a TeacherConfig field the section lacks keeps its default)."""
     return T.TeacherConfig(**{f.name: section[f.name] for f in dataclasses.fields(T.TeacherConfig) if f.name in section})
