@@ -114,5 +114,35 @@ def test_training_signal_reads_a_stages_metrics_and_summary(tmp_path):
     assert (r["reward_first"], r["reward_last"]) == pytest.approx((0.0, 0.9))
     assert training_signal(tmp_path, "absent") is None
     table = signal_table([training_signal(tmp_path, "dpo"), r], base_lr=20.0)
-    assert "| dpo | 40 pairs | 20 | 2 (10.00%) | 0.974 / 18.500 | - | - | - |" in table
-    assert "| grpo | - | 10 | 0.1 (0.50%) | - | 0.750 | 0.0020 | 0.000 → 0.900 |" in table
+    assert "| dpo | 40 pairs | 20 | 2 (10.00%) | 0.974 / 18.500 | - | - | - | - |" in table
+    assert "| grpo | - | 10 | 0.1 (0.50%) | - | - | 0.750 | 0.0020 | 0.000 → 0.900 |" in table
+
+
+def test_pair_targets_count_the_pairs_whose_rejected_or_chosen_action_is_the_greedy_one():
+    import types
+
+    from jaxrag.env.agents import get_agent
+    from jaxrag.pipelines.synthetic.diagnostics import pair_targets
+    from jaxrag.supervision.records import Pair
+
+    agent = get_agent("react", mode="plain")
+    q = lambda text: agent.format(Action("query", text))
+    greedy = {"s1": q("Ann Bo employer"), "s2": q("Acme based"), "s3": agent.format(Action("answer", "Paris"))}
+
+    class Greedy:   # the policy's greedy action per prompt; it records how it was asked
+        def generate(self, prompts, *, n, temperature, max_new_tokens, stop):
+            self.asked = (len(prompts), n, temperature, max_new_tokens, stop)
+            return [[types.SimpleNamespace(text=" " + greedy[p].upper() + " ")] for p in prompts]
+
+    pairs = [Pair("s1", q("Ann Bo works for"), q("Ann Bo employer"), 1.0, "oracle"),      # rejected is greedy
+             Pair("s2", q("Acme based"), q("the company based"), 1.0, "oracle"),          # chosen is greedy
+             Pair("s3", q("Acme based"), agent.format(Action("answer", "Lyon")), 1.0, "oracle"),   # neither
+             Pair("s1", q("Ann Bo employer"), agent.format(Action("answer", "Acme")), 1.0, "oracle")]  # chosen
+    policy = Greedy()
+    got = pair_targets(policy, agent, pairs, max_new_tokens=17)
+    assert got == {"pairs": 4, "rejected_is_greedy": 0.25, "chosen_is_greedy": 0.5}
+    assert policy.asked == (4, 1, 0.0, 17, list(agent.stop))
+    assert pair_targets(policy, agent, [])["rejected_is_greedy"] is None
+    table = signal_table([{"stage": "dpo", "steps": 3, "data": 4, "data_kind": "pairs", "lr_sum": 0.1,
+                           "accuracy": 0.9, "margin": 1.0, **{k: v for k, v in got.items() if k != "pairs"}}], 1.0)
+    assert "| 0.250 / 0.500 |" in table

@@ -6,6 +6,8 @@ share of groups with no reward variance (they carry no gradient), the mean KL to
 first and last tenth of the steps.
 movement: per evaluated system, against a base system on the same questions, how often its trajectory (the sequence
 of actions) and its answer differ, and how many questions it gained and lost (EM).
+pair_targets: for preference pairs, how often the initial policy's own greedy action at the pair's state is the
+rejected one (the pair pushes down what the policy does) or the chosen one (it reinforces what it already does).
 """
 
 from __future__ import annotations
@@ -76,19 +78,37 @@ def movement(base_episodes, episodes) -> dict:
             "gained": sum(1 for b, e in em if e and not b), "lost": sum(1 for b, e in em if b and not e)}
 
 
+def pair_targets(policy, agent, pairs, max_new_tokens: int = 40) -> dict:
+    """Greedy-decode `policy` at every pair's prompt (one batch) and compare its parsed action with the pair's:
+    {"pairs", "rejected_is_greedy", "chosen_is_greedy"} (shares of the pairs). A pair whose rejected action the
+    greedy policy never takes cannot change its greedy behaviour by pushing that action down."""
+    if not pairs:
+        return {"pairs": 0, "rejected_is_greedy": None, "chosen_is_greedy": None}
+    outs = policy.generate([p.prompt for p in pairs], n=1, temperature=0.0, max_new_tokens=max_new_tokens,
+                           stop=list(agent.stop) or None)
+    key = lambda text: (lambda a: (a.kind, a.text.strip().lower()))(agent.parse(text))
+    greedy = [key(o[0].text) for o in outs]
+    n = len(pairs)
+    return {"pairs": n, "rejected_is_greedy": sum(g == key(p.rejected) for g, p in zip(greedy, pairs)) / n,
+            "chosen_is_greedy": sum(g == key(p.chosen) for g, p in zip(greedy, pairs)) / n}
+
+
 def signal_table(rows: list[dict], base_lr: float | None) -> str:
     """Markdown of training_signal rows; Σ lr also as a share of `base_lr` (SFT's)."""
     def f(x, fmt="{:.3f}"):
         return "-" if x is None else fmt.format(x)
 
-    lines = ["| stage | data | steps | Σ lr (vs SFT) | accuracy / margin, last tenth | groups without signal | "
-             "KL | reward first → last tenth |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| stage | data | steps | Σ lr (vs SFT) | accuracy / margin, last tenth | rejected / chosen is the "
+             "policy's greedy action | groups without signal | KL | reward first → last tenth |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         share = f" ({r['lr_sum'] / base_lr:.2%})" if base_lr else ""
         data = f"{r['data']} {r['data_kind']}" if r["data"] is not None else "-"
         acc = f"{f(r.get('accuracy'))} / {f(r.get('margin'))}" if "accuracy" in r else "-"
         reward = (f"{f(r['reward_first'])} → {f(r['reward_last'])}" if "reward_first" in r else "-")
-        lines.append(f"| {r['stage']} | {data} | {r['steps']} | {r['lr_sum']:.3g}{share} | {acc} | "
+        targets = (f"{f(r['rejected_is_greedy'])} / {f(r['chosen_is_greedy'])}" if "rejected_is_greedy" in r
+                   else "-")
+        lines.append(f"| {r['stage']} | {data} | {r['steps']} | {r['lr_sum']:.3g}{share} | {acc} | {targets} | "
                      f"{f(r.get('no_signal'))} | {f(r.get('kl'), '{:.4f}')} | {reward} |")
     return "\n".join(lines)
 

@@ -271,9 +271,17 @@ def method_signal_section(config, workdir, results: dict, base: str = "sft_react
     from jaxrag.env.mdp import read_episodes
 
     rows = [r for r in (D.training_signal(workdir, st) for st in config.stages) if r is not None]
+    targets: dict = {}
+    for r in rows:   # a pair-trained stage: is its rejected (chosen) action the initial policy's greedy one?
+        s = config[r["stage"]]
+        if "pairs" in s and "init" in s and os.path.exists(os.path.join(str(workdir), s.pairs, "pairs.jsonl")):
+            if (s.pairs, s.init) not in targets:
+                targets[(s.pairs, s.init)] = pair_targets_of(config, workdir, s.pairs, s.init)
+            r.update({k: v for k, v in targets[(s.pairs, s.init)].items() if k != "pairs"})
     sft = next((r["lr_sum"] for r in rows if r["stage"] == "sft"), None)
     text = ("## Did each method have signal?\n\nPer training stage: its data, steps, summed learning rate (and its "
-            "share of SFT's), the paired losses' accuracy and margin over the last tenth of the steps, RL's share of "
+            "share of SFT's), the paired losses' accuracy and margin over the last tenth of the steps, the share of "
+            "its pairs whose rejected (chosen) action is what the initial policy does greedily there, RL's share of "
             "groups with one reward for every sample (no gradient), mean KL to the reference and the reward of the "
             "first and last tenth of the steps.\n\n" + D.signal_table(rows, sft) + "\n")
     systems = list(results["systems"])
@@ -287,6 +295,20 @@ def method_signal_section(config, workdir, results: dict, base: str = "sft_react
     return text + (f"\nHow far each system moved from `{base}` ({split}): questions whose sequence of actions or "
                    "whose answer differs, and those it answers right that the base got wrong (gained) and the "
                    "reverse (lost).\n\n" + D.movement_table(moved, base) + "\n")
+
+
+def pair_targets_of(config, workdir, pairs_stage: str, init: str) -> dict:
+    """diagnostics.pair_targets for one pairs file and the policy a stage starts from (its rollout agent and step
+    length are the pairs stage's)."""
+    from jaxrag.env.agents import get_agent
+    from jaxrag.pipelines.synthetic.world import load_tokenizer, stage_policy
+    from jaxrag.supervision.records import read_pairs
+
+    s = config[pairs_stage]
+    policy = stage_policy(workdir, init, load_tokenizer(workdir), config.get("sampler"))
+    pairs = read_pairs(os.path.join(str(workdir), pairs_stage, "pairs.jsonl"))
+    return D.pair_targets(policy, get_agent(s.get("agent", "react"), mode="plain"), pairs,
+                          int(s.get("max_new_tokens", 40)))
 
 
 def provenance_section(config, workdir, out: str) -> str:
