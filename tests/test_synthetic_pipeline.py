@@ -194,8 +194,8 @@ def test_report_files(run):
     dpo = json.load(open(os.path.join(workdir, "dpo", "summary.json")))
     assert f"| dpo | {dpo['pairs']} pairs | {dpo['steps']} |" in sig and "| sft | - |" in sig
     # dpo and critic train on the same pairs from the same policy: one pair-targets reading, two shares in [0, 1]
-    cells = {line.split(" | ")[0][2:]: line.split(" | ")[5] for line in sig.splitlines()
-             if line.startswith("| dpo |") or line.startswith("| critic |")}
+    cells = {line.split(" | ")[0][2:]: line.split(" | ")[5] for line in sig.split("How far each system moved")[0]
+             .splitlines() if line.startswith("| dpo |") or line.startswith("| critic |")}
     rejected, chosen = (float(x) for x in cells["dpo"].split(" / "))
     assert cells["dpo"] == cells["critic"] and 0 <= rejected <= 1 and 0 <= chosen <= 1
     moved = [line.split(" | ")[0][2:] for line in sig.split("How far each system moved")[1].splitlines()
