@@ -26,7 +26,15 @@ def _check(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 # ------------------------------------------------------------------------------------------------ log-probs
 def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
-    """logits[B,T,V] (position t predicts token t+1), tokens[B,T] -> logp[B,T] float32, logp[:,0] = 0."""
+    """logits[B,T,V] (position t predicts token t+1), tokens[B,T] -> logp[B,T] float32, logp[:,0] = 0.
+
+    Args:
+      logits: [B, T, V] logits; position t predicts token t+1.
+      tokens: [B, T] int token ids.
+
+    Returns:
+      [B, T] float32: entry t is log π(tokens[t] | tokens[<t]); column 0 is 0.
+    """
     return jnp.pad(picked_logprobs(logits[:, :-1], tokens[:, 1:]), ((0, 0), (1, 0)))
 
 
@@ -34,7 +42,15 @@ def picked_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """log softmax(logits)[target] per row: logits [..., V], targets [...] -> float32 [...].
 
     Picked logit - logsumexp: the same value as gathering from log_softmax, without materializing (and
-    differentiating through) a second [..., V] array: ~1.3x faster fwd+bwd for a 32k vocab on CPU."""
+    differentiating through) a second [..., V] array: ~1.3x faster fwd+bwd for a 32k vocab on CPU.
+
+    Args:
+      logits: [..., V] logits (computed in float32).
+      targets: [...] int target ids.
+
+    Returns:
+      [...] float32 log-probabilities of the targets.
+    """
     logits = logits.astype(jnp.float32)
     picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     return picked - jax.nn.logsumexp(logits, axis=-1)
@@ -42,7 +58,15 @@ def picked_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
 def sequence_logprobs(logp: jax.Array, mask: jax.Array) -> jax.Array:
     """Sum of log π(token) over the action tokens: logp[B,T] (token_logprobs, or the trainer's chunked-head
-    log-probs), mask[B,T] = 1 on action tokens -> [B]."""
+    log-probs), mask[B,T] = 1 on action tokens -> [B].
+
+    Args:
+      logp: [B, T] per-token log-probs.
+      mask: [B, T] 1 on action tokens, 0 elsewhere.
+
+    Returns:
+      [B] summed log-probs of each row's action tokens.
+    """
     return jnp.sum(logp * mask, axis=-1)
 
 
@@ -53,7 +77,19 @@ def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
 # ------------------------------------------------------------------------------------------------------- SFT
 def sft_loss(logp: jax.Array, mask: jax.Array, reduction: str = "token") -> tuple[jax.Array, dict]:
     """-log π(a⁺|s). logp[B,T], mask[B,T]. reduction "token": mean over all action tokens of the batch;
-    "sequence": mean over sequences of the summed sequence NLL (sequences without action tokens are skipped)."""
+    "sequence": mean over sequences of the summed sequence NLL (sequences without action tokens are skipped).
+
+    Args:
+      logp: [B, T] float per-token log-probs of the policy.
+      mask: [B, T] 1 on action tokens, 0 elsewhere.
+      reduction: "token" or "sequence" (SFT_REDUCTIONS).
+
+    Returns:
+      (loss, metrics): scalar loss; metrics "loss", "token_nll" (per-token NLL) and "action_tokens" (count).
+
+    Raises:
+      ValueError: if `reduction` is not one of SFT_REDUCTIONS.
+    """
     _check("reduction", reduction, SFT_REDUCTIONS)
     mask = mask.astype(jnp.float32)
     n_tokens = jnp.sum(mask)
@@ -81,7 +117,25 @@ def dpo_loss(
     sigmoid: -(1-ls)·log σ(β h) - ls·log σ(-β h), h = (π⁺ - ref⁺) - (π⁻ - ref⁻)  (ls > 0: conservative DPO);
     ipo: (h - 1/(2β))². The reference log-probs are treated as constants. weights [B] (optional, constants, summing
     to 1 over a whole batch): the loss and the metrics are Σ w·x instead of means (the prefix-tree layout: 1/pairs
-    on real pair slots, 0 on padding slots; exact over microbatches of unequal pair counts)."""
+    on real pair slots, 0 on padding slots; exact over microbatches of unequal pair counts).
+
+    Args:
+      chosen_logps: [B] policy sequence log-probs of the chosen responses (π⁺).
+      rejected_logps: [B] policy sequence log-probs of the rejected responses (π⁻).
+      ref_chosen_logps: [B] reference sequence log-probs of the chosen responses (ref⁺).
+      ref_rejected_logps: [B] reference sequence log-probs of the rejected responses (ref⁻).
+      beta: β, the strength of the implicit KL constraint.
+      label_smoothing: ls, the assumed rate of flipped preference labels (sigmoid only; 0 = plain DPO).
+      loss_type: "sigmoid" or "ipo" (DPO_LOSS_TYPES).
+      weights: optional [B] per-pair weights summing to 1 over the whole batch; None = mean over pairs.
+
+    Returns:
+      (loss, metrics): scalar loss; metrics "loss" and dpo/chosen_reward, dpo/rejected_reward, dpo/reward_margin,
+      dpo/accuracy, with the implicit rewards β·(π - ref).
+
+    Raises:
+      ValueError: if `loss_type` is not one of DPO_LOSS_TYPES.
+    """
     _check("loss_type", loss_type, DPO_LOSS_TYPES)
     ref_chosen_logps = jax.lax.stop_gradient(ref_chosen_logps)
     ref_rejected_logps = jax.lax.stop_gradient(ref_rejected_logps)
@@ -115,7 +169,17 @@ def bradley_terry_loss(
     chosen_scores: jax.Array, rejected_scores: jax.Array, center_coef: float = 0.0, weights: jax.Array | None = None
 ) -> tuple[jax.Array, dict]:
     """-log σ(r⁺ - r⁻) + c·(r⁺ + r⁻)² averaged over pairs (c = 0.01 in RAG-Gym's code). scores [B]. weights [B]
-    (optional, constants summing to 1 over a whole batch): Σ w·x instead of means, as dpo_loss's."""
+    (optional, constants summing to 1 over a whole batch): Σ w·x instead of means, as dpo_loss's.
+
+    Args:
+      chosen_scores: [B] critic scores r⁺ of the preferred items.
+      rejected_scores: [B] critic scores r⁻ of the other items.
+      center_coef: c, the weight of the centering term (r⁺ + r⁻)².
+      weights: optional [B] per-pair weights summing to 1 over the whole batch; None = mean over pairs.
+
+    Returns:
+      (loss, metrics): scalar loss; metrics "loss", bt/margin, bt/accuracy, bt/score_mean.
+    """
     diff = chosen_scores - rejected_scores
     losses = -jax.nn.log_sigmoid(diff) + center_coef * (chosen_scores + rejected_scores) ** 2
     if weights is None:
@@ -135,7 +199,20 @@ def bradley_terry_loss(
 # ------------------------------------------------------------------------------------------------ KL estimators
 def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k2", clamp: float | None = None) -> jax.Array:
     """Per-token estimate of KL(π_θ || π_ref) on tokens sampled from π_θ, with d = ref_logp - logp:
-    k1 = -d, k2 = d²/2, k3 = exp(d) - d - 1. `clamp` bounds the estimate to [-clamp, clamp] (SmartSearch: k3, 10)."""
+    k1 = -d, k2 = d²/2, k3 = exp(d) - d - 1. `clamp` bounds the estimate to [-clamp, clamp] (SmartSearch: k3, 10).
+
+    Args:
+      logp: [...] policy log-probs of the sampled tokens, e.g. [N, T].
+      ref_logp: reference log-probs, the same shape.
+      estimator: "k1", "k2" or "k3" (KL_ESTIMATORS).
+      clamp: optional bound on the estimate; None = unbounded.
+
+    Returns:
+      The per-token KL estimate, the shape of `logp`.
+
+    Raises:
+      ValueError: if `estimator` is not one of KL_ESTIMATORS.
+    """
     _check("estimator", estimator, KL_ESTIMATORS)
     d = ref_logp - logp
     if estimator == "k1":
@@ -153,7 +230,20 @@ def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k2", clam
 def group_advantages(rewards, group_size: int, eps: float = 1e-4, std_ddof: int = 1):
     """rewards[N] with N = B·G, groups contiguous -> A_i = (r_i - mean_group) / (std_group + eps), [N] float32.
     std_ddof=1 is the unbiased std TRL uses; 0 the population std. A jax array is computed in float32 (inside the
-    loss); a numpy array on the host in float64 (the RL loop's rows), so each caller keeps its precision."""
+    loss); a numpy array on the host in float64 (the RL loop's rows), so each caller keeps its precision.
+
+    Args:
+      rewards: [N] rewards (jax or numpy array), N = B·G, each group of G contiguous.
+      group_size: G, the episodes per group.
+      eps: added to the group std.
+      std_ddof: delta degrees of freedom of the std (1 unbiased, as TRL; 0 population).
+
+    Returns:
+      [N] float32 advantages, a numpy array for numpy input, else a jax array.
+
+    Raises:
+      ValueError: if N is not a multiple of `group_size`.
+    """
     if rewards.shape[0] % group_size:
         raise ValueError(f"{rewards.shape[0]} rewards do not split into groups of {group_size}")
     xp = np if isinstance(rewards, np.ndarray) else jnp
@@ -189,7 +279,28 @@ def grpo_loss(
     """Clipped-ratio GRPO with a per-token KL penalty. logp/old_logp/ref_logp/mask [N,T], advantages [N].
     Loss = -J, J = agg_t[min(ρ A, clip(ρ, 1-ε, 1+ε) A) - β KL_t]. old_logp and ref_logp are constants.
     weights [N,T] (optional, constants): J = Σ w·objective instead of `aggregation`: weights computed over a whole
-    batch (jaxrag.rl.rows) keep the aggregation exact when an episode spans rows and rows span microbatches."""
+    batch (jaxrag.rl.rows) keep the aggregation exact when an episode spans rows and rows span microbatches.
+
+    Args:
+      logp: [N, T] current policy log-probs (with gradient).
+      old_logp: [N, T] behaviour (sampler) log-probs, for the ratio ρ.
+      ref_logp: [N, T] reference log-probs, for the KL penalty.
+      mask: [N, T] 1 on action tokens, 0 elsewhere.
+      advantages: [N] per-sequence advantages A (e.g. group_advantages).
+      clip_eps: ε of the ratio clip.
+      beta: β, the KL coefficient.
+      kl_estimator: "k1", "k2" or "k3" (KL_ESTIMATORS).
+      aggregation: one of GRPO_AGGREGATIONS: "seq_mean_token_mean" (GRPO), "token_mean" (TRL / DAPO),
+        "seq_mean_token_sum_norm" (Dr. GRPO).
+      kl_clamp: optional bound on the per-token KL estimate.
+      weights: optional [N, T] per-token weights replacing `aggregation`; None = `aggregation`.
+
+    Returns:
+      (loss, metrics): scalar loss; metrics "loss", clip_fraction and kl/k1, kl/k2, kl/k3 (masked means).
+
+    Raises:
+      ValueError: if `kl_estimator` or `aggregation` is not an allowed value.
+    """
     _check("kl_estimator", kl_estimator, KL_ESTIMATORS)
     _check("aggregation", aggregation, GRPO_AGGREGATIONS)
     mask = mask.astype(jnp.float32)
@@ -218,7 +329,18 @@ def gae(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: float = 1
     """Generalized advantage estimation over the action tokens of each row.
     rewards/values/mask [B,T]; tokens with mask 0 are skipped (their advantage is 0 and the recursion passes over
     them, so the value after an action's last token is the next action token's value; 0 after the last one).
-    Returns (advantages[B,T], returns[B,T] = advantages + values), both constants (no gradient)."""
+
+    Args:
+      rewards: [B, T] per-token rewards.
+      values: [B, T] value estimates.
+      mask: [B, T] 1 on action tokens, 0 elsewhere.
+      gamma: γ, the discount.
+      lam: λ, the GAE parameter.
+
+    Returns:
+      (advantages [B, T], returns [B, T] = advantages + values, 0 off the action tokens), float32 constants
+      (no gradient).
+    """
     rewards, values, mask = (jax.lax.stop_gradient(x.astype(jnp.float32)) for x in (rewards, values, mask))
 
     def back(carry, xs):
@@ -253,7 +375,26 @@ def ppo_loss(
 ) -> tuple[jax.Array, dict]:
     """PPO clipped surrogate + clipped value loss, token means over the action tokens. All inputs [B,T];
     `values` carry the value head's gradient, everything else is a constant. weights [B,T] (optional): Σ w·x
-    replaces both token means (weights normalized over a whole batch, as in grpo_loss)."""
+    replaces both token means (weights normalized over a whole batch, as in grpo_loss).
+
+    Args:
+      logp: [B, T] current policy log-probs.
+      old_logp: [B, T] behaviour (sampler) log-probs.
+      mask: [B, T] 1 on action tokens, 0 elsewhere.
+      advantages: [B, T] per-token advantages (e.g. gae).
+      values: [B, T] current value-head estimates (with gradient).
+      old_values: [B, T] value estimates at sampling time, the centre of the value clip.
+      returns: [B, T] value targets.
+      clip_eps: ε of the ratio clip.
+      value_clip_eps: clip range of values around old_values.
+      vf_coef: weight of the value loss.
+      whiten_advantages: normalize advantages to mean 0, variance 1 over the action tokens.
+      weights: optional [B, T] per-token weights; None = token means.
+
+    Returns:
+      (loss, metrics): scalar loss = pg_loss + vf_coef·vf_loss; metrics "loss", ppo/pg_loss, ppo/vf_loss,
+      clip_fraction.
+    """
     mask = mask.astype(jnp.float32)
     old_logp, old_values, returns, advantages = (
         jax.lax.stop_gradient(x) for x in (old_logp, old_values, returns, advantages)

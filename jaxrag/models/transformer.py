@@ -81,7 +81,16 @@ def param_logical_axes(cfg: ModelConfig) -> Params:
 
 
 def init_params(cfg: ModelConfig, key: jax.Array, std: float = 0.02) -> Params:
-    """Random init: normal(std) for matrices, ones for norms, zeros for biases."""
+    """Random init: normal(std) for matrices, ones for norms, zeros for biases.
+
+    Args:
+      cfg: the model config (shapes, cfg.param_dtype).
+      key: a PRNG key.
+      std: the standard deviation of the matrices.
+
+    Returns:
+      The params pytree (param_shapes' tree, layer weights stacked over L) in cfg.param_dtype.
+    """
     dtype = jnp.dtype(cfg.param_dtype)
 
     def make(name, shape, k):
@@ -555,7 +564,20 @@ def _run_layers(params: Params, x: jax.Array, body, remat: bool = False, scan: b
 def forward_hidden(cfg: ModelConfig, params: Params, tokens, positions=None, segment_ids=None, *, remat=False,
                    tree_exit=None):
     """tokens [B,T] -> final-normed hidden states [B,T,D] in the compute dtype. tree_exit [B,T]: the rows are
-    prefix-tree packs (jaxrag.train.prefix_tree), each token attending to its ancestors (`tree_mask`)."""
+    prefix-tree packs (jaxrag.train.prefix_tree), each token attending to its ancestors (`tree_mask`).
+
+    Args:
+      cfg: the model config.
+      params: the params pytree.
+      tokens: [B, T] int32 token ids.
+      positions: [B, T] int32 RoPE positions; None = 0..T-1 in every row.
+      segment_ids: [B, T] int32 segment ids, 0 = padding; None = one unpadded segment per row.
+      remat: rematerialize each layer in the backward pass (jax.checkpoint).
+      tree_exit: [B, T] int32 DFS interval ends of prefix-tree packs; None = causal, same-segment attention.
+
+    Returns:
+      [B, T, D] final-normed hidden states in cfg.dtype.
+    """
     hidden, _ = _forward_kv(cfg, params, tokens, positions, segment_ids, remat=remat, tree_exit=tree_exit)
     return hidden
 
@@ -582,7 +604,20 @@ def _forward_kv(cfg, params, tokens, positions=None, segment_ids=None, *, remat=
 
 
 def forward(cfg: ModelConfig, params: Params, tokens, positions=None, segment_ids=None, *, return_hidden=False, remat=False):
-    """tokens [B,T] -> float32 logits [B,T,V] (and the final hidden states [B,T,D] if return_hidden)."""
+    """tokens [B,T] -> float32 logits [B,T,V] (and the final hidden states [B,T,D] if return_hidden).
+
+    Args:
+      cfg: the model config.
+      params: the params pytree.
+      tokens: [B, T] int32 token ids.
+      positions: [B, T] int32 RoPE positions; None = 0..T-1 in every row.
+      segment_ids: [B, T] int32 segment ids, 0 = padding; None = one unpadded segment per row.
+      return_hidden: also return the final-normed hidden states.
+      remat: rematerialize each layer in the backward pass (jax.checkpoint).
+
+    Returns:
+      logits [B, T, V] float32, or (logits, hidden [B, T, D]) if return_hidden.
+    """
     hidden = forward_hidden(cfg, params, tokens, positions, segment_ids, remat=remat)
     logits = logits_from_hidden(cfg, params, hidden)
     return (logits, hidden) if return_hidden else logits
@@ -592,7 +627,17 @@ def forward(cfg: ModelConfig, params: Params, tokens, positions=None, segment_id
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict:
     """k/v: tuples of L per-layer buffers [B,K,S,Dh] (head-major: the layout the attention GEMMs read, so decode
     reads each buffer in place and writes one slot of it), valid [B,S] (slot holds a real token), index (next slot
-    to write). dtype: `dtype`, else cfg.cache_dtype, else the compute dtype."""
+    to write). dtype: `dtype`, else cfg.cache_dtype, else the compute dtype.
+
+    Args:
+      cfg: the model config.
+      batch: B, the rows.
+      max_len: S, the cache slots per row.
+      dtype: the k/v dtype; None = cfg.cache_dtype, else cfg.dtype.
+
+    Returns:
+      An empty cache dict: k, v, valid, index (0).
+    """
     dt = jnp.dtype(dtype or cfg.cache_dtype or cfg.dtype)
     shape = (batch, cfg.n_kv_heads, max_len, cfg.head_dim)
     return {
@@ -614,7 +659,17 @@ def forward_cached(cfg: ModelConfig, params: Params, tokens, positions, token_va
     A cache with a "prefix" entry (generate.cascade_cache: k/v tuples [U,K,P,Dh], valid [U,P]) holds rows that
     continue shared prefixes, rows [u*m, (u+1)*m) prefix u: each row attends to its prefix, then to its own slots
     (`attend_shared`); the prefix passes through unchanged.
-    Returns (logits [B,T,V] float32, new cache).
+
+    Args:
+      cfg: the model config.
+      params: the params pytree.
+      tokens: [B, T] int32 new token ids.
+      positions: [B, T] int32 RoPE positions of the new tokens.
+      token_valid: [B, T] bool, False on padding tokens.
+      cache: the cache dict (init_cache, prefill or a previous call).
+
+    Returns:
+      (logits [B, T, V] float32, new cache).
     """
     hidden, cache = forward_cached_hidden(cfg, params, tokens, positions, token_valid, cache)
     return logits_from_hidden(cfg, params, hidden), cache
@@ -661,7 +716,19 @@ def prefill(cfg: ModelConfig, params: Params, tokens, positions, token_valid, ca
 
     Prompts are left-padded; the pass is the full-sequence forward (scan over stacked layers, the fused attention
     path where configured, attention over the T prompt tokens only: padding is segment 0), whose per-layer
-    keys/values are then written at slots [0, T)."""
+    keys/values are then written at slots [0, T).
+
+    Args:
+      cfg: the model config.
+      params: the params pytree.
+      tokens: [B, T] int32 left-padded prompt ids.
+      positions: [B, T] int32 RoPE positions.
+      token_valid: [B, T] bool, False on padding.
+      cache: an empty cache (init_cache) with S >= T slots.
+
+    Returns:
+      (logits [B, V] float32 of the last prompt column, cache with slots [0, T) filled and index T).
+    """
     seg = token_valid.astype(jnp.int32)
     hidden, (k_new, v_new) = _forward_kv(cfg, params, tokens, positions, seg, kv_dtype=cache["k"][0].dtype)
     T = tokens.shape[1]
@@ -674,7 +741,18 @@ def prefill(cfg: ModelConfig, params: Params, tokens, positions, token_valid, ca
 
 
 def decode_step(cfg: ModelConfig, params: Params, token, position, cache):
-    """One token per row: token/position [B] -> (logits [B,V], cache)."""
+    """One token per row: token/position [B] -> (logits [B,V], cache).
+
+    Args:
+      cfg: the model config.
+      params: the params pytree.
+      token: [B] int32 token ids.
+      position: [B] int32 RoPE positions.
+      cache: the cache dict; the token is written at its slot `index`.
+
+    Returns:
+      (logits [B, V] float32, new cache).
+    """
     logits, cache = forward_cached(
         cfg, params, token[:, None], position[:, None], jnp.ones_like(token, bool)[:, None], cache
     )
@@ -688,7 +766,21 @@ def critic_init(cfg: ModelConfig, key: jax.Array) -> Params:
 
 
 def critic_scores(cfg: ModelConfig, params: Params, head: Params, tokens, positions=None, segment_ids=None, read_index=None, *, remat=False):
-    """Scalar score per row read at `read_index[B]` (default: the last column) -> [B] float32."""
+    """Scalar score per row read at `read_index[B]` (default: the last column) -> [B] float32.
+
+    Args:
+      cfg: the model config.
+      params: the backbone params pytree.
+      head: the critic head (critic_init): w [D], b [].
+      tokens: [B, T] int32 token ids.
+      positions: [B, T] int32 RoPE positions; None = 0..T-1.
+      segment_ids: [B, T] int32 segment ids, 0 = padding; None = one unpadded segment per row.
+      read_index: [B] int column whose hidden state is scored; None = T-1.
+      remat: rematerialize each layer in the backward pass.
+
+    Returns:
+      [B] float32 scores.
+    """
     hidden = forward_hidden(cfg, params, tokens, positions, segment_ids, remat=remat).astype(jnp.float32)
     if read_index is None:
         read_index = jnp.full((tokens.shape[0],), tokens.shape[1] - 1)

@@ -278,14 +278,34 @@ def train_rl(
 ) -> RLResult:
     """Online RL of `policy` (a JaxPolicy: cfg, params, tokenizer) on `questions` (QAExample or dicts).
 
-    reward: a spec for jaxrag.supervision.rewards.reward_fn ("em", "arena", {"em": 1, "f1": 0.5}) or a function
-    Episode -> Reward. train_config: the trainer's config (loss "grpo" | "ppo"; see rl_train_config for the keys
-    the RL loop sets). step_rewards (PPO): episodes -> per-step rewards (e.g. a PRM), placed at each action's last
-    token instead of the outcome at the last one. summarizer: the policy of summary generations (default: policy).
-    judge / refiner (rc.group_rollout "smartsearch_refine"): the usefulness judge (optional) and the query refiner
-    (required), jaxrag.supervision.judge_protocol Judges.
-    workdir: checkpoints/, metrics.jsonl, tb/, train_config.json, rl_settings.json, episodes.jsonl; None = no
-    files, no resume. A checkpoint resumes only under its own settings (train.learner.Learner.open).
+    Args:
+      policy: the JaxPolicy to train; its params are replaced by the trainer's after every update.
+      retriever: the live retriever the episodes search.
+      agent: the jaxrag.env.agents Agent that renders prompts and parses actions.
+      questions: the training questions (QAExample or dicts).
+      reward: a spec for jaxrag.supervision.rewards.reward_fn ("em", "arena", {"em": 1, "f1": 0.5}) or a function
+        Episode -> Reward.
+      rc: the RLConfig (steps, group size, rollout, layout, ...).
+      train_config: the trainer's config (loss "grpo" | "ppo"; see rl_train_config for the keys the RL loop sets).
+      workdir: checkpoints/, metrics.jsonl, tb/, train_config.json, rl_settings.json, episodes.jsonl; None = no
+        files, no resume. A checkpoint resumes only under its own settings (train.learner.Learner.open).
+      step_rewards: (PPO) episodes -> per-step rewards (e.g. a PRM), placed at each action's last token instead
+        of the outcome at the last one.
+      summarizer: the policy of summary generations (default: policy).
+      judge: (rc.group_rollout "smartsearch_refine") the optional usefulness judge, a
+        jaxrag.supervision.judge_protocol Judge.
+      refiner: (rc.group_rollout "smartsearch_refine") the required query refiner, a judge_protocol Judge.
+      mesh: optional device mesh; None = built from the train config.
+      resume: resume from workdir's latest checkpoint if there is one.
+      progress: show a progress bar; None = the train config's `progress`.
+
+    Returns:
+      RLResult: the trained params, adapters, PPO value head, RL steps done, the last step's metrics and the
+      metrics of every RL step run in this call.
+
+    Raises:
+      ValueError: if the RL or train config is invalid, a row can exceed the largest seq bucket, a
+        non-"independent" group_rollout runs on several processes, or a resumed checkpoint's settings differ.
     """
     rc.validate()
     tc = rl_train_config(rc, train_config)

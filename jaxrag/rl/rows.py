@@ -49,11 +49,15 @@ from jaxrag.train.batching import bucket_size, pick_bucket
 
 
 class GroupError(ValueError):
+    """The episodes do not form contiguous groups of `group_size` episodes of one question each."""
+
     pass
 
 
 @dataclasses.dataclass
 class Row:
+    """One training row: the prompt ids the sampler saw, then the completion ids and their sampler log-probs."""
+
     episode: int  # index into the step's episode list
     step: int  # index into episode.steps (a merged row: its first step)
     prompt: list[int]
@@ -67,11 +71,22 @@ class Row:
         return len(self.completion) if self.gen_mask is None else int(sum(self.gen_mask))
 
     def completion_mask(self) -> list[int]:
+        """The loss mask over the completion ids: 1 = generated (trained), 0 = observation ids."""
         return [1] * len(self.completion) if self.gen_mask is None else list(self.gen_mask)
 
 
 def action_rows(episodes: Sequence[Episode]) -> list[Row]:
-    """One Row per step with generated ids; a step with generated ids but no prompt ids is an error."""
+    """One Row per step with generated ids; a step with generated ids but no prompt ids is an error.
+
+    Args:
+      episodes: the finished episodes of one RL step.
+
+    Returns:
+      The rows, grouped by episode with steps in order; steps without generated ids give none.
+
+    Raises:
+      ValueError: if a step has generated ids but no prompt ids, or not one log-prob per generated id.
+    """
     rows = []
     for e, ep in enumerate(episodes):
         for s, st in enumerate(ep.steps):
@@ -93,7 +108,14 @@ def merge_turns(rows: Sequence[Row]) -> list[Row]:
     turn's prefix) are masked, every generated id keeps its own sampler log-prob, and its context is token for token
     the one it was sampled under, so the objective is unchanged while each prompt is scored once instead of once per
     action. Where the ids do not continue (an agent that re-renders or shortens its prompt, a tokenization that does
-    not compose), a new row starts. Rows must come grouped by episode, steps in order (as action_rows gives them)."""
+    not compose), a new row starts. Rows must come grouped by episode, steps in order (as action_rows gives them).
+
+    Args:
+      rows: action rows, grouped by episode, steps in order.
+
+    Returns:
+      The rows with continuing turns merged (merged rows carry `gen_mask`).
+    """
     out: list[Row] = []
     for r in rows:
         last = out[-1] if out else None
@@ -111,7 +133,18 @@ def merge_turns(rows: Sequence[Row]) -> list[Row]:
 
 def check_groups(episodes: Sequence[Episode], group_size: int) -> list[str]:
     """The question key of each group; raises GroupError unless the episodes are contiguous groups of exactly
-    `group_size` episodes of one question, each question in one group."""
+    `group_size` episodes of one question, each question in one group.
+
+    Args:
+      episodes: the step's E episodes, groups contiguous.
+      group_size: G, the episodes per question.
+
+    Returns:
+      The E // G group keys (qid, else the question text), in group order.
+
+    Raises:
+      GroupError: if E is not a positive multiple of G, a group mixes questions, or a question spans two groups.
+    """
     n = len(episodes)
     if group_size < 1 or n == 0 or n % group_size:
         raise GroupError(f"{n} episodes do not split into groups of group_size={group_size}")
@@ -134,7 +167,21 @@ def check_groups(episodes: Sequence[Episode], group_size: int) -> list[str]:
 def group_advantages(episodes: Sequence[Episode], rewards: Sequence[float], group_size: int, eps: float = 1e-4,
                      std_ddof: int = 1) -> np.ndarray:
     """A_e = (r_e - mean_g) / (std_g + eps) per group of `group_size` episodes of one question -> [E] float32
-    (jaxrag.losses.group_advantages in float64 on the host, after checking that each group is one question's)."""
+    (jaxrag.losses.group_advantages in float64 on the host, after checking that each group is one question's).
+
+    Args:
+      episodes: the step's E episodes, groups contiguous.
+      rewards: [E] scalar reward of each episode.
+      group_size: G, the episodes per question.
+      eps: added to the group std.
+      std_ddof: delta degrees of freedom of the std (1 unbiased, as TRL; 0 population).
+
+    Returns:
+      [E] float32 numpy advantages.
+
+    Raises:
+      GroupError: as check_groups.
+    """
     check_groups(episodes, group_size)
     return losses.group_advantages(np.asarray(rewards, np.float64), group_size, eps, std_ddof)
 
@@ -142,7 +189,20 @@ def group_advantages(episodes: Sequence[Episode], rewards: Sequence[float], grou
 
 def row_weights(rows: Sequence[Row], aggregation: str, norm_tokens: int, micro: int = 0) -> np.ndarray:
     """Per-row weight w (every action token of the row gets w); see the module docstring. [R] float64.
-    micro > 0 (token_mean only): the token mean within chunks of `micro` consecutive episodes, then their mean."""
+    micro > 0 (token_mean only): the token mean within chunks of `micro` consecutive episodes, then their mean.
+
+    Args:
+      rows: all rows of the update.
+      aggregation: one of GRPO_AGGREGATIONS.
+      norm_tokens: L, the token budget per trajectory (seq_mean_token_sum_norm only).
+      micro: episodes per chunk for chunked token means; 0 = off.
+
+    Returns:
+      [R] float64 weights (empty for no rows).
+
+    Raises:
+      ValueError: if `aggregation` is unknown, micro > 0 without token_mean, or norm_tokens < 1 where it is used.
+    """
     if aggregation not in GRPO_AGGREGATIONS:
         raise ValueError(f"aggregation={aggregation!r} is not one of {GRPO_AGGREGATIONS}")
     if micro and aggregation != "token_mean":
@@ -170,13 +230,34 @@ def row_weights(rows: Sequence[Row], aggregation: str, norm_tokens: int, micro: 
 def row_bucket(n: int, multiple: int) -> int:
     """Rows padded to a power of two up to 8, then to one of 4 sizes per octave (10, 12, 14, 16, 20, 24, 28, 32,
     40, ...: under 25% padding rows, few compiled shapes), then up to a multiple of `multiple` (data x fsdp x
-    grad_accum): jaxrag.train.batching.bucket_size."""
+    grad_accum): jaxrag.train.batching.bucket_size.
+
+    Args:
+      n: the number of rows.
+      multiple: the padded count's required multiple.
+
+    Returns:
+      The padded row count R >= n.
+    """
     return bucket_size(n, multiple)
 
 
 def pack(rows: Sequence[Row], buckets: Sequence[int], pad_id: int = 0, row_multiple: int = 1) -> dict:
     """Rows -> tokens, positions, segment_ids [R,T] int32; loss_mask, old_logp [R,T] float32; row_episode [R]
-    int32 (-1 on padding rows). R = row_bucket(len(rows)), T = the smallest bucket holding the longest row."""
+    int32 (-1 on padding rows). R = row_bucket(len(rows)), T = the smallest bucket holding the longest row.
+
+    Args:
+      rows: the rows to pack, one per batch row.
+      buckets: the allowed padded sequence lengths T.
+      pad_id: the token id of padding.
+      row_multiple: R's required multiple (data x fsdp x grad_accum).
+
+    Returns:
+      A dict of numpy arrays: tokens, positions, segment_ids, loss_mask, old_logp, row_episode.
+
+    Raises:
+      ValueError: if `rows` is empty or the longest row exceeds every bucket.
+    """
     if not rows:
         raise ValueError("no rows: no episode generated any token")
     lengths = [len(r.prompt) + len(r.completion) for r in rows]
@@ -201,7 +282,19 @@ def pack(rows: Sequence[Row], buckets: Sequence[int], pad_id: int = 0, row_multi
 
 def length_groups(rows: Sequence[Row], buckets: Sequence[int], by_length: bool = True) -> list[list[int]]:
     """Row indices of each sub-batch of one update: one per sequence bucket (the smallest holding the row), so a
-    short row is not padded to the longest row of the step; or all rows in one (by_length False)."""
+    short row is not padded to the longest row of the step; or all rows in one (by_length False).
+
+    Args:
+      rows: all rows of the update.
+      buckets: the allowed padded sequence lengths.
+      by_length: split by bucket; False = one group.
+
+    Returns:
+      Lists of row indices, one per group, in increasing bucket order.
+
+    Raises:
+      ValueError: if a row exceeds every bucket.
+    """
     if not by_length:
         return [list(range(len(rows)))]
     groups: dict[int, list[int]] = {}
@@ -214,7 +307,22 @@ def grpo_batches(rows: Sequence[Row], advantages: np.ndarray, aggregation: str, 
                  buckets: Sequence[int], pad_id: int = 0, row_multiple: int = 1, by_length: bool = False,
                  micro: int = 0) -> list[dict]:
     """The device batches of one GRPO update (one per length group): pack() + advantages [R] (the episode's A) +
-    token_weight [R,T], the weights computed over ALL rows of the update, so the groups' gradients sum to it."""
+    token_weight [R,T], the weights computed over ALL rows of the update, so the groups' gradients sum to it.
+
+    Args:
+      rows: all rows of the update.
+      advantages: [E] the advantage of each episode (group_advantages).
+      aggregation, norm_tokens, micro: as row_weights.
+      buckets, pad_id, row_multiple: as pack.
+      by_length: one batch per sequence bucket (length_groups); False = one batch.
+
+    Returns:
+      One dict per length group: pack()'s arrays (without row_episode), advantages [R] float32 and
+      token_weight [R, T] float32.
+
+    Raises:
+      ValueError: as row_weights and pack.
+    """
     w = row_weights(rows, aggregation, norm_tokens, micro)
     out = []
     for idx in length_groups(rows, buckets, by_length):
@@ -233,17 +341,45 @@ def grpo_batches(rows: Sequence[Row], advantages: np.ndarray, aggregation: str, 
 
 def grpo_batch(rows: Sequence[Row], advantages: np.ndarray, aggregation: str, norm_tokens: int,
                buckets: Sequence[int], pad_id: int = 0, row_multiple: int = 1, micro: int = 0) -> dict:
-    """grpo_batches with every row in one batch."""
+    """grpo_batches with every row in one batch.
+
+    Args:
+      rows, advantages, aggregation, norm_tokens, buckets, pad_id, row_multiple, micro: as grpo_batches.
+
+    Returns:
+      The one batch dict of grpo_batches.
+    """
     return grpo_batches(rows, advantages, aggregation, norm_tokens, buckets, pad_id, row_multiple, False, micro)[0]
 
 
 def tree_inputs(rows: Sequence[Row]) -> list[tuple]:
-    """Rows as prefix_tree.pack_tree's (prompt, completion, completion mask) triples: reads at the generated ids."""
+    """Rows as prefix_tree.pack_tree's (prompt, completion, completion mask) triples: reads at the generated ids.
+
+    Args:
+      rows: the rows.
+
+    Returns:
+      One (prompt, completion, gen_mask) tuple per row.
+    """
     return [(r.prompt, r.completion, r.gen_mask) for r in rows]
 
 
 def row_tree(rows: Sequence[Row], buckets: Sequence[int], mcfg, pad_id: int = 0, row_multiple: int = 1) -> PT.Tree:
-    """The rows packed as a prefix tree at the pack length (a bucket) of least work (prefix_tree.best_tree)."""
+    """The rows packed as a prefix tree at the pack length (a bucket) of least work (prefix_tree.best_tree).
+
+    Args:
+      rows: the rows.
+      buckets: the allowed pack lengths.
+      mcfg: the ModelConfig, for the FLOP cost model.
+      pad_id: the token id of padding.
+      row_multiple: the pack count's required multiple.
+
+    Returns:
+      The prefix_tree.Tree.
+
+    Raises:
+      ValueError: if the longest row exceeds every bucket.
+    """
     return PT.best_tree(tree_inputs(rows), buckets, mcfg, pad_id, row_multiple, "RL row")
 
 
@@ -251,7 +387,20 @@ def grpo_tree_batch(rows: Sequence[Row], advantages: np.ndarray, aggregation: st
                     tree: PT.Tree) -> dict:
     """The GRPO update as one prefix-tree batch (jaxrag.train.prefix_tree): the packs [P,L] and, per read [P,M]
     (one per generated id of every row), old_logp, the episode's advantage and the row's aggregation weight: the
-    same objective and gradient as grpo_batches, every shared prefix computed once."""
+    same objective and gradient as grpo_batches, every shared prefix computed once.
+
+    Args:
+      rows: all rows of the update.
+      advantages: [E] the advantage of each episode.
+      aggregation, norm_tokens: as row_weights.
+      tree: row_tree(rows, ...).
+
+    Returns:
+      tree.arrays() plus old_logp, advantages and token_weight [P, M].
+
+    Raises:
+      ValueError: as row_weights.
+    """
     w = row_weights(rows, aggregation, norm_tokens)
     b = tree.arrays()
     b["old_logp"] = tree.scatter([r.logprobs for r in rows])
@@ -262,7 +411,14 @@ def grpo_tree_batch(rows: Sequence[Row], advantages: np.ndarray, aggregation: st
 
 def rows_shapes(rows: Sequence[Row], buckets: Sequence[int], row_multiple: int = 1,
                 by_length: bool = False) -> list[tuple[int, int]]:
-    """The [R, T] shapes grpo_batches / pack give these rows (for the layout's cost model)."""
+    """The [R, T] shapes grpo_batches / pack give these rows (for the layout's cost model).
+
+    Args:
+      rows, buckets, row_multiple, by_length: as grpo_batches.
+
+    Returns:
+      One (R, T) tuple per length group.
+    """
     out = []
     for idx in length_groups(rows, buckets, by_length):
         longest = max(len(rows[i].prompt) + len(rows[i].completion) for i in idx)
@@ -273,7 +429,16 @@ def rows_shapes(rows: Sequence[Row], buckets: Sequence[int], row_multiple: int =
 def token_rewards(rows: Sequence[Row], outcome: Sequence[float],
                   step_rewards: Sequence[Sequence[float]] | None = None) -> list[np.ndarray]:
     """Per-row rewards on the generated ids: the episode's outcome reward at the last generated id of its last row,
-    or (step_rewards[e][s] given) each step's reward at the last generated id of that step's row."""
+    or (step_rewards[e][s] given) each step's reward at the last generated id of that step's row.
+
+    Args:
+      rows: all rows of the update.
+      outcome: [E] the outcome reward of each episode.
+      step_rewards: optional per-episode, per-step rewards (e.g. a PRM's); None = outcome rewards.
+
+    Returns:
+      Per row, a float32 array with one reward per completion id.
+    """
     last_row = {}
     for i, r in enumerate(rows):
         last_row[r.episode] = i
@@ -292,7 +457,17 @@ def trajectory_gae(rows: Sequence[Row], values: Sequence[np.ndarray], rewards: S
                    lam: float) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """GAE over each episode's action tokens in order (rows of one episode concatenated; the value after the
     episode's last action token is 0). values/rewards: per row, one entry per generated id.
-    Returns per-row (advantages, returns = advantages + values)."""
+
+    Args:
+      rows: all rows of the update.
+      values: per row, the value estimate of each completion id.
+      rewards: per row, the reward of each completion id (token_rewards).
+      gamma: γ, the discount.
+      lam: λ, the GAE parameter.
+
+    Returns:
+      Per-row (advantages, returns = advantages + values), lists of float32 arrays.
+    """
     by_ep: dict[int, list[int]] = {}
     for i, r in enumerate(rows):
         by_ep.setdefault(r.episode, []).append(i)
@@ -320,7 +495,22 @@ def ppo_batches(rows: Sequence[Row], groups: Sequence[Sequence[int]], packed: Se
                 step_rewards: Sequence[Sequence[float]] | None, gamma: float, lam: float, whiten: bool) -> list[dict]:
     """The device batches of one PPO update from pack() outputs of the row groups and the value head's estimates
     old_values [R,T] of each (token_values alignment): old_values, advantages, returns [R,T] and token_mean
-    weights over all rows. GAE runs along each trajectory across groups; advantages are whitened over all rows."""
+    weights over all rows. GAE runs along each trajectory across groups; advantages are whitened over all rows.
+
+    Args:
+      rows: all rows of the update.
+      groups: the row indices of each batch (length_groups).
+      packed: pack() of each group.
+      old_values: per group, the value head's [R, T] estimates.
+      outcome, step_rewards: as token_rewards.
+      gamma: γ, the discount.
+      lam: λ, the GAE parameter.
+      whiten: whiten advantages over all rows.
+
+    Returns:
+      One dict per group: pack()'s arrays (without row_episode) plus old_values, advantages, returns and
+      token_weight [R, T] float32.
+    """
     vals: list = [None] * len(rows)
     for idx, ov in zip(groups, old_values):
         for j, i in enumerate(idx):
@@ -347,7 +537,19 @@ def ppo_targets(rows: Sequence[Row], vals: Sequence[np.ndarray], outcome: Sequen
                 step_rewards: Sequence[Sequence[float]] | None, gamma: float, lam: float,
                 whiten: bool) -> tuple[list, list, float]:
     """Per-row advantages and returns from per-row old values (one per generated id): GAE along each trajectory,
-    advantages whitened over all rows; and the action-token count the token_mean weights divide by."""
+    advantages whitened over all rows; and the action-token count the token_mean weights divide by.
+
+    Args:
+      rows: all rows of the update.
+      vals: per row, the old value of each completion id.
+      outcome, step_rewards: as token_rewards.
+      gamma: γ, the discount.
+      lam: λ, the GAE parameter.
+      whiten: whiten advantages over all rows.
+
+    Returns:
+      (advantages, returns, action tokens): per-row arrays, and the count as a float (at least 1).
+    """
     adv, ret = trajectory_gae(rows, vals, token_rewards(rows, outcome, step_rewards), gamma, lam)
     flat = np.concatenate(adv) if adv else np.zeros(0)
     if whiten and flat.size > 1:
@@ -359,7 +561,17 @@ def ppo_targets(rows: Sequence[Row], vals: Sequence[np.ndarray], outcome: Sequen
 def ppo_tree_batch(rows: Sequence[Row], tree: PT.Tree, old_values: np.ndarray, outcome: Sequence[float],
                    step_rewards: Sequence[Sequence[float]] | None, gamma: float, lam: float, whiten: bool) -> dict:
     """The PPO update as one prefix-tree batch: old_values [P,M] the value head at the tree's reads (the score
-    function on tree.arrays()); GAE, whitening and token_mean weights as ppo_batches, placed at the reads."""
+    function on tree.arrays()); GAE, whitening and token_mean weights as ppo_batches, placed at the reads.
+
+    Args:
+      rows: all rows of the update.
+      tree: row_tree(rows, ...).
+      old_values: [P, M] the value head at the tree's reads.
+      outcome, step_rewards, gamma, lam, whiten: as ppo_batches.
+
+    Returns:
+      tree.arrays() plus old_logp, old_values, advantages, returns and token_weight [P, M].
+    """
     vals = tree.gather(np.asarray(old_values, np.float32))
     adv, ret, total = ppo_targets(rows, vals, outcome, step_rewards, gamma, lam, whiten)
     b = tree.arrays()
@@ -373,7 +585,17 @@ def ppo_tree_batch(rows: Sequence[Row], tree: PT.Tree, old_values: np.ndarray, o
 
 def ppo_batch(rows: Sequence[Row], packed: dict, old_values: np.ndarray, outcome: Sequence[float],
               step_rewards: Sequence[Sequence[float]] | None, gamma: float, lam: float, whiten: bool) -> dict:
-    """ppo_batches with every row in one batch."""
+    """ppo_batches with every row in one batch.
+
+    Args:
+      rows: all rows of the update.
+      packed: pack(rows, ...).
+      old_values: [R, T] the value head's estimates.
+      outcome, step_rewards, gamma, lam, whiten: as ppo_batches.
+
+    Returns:
+      The one batch dict of ppo_batches.
+    """
     return ppo_batches(rows, [list(range(len(rows)))], [packed], [old_values], outcome, step_rewards, gamma, lam,
                        whiten)[0]
 
@@ -387,7 +609,25 @@ def group_batch_auto(groups, buckets: Sequence[int], mcfg, mode: str = "auto", p
     per-row batch leaves to the device: the group-normalized advantages (losses.group_advantages, the same formula
     and float32 arithmetic) and the aggregation weights of the per-row batch's loss: a row is a sequence, and
     seq_mean_token_sum_norm's constant is that batch's padded length T (losses._aggregate divides by N·T). Groups
-    without old log-probs train on-policy in both layouts (the objective takes the current log-probs)."""
+    without old log-probs train on-policy in both layouts (the objective takes the current log-probs).
+
+    Args:
+      groups: the train.batching.Group list of the batch.
+      buckets: the allowed padded sequence lengths.
+      mcfg: the ModelConfig, for the layout's cost model.
+      mode: "auto", "rows" or "tree" (prefix_tree.LAYOUTS).
+      pad_id: the token id of padding.
+      pack_multiple: the tree's pack count's required multiple.
+      group_size: G; None = the completions of the first group.
+      adv_eps, std_ddof: as losses.group_advantages.
+      aggregation: one of GRPO_AGGREGATIONS.
+
+    Returns:
+      The batch dict: group_batch's, or the tree batch (grpo_tree_batch; without old_logp when on-policy).
+
+    Raises:
+      ValueError: if `mode` is not a known layout or a row exceeds every bucket.
+    """
     from jaxrag.losses import group_advantages as device_advantages
     from jaxrag.train.batching import group_batch
 

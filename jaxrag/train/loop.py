@@ -34,6 +34,8 @@ from jaxrag.train.learner import Learner
 
 @dataclasses.dataclass
 class FitResult:
+    """What fit() returns: the trained params, LoRA adapters, critic/value head, last step and its metrics."""
+
     params: Any  # the trained policy params (LoRA merged into the base)
     adapters: Any  # LoRA adapters or None
     head: Any  # critic/value head or None
@@ -63,7 +65,31 @@ def fit(
     evaluate: Callable[[Any, int], dict] | None = None,
     eval_every: int = 0,
 ) -> FitResult:
-    """Train on `batches` for train.steps steps (the module doc) -> FitResult."""
+    """Train on `batches` for train.steps steps (the module doc) -> FitResult.
+
+    Args:
+      model_cfg: the ModelConfig of the policy.
+      params: the initial policy params pytree.
+      batches: host numpy batch dicts (jaxrag.train.batching layouts), one per optimizer step; a BatchStream (or
+        anything with `seek(position)`) resumes exactly.
+      loss: the objective's name (e.g. "sft", "dpo", "grpo"), overriding train_config's `loss`.
+      train_config: the trainer's config (dict or ConfigDict), resolved over the defaults.
+      workdir: the run directory (checkpoints/, metrics.jsonl, tb/); None = no files, no resume.
+      head: optional critic/value head params.
+      ref_params: optional frozen reference params (DPO, KL penalties); None = the initial `params`.
+      mesh: optional device mesh; None = built from train_config's `mesh`.
+      resume: resume from workdir's latest checkpoint if there is one.
+      evaluate: optional `(params, step) -> {split: {metric: value}}`, run at step 0, every `eval_every` steps
+        and after the last one.
+      eval_every: steps between evaluations; 0 = only before the first and after the last step.
+
+    Returns:
+      FitResult with the trained params, adapters, head, the last step done and its metrics.
+
+    Raises:
+      ValueError: if the train config is invalid, or ConfigChanged if a checkpoint's settings differ.
+      NonFiniteLoss: if a step's loss is not finite.
+    """
     tc = tconfig.resolve(train_config)
     if loss is not None:
         with tc.unlocked():
