@@ -140,21 +140,22 @@ def plot(res: dict, path, split: str = "test") -> None:
     """Per metric two panels: each system's mean against p, and each comparison's effect against p (intervals as
     error bars, 0 marked)."""
     metrics = list(dict.fromkeys(r["metric"] for r in res["rows"]))
+    color = {system: f"C{i}" for i, system in enumerate(dict.fromkeys(r["system"] for r in res["rows"]))}
     fig, axes = plt.subplots(len(metrics), 2, figsize=(12, 4 * len(metrics)), squeeze=False)
     for (left, right), metric in zip(axes, metrics):
         rows = [r for r in res["rows"] if r["metric"] == metric and r["split"] == split]
-        for i, system in enumerate(dict.fromkeys(r["system"] for r in rows)):
+        for system in dict.fromkeys(r["system"] for r in rows):
             rs = [r for r in rows if r["system"] == system]
             left.errorbar([r["dose"] for r in rs], [r["mean"] for r in rs],
                           yerr=[[r["mean"] - r["lo"] for r in rs], [r["hi"] - r["mean"] for r in rs]],
-                          fmt="o-", capsize=3, label=system, color=f"C{i}")
+                          fmt="o-", capsize=3, label=system, color=color[system])
         left.set(xlabel=f"p ({knob})", ylabel=metric, title=f"{metric} per system ({split})")
         ds = [d for d in res["comparisons"] if d["metric"] == metric and d["split"] == split]
-        for i, label in enumerate(dict.fromkeys(f"{d['a']} - {d['b']}" for d in ds)):
+        for label in dict.fromkeys(f"{d['a']} - {d['b']}" for d in ds):   # in the color of its system a
             dd = [d for d in ds if f"{d['a']} - {d['b']}" == label]
             right.errorbar([d["dose"] for d in dd], [d["diff"] for d in dd],
                            yerr=[[d["diff"] - d["lo"] for d in dd], [d["hi"] - d["diff"] for d in dd]],
-                           fmt="o-", capsize=3, label=label, color=f"C{i}")
+                           fmt="o-", capsize=3, label=label, color=color.get(dd[0]["a"], "k"))
         right.axhline(0, color="k", lw=0.8)
         right.set(xlabel=f"p ({knob})", ylabel=f"{metric} difference",
                   title=f"paired effect on {metric} ({split}), variance-components interval")
