@@ -39,7 +39,8 @@ def test_a_variant_is_its_base_with_the_overrides_run_evaluated_and_paired():
     assert c.dpo_ipo.to_dict() == want
     assert c.eval.systems[-1] == {**[s for s in c.eval.systems if s["name"] == "dpo"][0], "name": "dpo_ipo",
                                   "model": "dpo_ipo"}
-    assert c.study_pairs == [{"a": "dpo_ipo", "b": "dpo", "label": "dpo_ipo vs dpo (variant of dpo)"}]
+    assert c.study_pairs[-1] == {"a": "dpo_ipo", "b": "dpo", "label": "dpo_ipo vs dpo (variant of dpo)"}
+    assert [(p["a"], p["b"]) for p in c.study_pairs[:-1]] == [("grpo_f1_penalty", "grpo")]   # the demo's own
     # no other stage's settings move (study_pairs is result-neutral), except the eval stage that now runs it
     changed = [s for s in base_settings if stage_settings(c, s) != base_settings[s]]
     assert changed == ["eval"]
@@ -76,7 +77,7 @@ def test_the_seeds_study_pairs_a_variant_with_its_base(tmp_path):
     (run / "config.json").write_text(json.dumps({"config": c.to_dict()}))
     study = SimpleNamespace(comparisons=[{"a": "dpo", "b": "sft_react", "label": "DPO vs SFT"}])
     got = comparisons_of(study, [{"workdir": str(run)}])
-    assert [(x["a"], x["b"]) for x in got] == [("dpo", "sft_react"), ("dpo_ipo", "dpo")]
+    assert [(x["a"], x["b"]) for x in got] == [("dpo", "sft_react"), ("grpo_f1_penalty", "grpo"), ("dpo_ipo", "dpo")]
 
 
 def test_a_variant_stage_trains_beside_its_base(synthetic_run, tmp_path):
