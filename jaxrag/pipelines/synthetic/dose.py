@@ -26,7 +26,7 @@ import numpy as np
 from jaxrag.evaluate import describe_difference, paired_components
 from jaxrag.pipelines.common import config_fail, log, stage_dir, write_json
 from jaxrag.pipelines.synthetic.report import plt, save_figure
-from jaxrag.pipelines.synthetic.seeds import METRICS, launch, score_matrix, seed_scores
+from jaxrag.pipelines.synthetic.seeds import METRICS, check_study, launch, score_matrix, seed_scores
 from jaxrag.train.distributed import lead_only
 
 
@@ -181,18 +181,4 @@ def dose_study_stage(config, workdir, name) -> None:
             log(name, f"p {d['dose']:g}, {d['metric']}: {d['text']}")
 
 
-def check_dose_study(config, name: str) -> None:
-    s = config[name]
-    if s.runs not in config.stages or config.stages.index(s.runs) >= config.stages.index(name):
-        config_fail(f"{name}.runs", f"{s.runs!r} is not a stage before {name!r}")
-    for i, c in enumerate(s.comparisons):
-        if set(c) != {"a", "b", "label"}:
-            config_fail(f"{name}.comparisons[{i}]", f"{dict(c)}: needs exactly a, b, label")
-    for m in s.metrics:
-        if m not in METRICS:
-            config_fail(f"{name}.metrics", f"{m!r}: one of {', '.join(METRICS)}")
-    if not 0 < float(s.level) < 1:
-        config_fail(f"{name}.level", f"{s.level}: a coverage in (0, 1)")
-
-
-dose_study_stage.check_config = check_dose_study
+dose_study_stage.check_config = check_study   # the seeds study's: runs, comparisons, metrics, level
