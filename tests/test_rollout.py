@@ -32,6 +32,10 @@ def test_batched_engine_counts_and_order():
     assert all(len(q) <= 3 for q, _ in ret.calls) and sum(len(q) for q, _ in ret.calls) == 14
     assert pol.calls[0]["stop"] == ["\n"]
     assert stats["host_s"] >= 0 and stats["generate_s"] > 0
+    # episode_reward=False: the caller (the RL loop) owns ep.reward; the answer step still carries its reward
+    eps = rollout(ScriptedPolicy(react_by_searches), OverlapRetriever(PASSAGES), get_agent("react", mode="plain"),
+                  EXAMPLES[:2], RolloutConfig(k=2, batch_size=3, episode_reward=False))
+    assert all(e.reward == 0.0 and e.steps[-1].reward == 1.0 and e.done == "answer" for e in eps)
 
 
 def test_refill_keeps_the_batch_full():

@@ -35,6 +35,7 @@ class RolloutConfig:
     summary_max_new_tokens: int = 256
     summary_temperature: float = 0.0
     reward: str = "auto"             # em | f1 | cem | acc | auto (acc for multiple choice, else f1)
+    episode_reward: bool = True      # ep.reward = the answer step's reward; False: the caller owns ep.reward (RL)
     max_invalid: int = 1             # episode ends after this many Invalid actions
     seed: int = 0
     progress: bool = False
@@ -242,7 +243,8 @@ def _apply(ep: Episode, step: Step, cfg: RolloutConfig) -> bool:
     if kind == ANSWER:
         ep.answer = step.action.text
         step.reward = answer_reward(ep.answer, ep.gold, cfg.reward, ep.choices)
-        ep.reward = step.reward
+        if cfg.episode_reward:
+            ep.reward = step.reward
         _finish(ep, cfg, "answer")
     elif kind == INVALID and ep.num_invalid >= cfg.max_invalid:
         _finish(ep, cfg, "invalid")

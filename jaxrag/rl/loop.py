@@ -350,7 +350,8 @@ def train_rl(
                                  batch_size=rc.rollout_batch or len(questions_t) * rc.group_size,
                                  n_candidates=1, temperature=rc.temperature, max_new_tokens=rc.max_new_tokens,
                                  summary_max_new_tokens=rc.summary_max_new_tokens, max_invalid=rc.max_invalid,
-                                 seed=rollout_seed(rc.seed, step), continuous=rc.continuous)
+                                 seed=rollout_seed(rc.seed, step), continuous=rc.continuous,
+                                 episode_reward=False)   # score_episodes writes ep.reward: the RL reward
             stats: dict = {}
             episodes, rewards, reward_s, steps_r = sample_and_score(sampler, questions_t, rc, rcfg, score_reward,
                                                                     stats, step_rewards)
