@@ -11,10 +11,10 @@ from scipy import stats as scipy_stats
 
 from jaxrag.data.synthetic import teacher as T
 from jaxrag.env.agents import get_agent
-from jaxrag.env.mdp import ANSWER, QUERY, Action, Doc, Step
+from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Action, Doc, Step
 from jaxrag.supervision import credit_audit as CA
 from jaxrag.supervision.records import ProcessRecord, ScoredCandidate, read_records
-from jaxrag.testing import completion, cut_at_stop
+from jaxrag.testing import ScriptedPolicy, completion, cut_at_stop
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -279,6 +279,11 @@ def test_signals_compute_as_their_own_stages(audit_run):
         return [[c.score for c in r.candidates] for r in read_records(path)]
 
     assert CA.oracle_signal(ctx, recs) == scores(agree / "records_oracle.jsonl")
+    # RAG-Gym's ranking annotator over the same labels: 1/(1+rank), equal labels ranked apart by candidate order
+    for rec, ranked in zip(recs, CA.oracle_rank_signal(ctx, recs)):
+        labels = [c.score for c in rec.candidates]
+        order = sorted(range(len(labels)), key=lambda i: (rec.candidates[i].action.kind == INVALID, -labels[i], i))
+        assert ranked == [1.0 / (1 + order.index(i)) for i in range(len(labels))]
     assert CA.rollout_signal(ctx, recs) == scores(agree / "records_rollout.jsonl")
     np.testing.assert_allclose(np.concatenate(CA.critic_signal(ctx, recs)),
                                np.concatenate(scores(workdir / "agreement" / "records_critic.jsonl")), rtol=1e-5,
@@ -401,7 +406,9 @@ def test_the_stage_reports_what_its_files_hold(audit_run):
     views = CA.replay_views(truth, s.z)
     assert res["resolved_pairs"] == sum(len(v.pairs) for v in views) and res["pairs"] == sum(v.n_pairs for v in views)
     assert set(res["signals"]) == set(s.signals)
-    for name in s.signals:
+    assert res["signals"]["llm_rank"] == {"unavailable": "no LLM judge configured (an HTTP endpoint or a local "
+                                                         "checkpoint)"}   # the tiny preset names none
+    for name in [n for n in s.signals if n != "llm_rank"]:
         got = res["signals"][name]["replay"]
         want = CA.score_signal(views, CA.on_distinct(truth, [row[name] for row in sig]), n_boot=s.bootstrap,
                                seed=config.seed + 13)
@@ -411,6 +418,31 @@ def test_the_stage_reports_what_its_files_hold(audit_run):
     text = (out / "results.md").read_text()
     assert all(f"| {name} |" in text for name in s.signals)
     assert (out / "credit_audit.png").stat().st_size > 0
+
+
+def test_llm_rank_is_a_judges_ranking_and_says_what_it_could_not_score():
+    """llm_rank sends each state's candidates to the judge with RAG-Gym's ranking prompt and scores 1/(1+rank); a
+    state whose reply does not parse scores None and is counted; a judge that parses nowhere makes the signal
+    unavailable with the reason, not a row of n/a."""
+    from jaxrag.supervision.judges import LocalJudge
+
+    recs = [_record([_cand(QUERY, "capital of france"), _cand(ANSWER, "paris")], qid="a"),
+            _record([_cand(QUERY, "who founded x"), _cand(QUERY, "x founder"), _cand(ANSWER, "bob")], qid="b")]
+
+    def respond(prompt, j):
+        return "no idea" if "founded" in prompt else '```json{"ranked_indices": [1, 0]}```'
+
+    pol = ScriptedPolicy(respond)
+    ctx = CA.AuditContext(None, None, None, CA.AuditConfig(), llm_judge=LocalJudge(pol, name="scripted",
+                                                                                   max_retries=0))
+    got = CA.run_signal("llm_rank", ctx, recs)
+    assert got["values"] == [[0.5, 1.0], [None, None, None]]
+    assert (got["judge"], got["failed_states"], got["policy_calls"]) == ("scripted", 1, 1)
+    assert "capital of france" in pol.calls[0]["prompts"][0] and "ranked_indices" in pol.calls[0]["prompts"][0]
+    ctx = CA.AuditContext(None, None, None, CA.AuditConfig(), llm_judge=LocalJudge(
+        ScriptedPolicy(lambda p, j: "no idea"), name="mute", max_retries=0))
+    got = CA.run_signal("llm_rank", ctx, recs)
+    assert "unavailable" in got and got["unavailable"].startswith("judge mute scored none of 2 states (2 of 2")
 
 
 def test_a_signal_is_named_by_the_table_or_by_module_and_function(tmp_path, monkeypatch):
@@ -441,4 +473,7 @@ def test_a_signal_is_named_by_the_table_or_by_module_and_function(tmp_path, monk
         check_audit(config, "credit_audit")
     config.credit_audit.mcts_rollouts, config.credit_audit.mcts.search.alpha = 1, 0.0
     with pytest.raises(ValueError, match=r"config.credit_audit.mcts: MCTSConfig.alpha: must be in \(0, 1\]"):
+        check_audit(config, "credit_audit")
+    config.credit_audit.mcts.search.alpha, config.credit_audit.llm_judge.policy = 0.5, "stf"
+    with pytest.raises(ValueError, match=r"config.credit_audit.llm_judge.policy: 'stf' is not a stage of this config"):
         check_audit(config, "credit_audit")

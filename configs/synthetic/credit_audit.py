@@ -36,7 +36,12 @@ def get_config(preset: str = "demo"):
         split="dev", max_questions=200, states=150, n_candidates=sup.n_candidates, temperature=sup.temperature,
         teacher=True, oracle=True, m=16, replay_temperature=sup.temperature, max_steps=sup.max_steps,
         max_new_tokens=sup.max_new_tokens, batch_size=128, rollout_from="supervision", z=1.96, bootstrap=1000,
-        signals=["oracle", "rollout", "critic", "smartsearch", "mcts", "logprob", "confidence", "random"],
+        signals=["oracle", "oracle_rank", "llm_rank", "rollout", "critic", "smartsearch", "mcts", "logprob",
+                 "confidence", "random"],
+        # llm_rank's judge: the supervision section's http_judge where it names an endpoint (an LLM), else the
+        # checkpoint of llm_judge.policy ranking with RAG-Gym's prompt; "" = none (the synthetic policy's context,
+        # 272 tokens, cannot hold that prompt, ~1,700 tokens: its replies never parse)
+        llm_judge=dict(policy="", max_new_tokens=48),
         # the mcts signal searches as findings.py's mcts stage does (its search settings, temperature, tokens and
         # batch), from each state with its candidates as the root's children, to mcts_rollouts simulations per
         # distinct candidate: the rollout signal's M continuations per candidate, at comparable compute

@@ -24,9 +24,15 @@ import numpy as np
 from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Episode, State, Step, answer_reward
 from jaxrag.env.parsing import canon
 from jaxrag.env.rollout import Candidate, RolloutConfig, rollout, select_first_valid
+from jaxrag.losses import token_logprobs
+from jaxrag.models.transformer import forward
+from jaxrag.stage_fn import resolve_attr
+from jaxrag.supervision import smartsearch as SS
+from jaxrag.supervision.critic import score_records
+from jaxrag.supervision.judges import judge_records
 from jaxrag.supervision.mcts import MCTSConfig, expand_with, pair_value, run_mcts
 from jaxrag.supervision.mcts_env import PolicyTreeEnv
-from jaxrag.supervision.records import ProcessRecord, ScoredCandidate
+from jaxrag.supervision.records import ProcessRecord, ScoredCandidate, failures_line, judge_failures
 from jaxrag.supervision.rollout_values import RolloutValueConfig, rollout_values
 
 
@@ -140,6 +146,7 @@ class AuditContext:
     agent: object
     cfg: AuditConfig
     judge: object = None  # the world's oracle (step labels; SmartSearch's usefulness)
+    llm_judge: object = None  # an LLM judge (HttpJudge or LocalJudge) ranking candidates with RAG-Gym's prompt
     critic: object = None  # a CriticScorer (the Bradley–Terry critic, the PRM of best-of-N)
     rollout: RolloutValueConfig | None = None  # the supervision stage's rollout-value settings
     mcts: MCTSSignalConfig | None = None  # the mcts stage's search settings and the audit's budget
@@ -178,9 +185,33 @@ def oracle_signal(ctx: AuditContext, records):
     """The world's step label (the supervision stage's annotator: 0/1 from the gold chain)."""
     if ctx.judge is None:
         raise Unavailable("no oracle judge")
-    from jaxrag.supervision.judges import judge_records
-
     return _scores(judge_records(ctx.judge, records, kind="step_score"))
+
+
+@signal("oracle_rank")
+def oracle_rank_signal(ctx: AuditContext, records):
+    """RAG-Gym's ranking annotator over the oracle's labels: one ranking of a state's candidates, score 1/(1+rank),
+    so candidates the oracle labels alike are still ranked apart (ties by candidate order)."""
+    if ctx.judge is None:
+        raise Unavailable("no oracle judge")
+    return _scores(judge_records(ctx.judge, records, kind="rank"))
+
+
+@signal("llm_rank")
+def llm_rank_signal(ctx: AuditContext, records):
+    """RAG-Gym's ranking annotator with an LLM judge (its prompt, one ranking per state, score 1/(1+rank)): an
+    HTTP endpoint where configured, else a local checkpoint. A state whose reply does not parse scores None."""
+    if ctx.llm_judge is None:
+        raise Unavailable("no LLM judge configured (an HTTP endpoint or a local checkpoint)")
+    calls0 = getattr(ctx.llm_judge, "generate_calls", 0)
+    out = judge_records(ctx.llm_judge, records, kind="rank")
+    fails = judge_failures(out)
+    name = getattr(ctx.llm_judge, "name", "")
+    if records and fails["failed_states"] == len(records):
+        raise Unavailable(f"judge {name} scored none of {len(records)} states ({failures_line(fails)})")
+    ctx.cost["llm_rank"] = {"policy_calls": getattr(ctx.llm_judge, "generate_calls", 0) - calls0,
+                            "judge": name, "failed_states": fails["failed_states"]}
+    return _scores(out)
 
 
 @signal("rollout")
@@ -199,8 +230,6 @@ def critic_signal(ctx: AuditContext, records):
     """The Bradley–Terry critic's score (the PRM that guides best-of-N), on each record's prompt."""
     if ctx.critic is None:
         raise Unavailable("no critic")
-    from jaxrag.supervision.critic import score_records
-
     return _scores(score_records(ctx.critic, records))
 
 
@@ -315,8 +344,6 @@ def smartsearch_signal(ctx: AuditContext, records):
     """SmartSearch's step credit S_t = novel and useful (usefulness from the oracle) of a query; None for answers."""
     if ctx.judge is None:
         raise Unavailable("no usefulness judge")
-    from jaxrag.supervision import smartsearch as SS
-
     where = [(r, c) for r, rec in enumerate(records) for c, cand in enumerate(rec.candidates)
              if cand.action.kind == QUERY]
     hits = ctx.retriever.search([records[r].candidates[c].action.text for r, c in where], ctx.cfg.k) if where else []
@@ -339,9 +366,6 @@ def teacher_forced_logprobs(policy, records: Sequence[ProcessRecord], max_new_to
     encodes prompts for sampling; a candidate without token ids (a teacher's or oracle's action) is tokenized from
     its text. Rows are padded to powers of two in length (few compiled shapes)."""
     import jax
-
-    from jaxrag.losses import token_logprobs
-    from jaxrag.models.transformer import forward
 
     seqs, spans = [], []
     for rec in records:
@@ -373,8 +397,6 @@ def teacher_forced_logprobs(policy, records: Sequence[ProcessRecord], max_new_to
 def get_signal(name: str, where: str = "credit_audit.signals") -> Signal:
     """A signal of the table by name, or any function named "module.path:function" (a signal outside the package)."""
     if ":" in name:
-        from jaxrag.stage_fn import resolve_attr
-
         return resolve_attr(name, where, "signal function")
     if name not in SIGNALS:
         raise ValueError(f"{where}: unknown signal {name!r} (known: {', '.join(sorted(SIGNALS))}, or "

@@ -98,7 +98,25 @@ def audit_context(config, workdir, name, policy, retriever, agent, cfg):
                                   max_new_tokens=sup.max_new_tokens, seed=config.seed + 2) if sup.rollout_m else None)
     mcts = mcts_settings(s, config.seed) if s.get("mcts") else None
     return AuditContext(policy, retriever, agent, cfg, judge=get_judge("oracle", retriever=retriever, k=k),
-                        critic=critic, rollout=rollout, mcts=mcts)
+                        llm_judge=llm_judge(config, workdir, name, policy), critic=critic, rollout=rollout, mcts=mcts)
+
+
+def llm_judge(config, workdir, name, policy):
+    """The llm_rank signal's judge: the rollout_from section's http_judge where it names an endpoint (as the
+    supervision stage ranks its agreement states), else `llm_judge.policy`'s checkpoint through LocalJudge (greedy,
+    `llm_judge.max_new_tokens`; the audited policy when it is the same stage); None when neither is set."""
+    from jaxrag.supervision.judges import LocalJudge, get_judge
+
+    s = config[name]
+    http = config[s.rollout_from].get("http_judge") or {}
+    if http.get("base_url"):
+        return get_judge("http", base_url=http["base_url"], model=http["model"])
+    lj = s.get("llm_judge")
+    if not lj or not lj.get("policy"):
+        return None
+    jp = policy if lj.policy == s.policy else stage_policy(workdir, lj.policy, load_tokenizer(workdir),
+                                                           config.get("sampler"))
+    return LocalJudge(jp, name=f"local:{lj.policy}", max_new_tokens=int(lj.max_new_tokens), seed=config.seed + 17)
 
 
 def mcts_settings(s, seed: int):
@@ -194,7 +212,7 @@ def audit_results(truth: list, signals: dict, cfg, replay_stats: dict, **counts)
         vals = CA.on_distinct(truth, sig["values"])
         row = {"replay": CA.score_signal(views, vals, n_boot=cfg.bootstrap, seed=cfg.seed),
                "seconds_per_state": sig["seconds"] / n_states, "policy_calls": sig["policy_calls"],
-               **({"sampled_actions": sig["sampled_actions"]} if "sampled_actions" in sig else {})}
+               **{k: v for k, v in sig.items() if k in ("sampled_actions", "judge", "failed_states")}}
         if oracle_views is not None and name != "oracle":
             row["oracle"] = CA.score_signal(oracle_views, vals, n_boot=cfg.bootstrap, seed=cfg.seed,
                                             breakdown=("decision",))
@@ -250,6 +268,10 @@ def results_markdown(res: dict) -> str:
         lines.append(f"| {name} | {_ci(r, 'accuracy')} | {r['pairs']} | {_ci(r, 'auroc')} | {_ci(r, 'spearman')} | "
                      f"{_ci(o, 'accuracy') if o else '(itself)'} | {row['seconds_per_state']:.3f} | "
                      f"{row['policy_calls']} |")
+    notes = [f"{name}: judge {row.get('judge') or '?'}, {row['failed_states']} of {res['states']} states unscored "
+             "(reply did not parse)" for name, row in res["signals"].items() if row.get("failed_states")]
+    if notes:
+        lines += [""] + [f"- {n}" for n in notes]
     for dim, title in (("decision", "decision kind (the pair's two actions)"), ("type", "question type"),
                        ("hops", "hops"), ("state", "state kind (oracle: every hop found = answer)")):
         groups = sorted({g for row in res["signals"].values() if "replay" in row for g in row["replay"]["by"][dim]})
@@ -323,6 +345,10 @@ def check_audit(config, name: str) -> None:
             mcts_settings(s, config.seed)
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             config_fail(f"{name}.mcts", f"{e} (see configs/synthetic/credit_audit.py)")
+    lj = s.get("llm_judge")
+    if lj and lj.get("policy") and lj.policy not in config:
+        config_fail(f"{name}.llm_judge.policy", f"{lj.policy!r} is not a stage of this config (a stage whose "
+                                                "checkpoint judges, e.g. 'sft'; '' for none)")
     src = config.get(s.rollout_from)
     if src is None or "rollout_m" not in src:
         config_fail(f"{name}.rollout_from", f"{s.rollout_from!r} is not a section with rollout_m (the supervision "
