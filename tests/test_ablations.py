@@ -28,11 +28,11 @@ CFG = ModelConfig(model_type="llama", vocab_size=64, d_model=32, n_layers=2, n_h
 
 
 def recipe(which: int = 0) -> str:
-    """The doc's python blocks: 0 the SimPO loss (my_losses.py), 1 the KTO loss (my_kto.py), 2 the variant config
-    (my_ablation.py)."""
+    """The doc's python blocks: 0 the SimPO loss (my_losses.py), 1 the KTO loss on pairs (my_kto.py), 2 the variant
+    config (my_ablation.py), 3 KTO on labelled completions (my_kto_unpaired.py)."""
     text = (ROOT / "docs" / "ablations.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     return blocks[which]
 
 
@@ -40,11 +40,12 @@ def recipe(which: int = 0) -> str:
 def my_losses(tmp_path, monkeypatch):
     (tmp_path / "my_losses.py").write_text(recipe(0))
     (tmp_path / "my_kto.py").write_text(recipe(1))
+    (tmp_path / "my_kto_unpaired.py").write_text(recipe(3))
     monkeypatch.syspath_prepend(str(tmp_path))
-    for m in ("my_losses", "my_kto"):
+    for m in ("my_losses", "my_kto", "my_kto_unpaired"):
         sys.modules.pop(m, None)
     yield tmp_path
-    for m in ("my_losses", "my_kto"):
+    for m in ("my_losses", "my_kto", "my_kto_unpaired"):
         sys.modules.pop(m, None)
 
 
@@ -142,6 +143,52 @@ def test_kto_trains_alike_on_flat_pairs_and_their_prefix_tree(my_losses):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
 
 
+def test_unpaired_kto_is_its_formula_on_labelled_rows(my_losses):
+    """The labeled layout: rows of unequal length with a label each; the loss is KTO's per-row formula with the
+    batch's mean implied reward as the reference point, from the model's logits by hand; its gradients equal those
+    of two microbatches (grad_accum 2) only up to z, so the check is on one batch."""
+    from jaxrag.train.batching import LabeledExample, labeled_batch
+
+    tc = tconfig.resolve({"loss": "my_kto_unpaired:kto", "batch_size": 5,
+                          "loss_opts": {"beta": 0.5, "desirable_weight": 1.5}})
+    obj = objectives.objective(tc)
+    assert obj.needs_ref(tc) and obj.layout == "labeled"
+    rng = np.random.default_rng(2)
+    rows = [LabeledExample(list(rng.integers(3, 64, 8)), list(rng.integers(3, 64, int(rng.integers(1, 7)))), lab)
+            for lab in (1.0, 0.0, 1.0, 1.0, 0.0)]
+    policy, ref = (init_params(CFG, jax.random.PRNGKey(i), std=0.3) for i in (0, 1))
+    batch = labeled_batch(rows, (32,))
+    assert batch["labels"].tolist() == [1.0, 0.0, 1.0, 1.0, 0.0] and batch["tokens"].shape == (5, 32)
+    loss, m = objectives.make_loss_fn(CFG, tc)({"model": policy}, {"ref": ref}, batch, jax.random.PRNGKey(0))
+
+    def logp(params, e):
+        tokens = jnp.asarray([e.prompt + e.completion])
+        lp = jax.nn.log_softmax(tf.forward(CFG, params, tokens)[0][:-1].astype(jnp.float32), axis=-1)
+        return float(lp[jnp.arange(tokens.shape[1] - 1), tokens[0, 1:]][len(e.prompt) - 1:].sum())
+
+    r = np.array([logp(policy, e) - logp(ref, e) for e in rows])
+    z = max(0.0, r.mean())
+    sig = lambda x: 1 / (1 + np.exp(-x))
+    lab = np.array([e.label for e in rows])
+    want = np.mean(lab * 1.5 * (1 - sig(0.5 * (r - z))) + (1 - lab) * (1 - sig(0.5 * (z - r))))
+    np.testing.assert_allclose(float(loss), want, rtol=1e-4)
+    np.testing.assert_allclose(float(m["kto/z"]), z, rtol=1e-4, atol=1e-6)
+    assert float(m["kto/desirable_share"]) == pytest.approx(0.6)
+
+
+def test_labeled_records_are_read_and_bad_labels_named(tmp_path):
+    from jaxrag.pipelines.train import DataError, load_examples
+
+    f = tmp_path / "l.jsonl"
+    f.write_text('{"prompt_ids": [1, 5], "completion_ids": [7], "label": true}\n'
+                 '{"prompt_ids": [1, 6], "completion_ids": [8, 9], "label": 0}\n')
+    ex = load_examples("labeled", f)
+    assert [(e.prompt, e.completion, e.label) for e in ex] == [([1, 5], [7], 1.0), ([1, 6], [8, 9], 0.0)]
+    f.write_text('{"prompt_ids": [1, 5], "completion_ids": [7], "label": "good"}\n')
+    with pytest.raises(DataError, match=r"l.jsonl:1: 'label' must be true / false \(or 1 / 0\), got 'good'"):
+        load_examples("labeled", f)
+
+
 def test_bad_loss_names_are_one_line():
     with pytest.raises(ValueError, match=r"train config: loss: 'dpoo' is not one of \('sft', 'dpo', 'bt', 'grpo', "
                                          r"'ppo'\) or 'module.path:attribute'"):
@@ -152,12 +199,14 @@ def test_bad_loss_names_are_one_line():
         tconfig.resolve({"loss": "jaxrag.losses:dpo_loss"})
 
 
-@pytest.mark.parametrize("loss,metric", [("my_losses:simpo", "simpo/margin"), ("my_kto:kto", "kto/z")])
-def test_one_config_line_trains_it_in_train_dpo(my_losses, tmp_path, loss, metric):
+@pytest.mark.parametrize("loss,metric,flags", [("my_losses:simpo", "simpo/margin", []), ("my_kto:kto", "kto/z", []),
+                                               ("my_kto_unpaired:kto", "kto/desirable_share",
+                                                ["--config.dpo.data=data/labeled.jsonl"])])
+def test_one_config_line_trains_it_in_train_dpo(my_losses, tmp_path, loss, metric, flags):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([str(ROOT), str(my_losses)])}
     wd = tmp_path / "wd"
     r = subprocess.run([sys.executable, "-m", "jaxrag.main", "--config=configs/train_dpo.py", f"--workdir={wd}",
-                        f"--config.dpo.train.loss={loss}"], cwd=ROOT, env=env, capture_output=True,
+                        f"--config.dpo.train.loss={loss}", *flags], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     from jaxrag.train.metrics_log import read_metrics

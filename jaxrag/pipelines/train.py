@@ -18,6 +18,8 @@ Outputs: workdir/<name>/{checkpoints/, metrics.jsonl, tb/, train_config.json, mo
 
 JSONL records (ids or text):
   sft   {"prompt_ids": [...], "completion_ids": [...]}              | {"prompt": str, "completion": str}
+  labeled {"prompt_ids", "completion_ids", "label"}                 | {"prompt", "completion", "label"}
+        (label: true / false or 1 / 0: desirable or not; KTO on completions without a partner)
   pairs {"prompt_ids", "chosen_ids", "rejected_ids"}                | {"prompt", "chosen", "rejected"}
   group {"prompt_ids", "completions_ids": [[...]], "rewards": [...]} | {"prompt", "completions": [str], "rewards"}
 """
@@ -37,7 +39,8 @@ from jaxrag.models.hf import stored_dtype
 from jaxrag.pipelines.common import load_checkpoint, model_dir, resolve, save_checkpoint, write_json
 from jaxrag.rl.rows import group_batch_auto
 from jaxrag.train import config as tconfig
-from jaxrag.train.batching import BatchStream, Group, PreferencePair, SFTExample, group_batch, pair_batch, sft_batch
+from jaxrag.train.batching import (BatchStream, Group, LabeledExample, PreferencePair, SFTExample, group_batch,
+                                   labeled_batch, pair_batch, sft_batch)
 from jaxrag.train.distributed import barrier, is_lead
 from jaxrag.train.loop import fit, save_summary
 from jaxrag.train import objectives
@@ -76,6 +79,12 @@ def load_examples(kind: str, path: Path, tok=None, vocab_size: int | None = None
     for where, rec in _records(path):
         if kind == "sft":
             ex = SFTExample(_ids(rec, "prompt", where, tok), _ids(rec, "completion", where, tok))
+            ids = ex.prompt + ex.completion
+        elif kind == "labeled":
+            label = rec.get("label")
+            if label not in (True, False, 0, 1):
+                raise DataError(f"{where}: 'label' must be true / false (or 1 / 0), got {label!r}")
+            ex = LabeledExample(_ids(rec, "prompt", where, tok), _ids(rec, "completion", where, tok), float(label))
             ids = ex.prompt + ex.completion
         elif kind == "pairs":
             ex = PreferencePair(*(_ids(rec, k, where, tok) for k in ("prompt", "chosen", "rejected")))
@@ -124,7 +133,8 @@ def _tokenizer(config, stage, workdir):
 
 
 # The JSONL record kind and batch maker of each batch layout of the loss table (jaxrag.train.objectives).
-LAYOUTS = {"sft": ("sft", sft_batch), "pairs": ("pairs", pair_batch), "groups": ("groups", group_batch)}
+LAYOUTS = {"sft": ("sft", sft_batch), "labeled": ("labeled", labeled_batch), "pairs": ("pairs", pair_batch),
+           "groups": ("groups", group_batch)}
 
 
 def train_stage(config, workdir: str, name: str) -> None:
@@ -135,7 +145,7 @@ def train_stage(config, workdir: str, name: str) -> None:
     if layout not in LAYOUTS:
         raise DataError(f"config.{name}.train.loss={tc.loss!r}: its '{layout}' batches are not read from files; "
                         "train it online in the rl stage (jaxrag.pipelines.rl)")
-    kind, make = LAYOUTS[layout]
+    kind = LAYOUTS[layout][0]
     cfg, params = load_model(config, name, workdir)
     tok = _tokenizer(config, name, workdir)
     examples = load_examples(kind, resolve(sc.data, workdir), tok, cfg.vocab_size)
@@ -150,26 +160,53 @@ def train_stage(config, workdir: str, name: str) -> None:
         tconfig.validate(tc)
     layout = sc.get("train_layout", "auto")
     check_layout(layout, f"config.{name}.train_layout")
-    multiple = int(tc.grad_accum) * jax.device_count()   # tree packs split whole over devices x microbatches
-    if obj.layout == "pairs" and layout != "rows":
-        make = lambda ex, buckets, pad: pair_batch_auto(ex, buckets, cfg, layout, pad, multiple, obj.reads)
-    elif obj.layout == "groups" and layout == "tree":   # auto keeps rows: their batch logs reward/mean and reward/std
-        g = tc.grpo
-        make = lambda ex, buckets, pad: group_batch_auto(ex, buckets, cfg, layout, pad, multiple, g.group_size,
-                                                         g.adv_eps, g.std_ddof, g.aggregation)
-    stream = BatchStream(examples, per_batch, lambda ex: make(ex, tuple(tc.seq_buckets), pad), seed=tc.seed)
     out = Path(workdir) / name
-    result = fit(cfg, params, stream, None, tc, out)
     tok_file = resolve(sc.tokenizer, workdir) if sc.get("tokenizer") else None
-    # every process: sharded params are gathered, process 0 writes; the model keeps its source checkpoint's dtype
-    save_checkpoint(model_dir(workdir, name), cfg, result.params, tok_file, head=result.head,
-                    dtype=source_dtype(config, name, workdir))
+    result = train_on_examples(cfg, params, examples, tc, workdir, name, layout=layout, pad_id=pad,
+                               tokenizer_file=tok_file, dtype=source_dtype(config, name, workdir))
     if is_lead():
         save_summary(out / "summary.json", result)
         if sc.get("epochs"):
             summary = json.loads((out / "summary.json").read_text())
             summary.update(epochs=sc.epochs, rows=len(examples), steps=tc.steps)
             write_json(out / "summary.json", summary)
+
+
+def train_on_examples(cfg, params, examples: list, tc, workdir, name: str, *, layout: str = "auto", pad_id: int = 0,
+                      tokenizer_file=None, dtype: str | None = None, batch_size: int | None = None):
+    """Train tc.loss on in-memory examples of its layout and save workdir/<name>/model: the one path of every
+    file-fed training stage (train_stage, the demo's preference stage).
+
+    Args:
+      cfg, params: the model config and the initial params.
+      examples: SFTExample | PreferencePair | Group, as the loss's layout reads.
+      tc: the resolved trainer config.
+      workdir, name: the stage's folder is workdir/<name> (checkpoints, metrics, model/).
+      layout: "auto" | "rows" | "tree" (jaxrag.train.prefix_tree): pairs packed as a prefix tree where chosen. Groups
+        only on "tree" (auto keeps their per-row batches, which also log reward/mean and reward/std).
+      pad_id: the padding id of the batches.
+      tokenizer_file, dtype: saved with the model (save_checkpoint).
+      batch_size: examples per batch; None = tc.batch_size (groups: batch_size / group_size).
+
+    Returns:
+      fit's FitResult.
+    """
+    obj = objectives.objective(tc)
+    _, make = LAYOUTS[obj.layout]
+    multiple = int(tc.grad_accum) * jax.device_count()   # tree packs split whole over devices x microbatches
+    if obj.layout == "pairs" and layout != "rows":
+        make = lambda ex, buckets, pad: pair_batch_auto(ex, buckets, cfg, layout, pad, multiple, obj.reads)
+    elif obj.layout == "groups" and layout == "tree":
+        g = tc.grpo
+        make = lambda ex, buckets, pad: group_batch_auto(ex, buckets, cfg, layout, pad, multiple, g.group_size,
+                                                         g.adv_eps, g.std_ddof, g.aggregation)
+    if batch_size is None:
+        batch_size = tc.batch_size // tc.grpo.group_size if obj.layout == "groups" else tc.batch_size
+    stream = BatchStream(examples, batch_size, lambda ex: make(ex, tuple(tc.seq_buckets), pad_id), seed=tc.seed)
+    result = fit(cfg, params, stream, None, tc, Path(workdir) / name)
+    # every process: sharded params are gathered, process 0 writes
+    save_checkpoint(model_dir(workdir, name), cfg, result.params, tokenizer_file, head=result.head, dtype=dtype)
+    return result
 
 
 def epoch_steps(epochs: float, rows: int, batch: int) -> int:
@@ -199,13 +236,13 @@ train_stage.check_config = check_config
 
 def toy_data_stage(config, workdir: str, name: str) -> None:
     """A tiny copy task in token ids: prompt = [1, x..., 2], completion = x reversed. Writes sft/pairs/groups JSONL
-    under workdir/<name>/ (for the example configs and tests)."""
+    and labeled JSONL under workdir/<name>/ (for the example configs and tests)."""
     sc = config[name]
     rng = np.random.default_rng(sc.seed)
     out = Path(workdir) / name
     out.mkdir(parents=True, exist_ok=True)
     vocab = sc.vocab_size
-    sft, pairs, groups = [], [], []
+    sft, pairs, groups, labeled = [], [], [], []
     for _ in range(sc.n):
         x = [int(t) for t in rng.integers(3, vocab, rng.integers(2, sc.max_len))]
         prompt, good = [1] + x + [2], x[::-1]
@@ -214,7 +251,10 @@ def toy_data_stage(config, workdir: str, name: str) -> None:
         pairs.append({"prompt_ids": prompt, "chosen_ids": good, "rejected_ids": bad})
         comps = [good] + [[int(t) for t in rng.integers(3, vocab, len(x))] for _ in range(sc.group_size - 1)]
         groups.append({"prompt_ids": prompt, "completions_ids": comps, "rewards": [1.0] + [0.0] * (sc.group_size - 1)})
+        # unpaired: every prompt's right completion, a wrong one for every other prompt
+        labeled += [{"prompt_ids": prompt, "completion_ids": good, "label": True}] + (
+            [{"prompt_ids": prompt, "completion_ids": bad, "label": False}] if len(sft) % 2 else [])
     if is_lead():  # one writer; the others wait until the files are complete
-        for kind, recs in (("sft", sft), ("pairs", pairs), ("groups", groups)):
+        for kind, recs in (("sft", sft), ("pairs", pairs), ("groups", groups), ("labeled", labeled)):
             (out / f"{kind}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     barrier(f"toy_data:{out}")

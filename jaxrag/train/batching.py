@@ -36,6 +36,13 @@ class PreferencePair:
 
 
 @dataclasses.dataclass
+class LabeledExample:
+    prompt: list[int]
+    completion: list[int]
+    label: float  # 1 = desirable, 0 = undesirable (KTO); any per-completion value a loss of layout "labeled" reads
+
+
+@dataclasses.dataclass
 class Group:
     prompt: list[int]
     completions: list[list[int]]
@@ -87,6 +94,12 @@ def _rows(seqs: list[tuple[list[int], list[int]]], buckets: Sequence[int], pad_i
 def sft_batch(examples: Sequence[SFTExample], buckets: Sequence[int], pad_id: int = 0) -> dict:
     tokens, positions, seg, mask, _ = _rows([(e.prompt, e.completion) for e in examples], buckets, pad_id, "sft")
     return {"tokens": tokens, "positions": positions, "segment_ids": seg, "loss_mask": mask}
+
+
+def labeled_batch(examples: Sequence[LabeledExample], buckets: Sequence[int], pad_id: int = 0) -> dict:
+    """sft_batch's rows, one per completion, and each completion's label [B] (float32)."""
+    batch = sft_batch([SFTExample(e.prompt, e.completion) for e in examples], buckets, pad_id)
+    return {**batch, "labels": np.asarray([e.label for e in examples], np.float32)}
 
 
 def pair_batch(pairs: Sequence[PreferencePair], buckets: Sequence[int], pad_id: int = 0) -> dict:

@@ -2,7 +2,8 @@
 
 A loss is an `Objective`, named in `train.loss` by its table name ("dpo") or, from any importable module, as
 "module.path:attribute" (docs/ablations.md: SimPO in a file of its own). Each entry says:
-  layout     the batch layout it trains on (jaxrag.train.batching: "sft" | "pairs" | "groups" | "ppo")
+  layout     the batch layout it trains on (jaxrag.train.batching: "sft" | "labeled" (single completions with a
+             label each: KTO) | "pairs" | "groups" | "ppo")
   make       (mcfg, tc) -> loss_fn(trainable, frozen, batch, rng) -> loss or (loss, metrics)
   needs_ref  tc -> whether a frozen reference policy is kept (full fine-tune; with LoRA the base is the reference)
   needs_head whether a scalar critic/value head is trained with it
@@ -10,7 +11,8 @@ A loss is an `Objective`, named in `train.loss` by its table name ("dpo") or, fr
   reads      what the loss reads of a row: "logprobs" (its completion tokens') or "last" (a head on its last token)
   options    defaults of its own settings, which `train.loss_opts` overrides (`loss_options(tc)`)
 A paired loss computes on `pair_logps`, which gives every pair's sequence log-probs from the flat pair layout and
-from its prefix tree alike, so it trains on both without a branch of its own.
+from its prefix tree alike, so it trains on both without a branch of its own; a loss on rows (sft, labeled) on
+`row_logps`.
 
 trainable: {"model": params} (full fine-tune) or {"lora": adapters}, plus {"head": critic/value head}.
 frozen:    {"base": params} with LoRA (the reference = base, adapters off), {"ref": params} for a full fine-tune
@@ -233,6 +235,19 @@ def sft_objective(mcfg, tc):
     return sft
 
 
+def row_logps(mcfg, tc):
+    """The sft and labeled layouts' adaptor: (params, batch) -> (seq [B], lengths [B]): each row's completion
+    log-prob sum and its token count (loss_mask)."""
+    logp_of = _logp(mcfg, tc)
+
+    def of(p, batch):
+        mask = batch["loss_mask"]
+        logp = logp_of(p, batch["tokens"], batch["positions"], batch["segment_ids"])
+        return losses.sequence_logprobs(logp, mask), jnp.sum(mask, axis=-1)
+
+    return of
+
+
 def pair_logps(mcfg, tc):
     """The pairs layout's adaptor: (params, batch) -> (seq, lengths, weight). seq [N, 2]: each pair's chosen
     (column 0) and rejected (column 1) completion log-prob sums; lengths [N, 2]: their token counts; weight [N]: the
@@ -382,7 +397,7 @@ def ppo_prepare(tc, batch):
 
 
 # ---------------------------------------------------------------------------------------------------- the table
-LAYOUTS = ("sft", "pairs", "groups", "ppo")
+LAYOUTS = ("sft", "labeled", "pairs", "groups", "ppo")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,11 +16,10 @@ from jaxrag.pipelines.synthetic.world import load_tokenizer, tokenizer_path
 from jaxrag.train.distributed import is_lead
 
 
-def pair_stream(workdir, s, tok, tc):
-    """Pairs -> PreferencePair ids (prompt masked) -> a resumable BatchStream of pair batches; over-long pairs
-    (prompt + the longer action > max_len) are dropped and counted."""
+def pair_examples_of(workdir, s, tok) -> tuple[list, dict]:
+    """The supervision stage's pairs as PreferencePair ids (prompt masked); over-long pairs (prompt + the longer
+    action > max_len) are dropped and counted."""
     from jaxrag.supervision.records import pair_examples, read_pairs
-    from jaxrag.train.batching import BatchStream, pair_batch
 
     pairs = read_pairs(Path(workdir) / s.pairs / "pairs.jsonl")
     if not pairs:
@@ -29,17 +28,16 @@ def pair_stream(workdir, s, tok, tc):
     kept = [e for e in examples if len(e.prompt) + max(len(e.chosen), len(e.rejected)) <= s.max_len]
     if not kept:
         raise ValueError(f"no preference pair fits max_len={s.max_len}")
-    batch = min(tc.batch_size, len(kept))
-    stream = BatchStream(kept, batch, lambda ex: pair_batch(ex, tuple(tc.seq_buckets), tok.pad_id), seed=tc.seed)
-    return stream, {"pairs": len(pairs), "kept": len(kept), "batch_size": batch}
+    return kept, {"pairs": len(pairs), "kept": len(kept)}
 
 
 def preference_stage(config, workdir, name) -> None:
     """A paired loss (train.loss: "dpo", the Bradley–Terry critic "bt", or any Objective whose layout is "pairs",
-    e.g. "module:simpo") on the supervision stage's pairs."""
+    e.g. "module:simpo") on the supervision stage's pairs, through the generic stage's training path
+    (jaxrag.pipelines.train.train_on_examples; `train_layout`, default "rows")."""
+    from jaxrag.pipelines.train import train_on_examples
     from jaxrag.train import config as tconfig
     from jaxrag.train import objectives
-    from jaxrag.train.loop import fit
 
     s = config[name]
     tc = tconfig.resolve(s.train)
@@ -48,16 +46,15 @@ def preference_stage(config, workdir, name) -> None:
         raise ValueError(f"config.{name}.train.loss={tc.loss!r}: the preference stage trains a paired loss (layout "
                          f"'pairs': dpo, bt, ...), not one of layout {layout!r}")
     tok = load_tokenizer(workdir)
-    stream, info = pair_stream(workdir, s, tok, tc)
+    examples, info = pair_examples_of(workdir, s, tok)
+    info["batch_size"] = min(tc.batch_size, len(examples))
     if info["batch_size"] != tc.batch_size:
         with tc.unlocked():
             tc.batch_size = info["batch_size"]
     mcfg, params = load_checkpoint(model_dir(workdir, s.init))
     log(name, f"{tc.loss} on " + summary(info) + f", {tc.steps} steps")
-    result = fit(mcfg, params, stream, train_config=tc, workdir=stage_dir(workdir, name))
-    from jaxrag.pipelines.common import save_checkpoint
-
-    save_checkpoint(model_dir(workdir, name), mcfg, result.params, tokenizer_path(workdir), head=result.head)
+    result = train_on_examples(mcfg, params, examples, tc, workdir, name, layout=s.get("train_layout", "rows"),
+                               pad_id=tok.pad_id, tokenizer_file=tokenizer_path(workdir))
     if is_lead():  # every process trained and saved together; one writes the summary
         write_json(stage_dir(workdir, name) / "summary.json", {**info, "steps": result.step, "final": result.metrics})
     log(name, f"{result.step} steps, last batch: " + summary(result.metrics, (
