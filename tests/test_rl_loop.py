@@ -113,3 +113,22 @@ def test_restore_step_resumes_rl_from_an_older_checkpoint_as_fit_does(tmp_path):
     assert (tmp_path / "checkpoints" / "4.set_aside").is_dir()
     with pytest.raises(FileNotFoundError, match="restore_step=3: no such checkpoint"):
         train_rl(*world(seed=2), QUESTIONS, "test_ascii", rc, tc(restore_step=3), tmp_path)
+
+
+def test_every_engine_setting_has_one_owner_in_an_rl_run():
+    """Each RolloutConfig field is RL's own (passed on under its name), set by rollout_config from RL's settings,
+    or left at the engine's default: a new engine field fails here until it is given one of the three."""
+    from jaxrag.env.rollout import RolloutConfig
+    from jaxrag.rl.config import ROLLOUT_DEFAULTS, ROLLOUT_DERIVED, ROLLOUT_FIELDS, rollout_seed
+
+    engine = [f.name for f in dataclasses.fields(RolloutConfig)]
+    owned = list(ROLLOUT_FIELDS) + list(ROLLOUT_DERIVED) + list(ROLLOUT_DEFAULTS)
+    assert sorted(owned) == sorted(engine) and len(set(owned)) == len(owned)
+    assert set(ROLLOUT_FIELDS) <= {f.name for f in dataclasses.fields(RLConfig)}
+    rc = RLConfig(temperature=0.7, max_new_tokens=9, max_steps=3, k=4, max_invalid=2, continuous=True,
+                  summary_max_new_tokens=11, seed=5)
+    got = rc.rollout_config(step=3, n_episodes=16)
+    want = RolloutConfig(k=4, max_steps=3, batch_size=16, n_candidates=1, temperature=0.7, max_new_tokens=9,
+                         summary_max_new_tokens=11, max_invalid=2, seed=rollout_seed(5, 3), continuous=True,
+                         episode_reward=False)
+    assert got == want and dataclasses.replace(rc, rollout_batch=4).rollout_config(3, 16).batch_size == 4

@@ -10,6 +10,21 @@ import ml_collections
 from jaxrag.env.rollout import RolloutConfig
 from jaxrag.train import config as tconfig
 
+# RLConfig's fields that are the rollout engine's own (same name, same meaning): rollout_config passes them on
+ROLLOUT_FIELDS = ("temperature", "max_new_tokens", "max_steps", "k", "max_invalid", "continuous",
+                  "summary_max_new_tokens")
+# the engine fields rollout_config sets from RL's own settings (rollout_batch, seed and step) or fixes
+ROLLOUT_DERIVED = ("batch_size", "n_candidates", "seed", "episode_reward")
+# the engine fields RL leaves at their defaults: the return's discount and the env reward (RL scores with its own
+# reward), summaries' temperature, progress bars, the continuous engine's host overlap
+ROLLOUT_DEFAULTS = ("gamma", "reward", "summary_temperature", "progress", "overlap")
+
+
+def rollout_seed(seed: int, step: int) -> int:
+    """The rollout's base sampling seed at an RL step (the engine adds its own step index < 10007)."""
+    return (seed * 1_000_003 + step * 10_007) % (2**31 - 1)
+
+
 RL_LAYOUTS = ("groups", "ppo")   # the losses online RL trains: group-normalized advantages, or PPO's value head
 
 
@@ -72,6 +87,14 @@ class RLConfig:
     refine_keep_m: int = 2  # M: episodes kept per expansion set {y0, y1, ...} (released code: y0 + the first refined)
     refine_query_loss: bool = True  # train the refiner's query tokens under the current policy's recomputed
     # log-probs (released code: loss_mask 1, old log-probs recomputed by the actor); False = no loss on them
+
+    def rollout_config(self, step: int, n_episodes: int) -> RolloutConfig:
+        """The engine's settings for RL step `step`'s n_episodes (B·G): the one place RL's sampling fields
+        (ROLLOUT_FIELDS) become a RolloutConfig. One candidate per state, a per-step seed (rollout_seed), and
+        ep.reward left to the RL reward (score_episodes); every other engine field keeps its default."""
+        return RolloutConfig(**{f: getattr(self, f) for f in ROLLOUT_FIELDS},
+                             batch_size=self.rollout_batch or n_episodes, n_candidates=1,
+                             seed=rollout_seed(self.seed, step), episode_reward=False)
 
     @property
     def episodes_per_step(self) -> int:

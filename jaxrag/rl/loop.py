@@ -70,11 +70,6 @@ def question_stream(questions: Sequence, rc: RLConfig) -> BatchStream:
     return BatchStream(list(questions), rc.questions_per_step, lambda qs: qs, seed=rc.seed, shuffle=rc.shuffle)
 
 
-def rollout_seed(seed: int, step: int) -> int:
-    """The rollout's base sampling seed at an RL step (the engine adds its own step index < 10007)."""
-    return (seed * 1_000_003 + step * 10_007) % (2**31 - 1)
-
-
 def score_episodes(episodes: Sequence[Episode], reward) -> list[Reward]:
     """The reward of every episode; ep.reward and ep.metadata["reward_components"] are set from it. A reward with a
     `prepare` (a judged reward) first sees the whole batch."""
@@ -346,12 +341,7 @@ def train_rl(
         for step in range(start + 1, rc.steps + 1):
             t_step = time.perf_counter()
             questions_t = stream.batch_at(step - 1)
-            rcfg = RolloutConfig(k=rc.k, max_steps=rc.max_steps,
-                                 batch_size=rc.rollout_batch or len(questions_t) * rc.group_size,
-                                 n_candidates=1, temperature=rc.temperature, max_new_tokens=rc.max_new_tokens,
-                                 summary_max_new_tokens=rc.summary_max_new_tokens, max_invalid=rc.max_invalid,
-                                 seed=rollout_seed(rc.seed, step), continuous=rc.continuous,
-                                 episode_reward=False)   # score_episodes writes ep.reward: the RL reward
+            rcfg = rc.rollout_config(step, len(questions_t) * rc.group_size)
             stats: dict = {}
             episodes, rewards, reward_s, steps_r = sample_and_score(sampler, questions_t, rc, rcfg, score_reward,
                                                                     stats, step_rewards)
