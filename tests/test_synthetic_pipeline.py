@@ -282,6 +282,22 @@ def test_agreement_and_bestofn_outputs(run):
     b = json.load(open(os.path.join(workdir, "bestofn", "bestofn.json")))
     assert [(r["n"], r["selector"]) for r in b["rows"]] == [(1, "critic")] + [
         (n, s) for n in config.bestofn.ns[1:] for s in ("critic", "first_valid")]
+    # the paired comparisons are paired_components of the episodes the stage wrote, question by question
+    from jaxrag.env.mdp import read_episodes
+    from jaxrag.evaluate import paired_components
+    from jaxrag.metrics import exact_match
+
+    def em(n, sel):
+        return [float(exact_match(e.answer, e.gold))
+                for e in read_episodes(os.path.join(workdir, "bestofn", f"episodes_n{n}_{sel}.jsonl"))]
+
+    n = config.bestofn.ns[1]
+    names = [(c["a"], c["b"]) for c in b["comparisons"]]
+    assert names[:3] == [(f"bo{n}_critic", f"bo{n}_first_valid"), (f"bo{n}_critic", "greedy"),
+                         (f"bo{n}_first_valid", "greedy")]
+    want = paired_components(em(n, "critic"), em(n, "first_valid"))
+    assert {k: b["comparisons"][0][k] for k in ("diff", "se", "mde", "disagree")} == \
+        {k: want[k] for k in ("diff", "se", "mde", "disagree")}
     with open(os.path.join(workdir, "report", "bestofn.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert "Annotator agreement" in open(os.path.join(workdir, "report", "results.md")).read()

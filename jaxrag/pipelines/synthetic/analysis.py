@@ -4,8 +4,9 @@ PRM-guided best-of-N (RAG-Gym Fig. 4 analogue).
 agreement: config[name].records (the supervision stage: its agreement/records_<source>.jsonl on dev states),
 critic (the critic stage, which scores the same states). Pairwise ranking agreement of every source with the oracle.
 bestofn: config[name].policy, critic, agent, ns (candidates per step), split, max_questions, temperature. For each N,
-the critic's argmax vs the first valid sample (no critic) at the same N. Outputs: bestofn.json, bestofn.png and
-episodes_n<N>_<selector>.jsonl (per question, for paired comparisons: jaxrag.pipelines.synthetic.seeds).
+the critic's argmax vs the first valid sample (no critic) at the same N. Outputs: bestofn.json (EM per N and
+selector, and per N > 1 the paired comparisons critic vs first valid and each vs greedy: difference, interval, MDE,
+disagreement), bestofn.png and episodes_n<N>_<selector>.jsonl (per question: jaxrag.pipelines.synthetic.seeds).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import dataclasses
 from pathlib import Path
 
 from jaxrag.console import num, standard_error
+from jaxrag.evaluate import describe_difference, paired_components
+from jaxrag.metrics import exact_match
 from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.world import (load_questions, load_tokenizer, make_retriever, rollout_config,
@@ -62,7 +65,7 @@ def bestofn_stage(config, workdir, name) -> None:
     qs = stratified(load_questions(workdir, s.split), s.max_questions)
     qmap = {q["id"]: q for q in qs}
     out = stage_dir(workdir, name)
-    rows = []
+    rows, em = [], {}
     for n in s.ns:
         rc = dataclasses.replace(rollout_config(config, s), n_candidates=n, temperature=s.temperature if n > 1 else 0.0)
         for selector in ("critic", "first_valid"):
@@ -74,9 +77,30 @@ def bestofn_stage(config, workdir, name) -> None:
             m = score_episodes(eps, qmap)["all"]
             rows.append({"n": n, "selector": selector, "em": m["em"], "f1": m["f1"], "n_questions": m["n"],
                          "searches_mean": m["searches_mean"]})
+            em[(n, selector)] = {ep.qid: float(exact_match(ep.answer, ep.gold)) for ep in eps}
             log(name, f"N={n} {selector}: EM {num(m['em'])} ± {num(standard_error(m['em'], m['n']))} (n {m['n']})")
-    write_json(out / "bestofn.json", {"split": s.split, "temperature": s.temperature, "rows": rows})
+    comparisons = bestofn_comparisons(em, [q["id"] for q in qs])
+    for c in comparisons:
+        log(name, describe_difference(c["a"], c["b"], c) + f"; MDE {c['mde']:.3f}, disagree {c['disagree']:.3f}")
+    write_json(out / "bestofn.json", {"split": s.split, "temperature": s.temperature, "rows": rows,
+                                      "comparisons": comparisons})
     plot_bestofn(rows, out / "bestofn.png", s.split)
+
+
+def bestofn_comparisons(em: dict, qids: list[str]) -> list[dict]:
+    """Per N > 1, paired on the same questions (jaxrag.evaluate.paired_components, one seed): the critic's pick vs
+    the first valid sample, and each vs the greedy N = 1 run. em: (n, selector) -> {qid: EM}."""
+    def name(n, sel):
+        return f"bo{n}_{sel}" if n > 1 else "greedy"
+
+    out = []
+    for n in sorted({n for n, _ in em if n > 1}):
+        pairs = [((n, "critic"), (n, "first_valid"))] + [((n, sel), (1, "critic")) for sel in ("critic", "first_valid")]
+        for a, b in pairs:
+            if a in em and b in em:
+                r = paired_components([em[a][q] for q in qids], [em[b][q] for q in qids])
+                out.append({"a": name(*a), "b": name(*b), **r})
+    return out
 
 
 def plot_bestofn(rows: list[dict], path, split: str) -> None:
