@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrag.stage_fn import resolve_attr
+
 KL_ESTIMATORS = ("k1", "k2", "k3")
 SFT_REDUCTIONS = ("token", "sequence")
 DPO_LOSS_TYPES = ("sigmoid", "ipo")
@@ -22,6 +24,11 @@ GRPO_AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_no
 def _check(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not one of {allowed}")
+
+
+def kl_estimator_fn(spec: str, where: str = "grpo.kl_estimator"):
+    """The function a "module.path:function" KL estimator names (d = ref_logp - logp -> per-token estimate)."""
+    return resolve_attr(spec, where, "KL estimator function")
 
 
 # ------------------------------------------------------------------------------------------------ log-probs
@@ -204,22 +211,25 @@ def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k2", clam
     Args:
       logp: [...] policy log-probs of the sampled tokens, e.g. [N, T].
       ref_logp: reference log-probs, the same shape.
-      estimator: "k1", "k2" or "k3" (KL_ESTIMATORS).
+      estimator: "k1", "k2" or "k3" (KL_ESTIMATORS), or "module.path:function" of one's own, a function of
+        d = ref_logp - logp giving the per-token estimate (docs/ablations.md).
       clamp: optional bound on the estimate; None = unbounded.
 
     Returns:
       The per-token KL estimate, the shape of `logp`.
 
     Raises:
-      ValueError: if `estimator` is not one of KL_ESTIMATORS.
+      ValueError: if `estimator` is not one of KL_ESTIMATORS or an importable function.
     """
-    _check("estimator", estimator, KL_ESTIMATORS)
     d = ref_logp - logp
-    if estimator == "k1":
+    if ":" in estimator:
+        kl = kl_estimator_fn(estimator)(d)
+    elif estimator == "k1":
         kl = -d
     elif estimator == "k2":
         kl = 0.5 * d * d
     else:
+        _check("estimator", estimator, KL_ESTIMATORS)
         kl = jnp.exp(d) - d - 1.0
     if clamp is not None:
         kl = jnp.clip(kl, -clamp, clamp)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxrag.env.mdp import ANSWER, QUERY, Action, Doc, Step
 from jaxrag.models import ModelConfig, init_params
 from jaxrag.models import transformer as tf
 from jaxrag.train import config as tconfig
@@ -29,11 +30,15 @@ CFG = ModelConfig(model_type="llama", vocab_size=64, d_model=32, n_layers=2, n_h
 
 def recipe(which: int = 0) -> str:
     """The doc's python blocks: 0 the SimPO loss (my_losses.py), 1 the KTO loss on pairs (my_kto.py), 2 the variant
-    config (my_ablation.py), 3 KTO on labelled completions (my_kto_unpaired.py)."""
+    config (my_ablation.py), 3 KTO on labelled completions (my_kto_unpaired.py), 4 a KL estimator (my_kl.py), 5 an
+    agent design (my_agents.py)."""
     text = (ROOT / "docs" / "ablations.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(blocks) == 4
+    assert len(blocks) == 6
     return blocks[which]
+
+
+MODULES = ("my_losses", "my_kto", "my_kto_unpaired", "my_kl", "my_agents")
 
 
 @pytest.fixture
@@ -41,11 +46,13 @@ def my_losses(tmp_path, monkeypatch):
     (tmp_path / "my_losses.py").write_text(recipe(0))
     (tmp_path / "my_kto.py").write_text(recipe(1))
     (tmp_path / "my_kto_unpaired.py").write_text(recipe(3))
+    (tmp_path / "my_kl.py").write_text(recipe(4))
+    (tmp_path / "my_agents.py").write_text(recipe(5))
     monkeypatch.syspath_prepend(str(tmp_path))
-    for m in ("my_losses", "my_kto", "my_kto_unpaired"):
+    for m in MODULES:
         sys.modules.pop(m, None)
     yield tmp_path
-    for m in ("my_losses", "my_kto", "my_kto_unpaired"):
+    for m in MODULES:
         sys.modules.pop(m, None)
 
 
@@ -187,6 +194,43 @@ def test_labeled_records_are_read_and_bad_labels_named(tmp_path):
     f.write_text('{"prompt_ids": [1, 5], "completion_ids": [7], "label": "good"}\n')
     with pytest.raises(DataError, match=r"l.jsonl:1: 'label' must be true / false \(or 1 / 0\), got 'good'"):
         load_examples("labeled", f)
+
+
+def test_a_kl_estimator_of_ones_own_is_named_by_module_and_function(my_losses):
+    from jaxrag import losses
+
+    logp, ref = jnp.asarray([[-1.0, -2.0, -0.5]]), jnp.asarray([[-1.5, 0.5, -0.5]])
+    d = np.asarray(ref - logp)
+    np.testing.assert_allclose(np.asarray(losses.kl_penalty(logp, ref, "my_kl:k3_capped")),
+                               np.minimum(np.exp(d) - d - 1.0, 10.0), rtol=1e-6)
+    assert tconfig.resolve({"loss": "grpo", "grpo": {"kl_estimator": "my_kl:k3_capped"}}).grpo.kl_estimator == \
+        "my_kl:k3_capped"
+    with pytest.raises(ValueError, match=r"train config: grpo.kl_estimator: module 'my_kl' has no KL estimator "
+                                         r"function 'k4'"):
+        tconfig.resolve({"loss": "grpo", "grpo": {"kl_estimator": "my_kl:k4"}})
+    with pytest.raises(ValueError, match=r"train config: grpo.kl_estimator: 'k5' is not one of"):
+        tconfig.resolve({"loss": "grpo", "grpo": {"kl_estimator": "k5"}})
+
+
+def test_an_agent_design_of_ones_own_renders_the_sft_data(my_losses):
+    """The doc's agent, named "module:Class": the synthetic SFT data is rendered its way (only the latest search's
+    documents in each prompt), the config checks accept it, and a wrong name fails in one line."""
+    from jaxrag.data.synthetic.sft_data import step_pairs
+    from jaxrag.env.agents import agent_module, get_agent
+    from jaxrag.env.mdp import Episode
+
+    agent = get_agent("my_agents:LastDocsReAct", mode="plain")
+    plain = get_agent("react", mode="plain")
+    steps = [Step(Action(QUERY, f"q{i}", f"search: q{i}"), docs=[Doc(f"d{i}", f"Title{i}", f"text{i}")])
+             for i in range(2)] + [Step(Action(ANSWER, "x", "answer: x"))]
+    ep = Episode(qid="e", question="who?", gold=["x"], steps=steps)
+    mine, base = step_pairs(ep, agent), step_pairs(ep, plain)
+    assert [t for _, t in mine] == [t for _, t in base]
+    assert "text0" in base[2][0] and "text0" not in mine[2][0] and "text1" in mine[2][0] and "q0" in mine[2][0]
+    assert mine[:2] == base[:2]   # one search or none: nothing to drop
+    assert agent_module("my_agents:LastDocsReAct") == "my_agents:LastDocsReAct"
+    with pytest.raises(KeyError, match=r"module 'my_agents' has no Agent class 'Nope'"):
+        agent_module("my_agents:Nope")
 
 
 def test_bad_loss_names_are_one_line():

@@ -112,8 +112,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
         _fail("dpo.loss_type", f"{c.dpo.loss_type!r} is not one of {losses.DPO_LOSS_TYPES}")
     if c.dpo.beta <= 0:
         _fail("dpo.beta", f"must be > 0, got {c.dpo.beta}")
-    if c.grpo.kl_estimator not in losses.KL_ESTIMATORS:
-        _fail("grpo.kl_estimator", f"{c.grpo.kl_estimator!r} is not one of {losses.KL_ESTIMATORS}")
+    if ":" in str(c.grpo.kl_estimator):
+        losses.kl_estimator_fn(c.grpo.kl_estimator, "train config: grpo.kl_estimator")   # fails in one line
+    elif c.grpo.kl_estimator not in losses.KL_ESTIMATORS:
+        _fail("grpo.kl_estimator", f"{c.grpo.kl_estimator!r} is not one of {losses.KL_ESTIMATORS} or "
+                                   "'module.path:function'")
     if c.grpo.aggregation not in losses.GRPO_AGGREGATIONS:
         _fail("grpo.aggregation", f"{c.grpo.aggregation!r} is not one of {losses.GRPO_AGGREGATIONS}")
     if obj.layout == "groups" and c.batch_size % c.grpo.group_size:
