@@ -253,6 +253,40 @@ def check_row_budget(policy, rc: RLConfig, tc) -> None:
                          f"{longest} or limit the prompt (policy.max_prompt_tokens)")
 
 
+def step_metrics(step: int, rc: RLConfig, inner: list[dict], episodes, rewards, info: dict, stats: dict,
+                 times: dict, sync: str) -> dict:
+    """One RL step's metrics row: the first update's (and the last inner update's loss, clip fraction and ratio
+    deviation), the episodes' rewards and shapes, the rows' info, the rollout's counts and every phase's seconds."""
+    metrics = dict(inner[0])
+    if len(inner) > 1:
+        metrics.update({f"last_inner/{k}": inner[-1][k] for k in ("loss", "clip_fraction", "ratio_max_dev")})
+    metrics.update(episode_stats(episodes, rewards, rc.group_size))
+    metrics.update(info)
+    if "judge_s" in stats:
+        metrics["time/judge_s"] = stats["judge_s"]
+    if rc.group_rollout != "independent":
+        metrics.update({"time/judge_s": stats.get("judge_s", 0.0),
+                        **{f"refine/{k}": float(stats.get(k, 0)) for k in (
+                            "refine_rounds", "refine_requests", "refine_failures", "refined_episodes")}})
+    metrics.update({
+        "time/sampling_s": stats["generate_s"] + stats["summarize_s"], "time/retrieval_s": stats["retrieve_s"],
+        **times, "episodes_per_s": len(episodes) / max(stats["total_s"], 1e-9),
+        "trained_tokens_per_s": info["row_tokens"] * rc.inner_steps / max(times["time/training_s"], 1e-9),
+        "optimizer_step": step * rc.updates_per_step, "sync/lora_merge": float(sync == "lora_merge"),
+    })
+    return metrics
+
+
+def save_step_episodes(path: Path, episodes, step: int) -> None:
+    """Append a step's episodes to episodes.jsonl, each marked with its RL step; prompt ids are dropped (they are
+    reproducible from the prompt text) to keep the file small."""
+    for ep in episodes:
+        ep.metadata["rl_step"] = step
+        for st in ep.steps:
+            st.prompt_ids = []
+    write_episodes(path, episodes, append=True)
+
+
 def train_rl(
     policy,
     retriever,
@@ -366,36 +400,16 @@ def train_rl(
             policy.params = to_local(params_now)  # multi-host: each process's sampler holds the weights whole
             sync_s = time.perf_counter() - t_sync
 
-            metrics = dict(inner[0])
-            if len(inner) > 1:
-                metrics.update({f"last_inner/{k}": inner[-1][k] for k in ("loss", "clip_fraction", "ratio_max_dev")})
-            metrics.update(episode_stats(episodes, rewards, rc.group_size))
-            metrics.update(info)
-            sampling_s = stats["generate_s"] + stats["summarize_s"]
-            if "judge_s" in stats:
-                metrics["time/judge_s"] = stats["judge_s"]
-            if rc.group_rollout != "independent":
-                metrics.update({"time/judge_s": stats.get("judge_s", 0.0),
-                                **{f"refine/{k}": float(stats.get(k, 0)) for k in (
-                                    "refine_rounds", "refine_requests", "refine_failures", "refined_episodes")}})
-            metrics.update({
-                "time/sampling_s": sampling_s, "time/retrieval_s": stats["retrieve_s"], "time/training_s": train_s,
-                "time/reward_s": reward_s, "time/host_s": host_s + stats.get("host_s", 0.0),
-                "time/step_s": time.perf_counter() - t_step, "time/sync_s": sync_s,
-                "episodes_per_s": len(episodes) / max(stats["total_s"], 1e-9),
-                "trained_tokens_per_s": info["row_tokens"] * rc.inner_steps / max(train_s, 1e-9),
-                "optimizer_step": step * rc.updates_per_step, "sync/lora_merge": float(sync == "lora_merge"),
-            })
+            times = {"time/training_s": train_s, "time/reward_s": reward_s,
+                     "time/host_s": host_s + stats.get("host_s", 0.0), "time/step_s": time.perf_counter() - t_step,
+                     "time/sync_s": sync_s}
+            metrics = step_metrics(step, rc, inner, episodes, rewards, info, stats, times, sync)
             lr.check_finite([x["loss"] for x in inner], f"RL step {step}")
             last = metrics
             history.append(metrics)
             lr.write(step, metrics, int(info["row_tokens"]) * rc.inner_steps)
             if workdir is not None and rc.save_episodes and jax.process_index() == 0:
-                for ep in episodes:
-                    ep.metadata["rl_step"] = step
-                    for st in ep.steps:
-                        st.prompt_ids = []  # reproducible from the prompt text; keeps the file small
-                write_episodes(workdir / "episodes.jsonl", episodes, append=True)
+                save_step_episodes(workdir / "episodes.jsonl", episodes, step)
             lr.end_step(step, rc.steps, {"optimizer_step": step * rc.updates_per_step, "loss": metrics["loss"]})
         else:
             step = rc.steps
