@@ -15,23 +15,25 @@ import dataclasses
 from pathlib import Path
 
 from jaxrag.console import num, standard_error
+from jaxrag.env.agents import get_agent
+from jaxrag.env.mdp import write_episodes
+from jaxrag.env.rollout import rollout
 from jaxrag.evaluate import describe_difference, paired_components
 from jaxrag.metrics import exact_match
 from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
+from jaxrag.pipelines.synthetic.evaluate import score_episodes, stratified
+from jaxrag.pipelines.synthetic.preference import critic_scorer, critic_select
 from jaxrag.pipelines.synthetic.world import (load_questions, load_tokenizer, make_retriever, rollout_config,
                                               stage_policy)
+from jaxrag.supervision.agreement import agreement_table, write_agreement
+from jaxrag.supervision.critic import score_records
+from jaxrag.supervision.records import read_records, write_records
 from jaxrag.train.distributed import lead_only
 
 
 @lead_only  # host-side: process 0 alone (docs/multihost.md)
 def agreement_stage(config, workdir, name) -> None:
-    from jaxrag.env.agents import get_agent
-    from jaxrag.pipelines.synthetic.preference import critic_scorer
-    from jaxrag.supervision.agreement import agreement_table, write_agreement
-    from jaxrag.supervision.critic import score_records
-    from jaxrag.supervision.records import read_records, write_records
-
     s = config[name]
     src_dir = Path(workdir) / s.records / "agreement"
     sources = {p.stem.removeprefix("records_"): read_records(p) for p in sorted(src_dir.glob("records_*.jsonl"))}
@@ -50,12 +52,6 @@ def agreement_stage(config, workdir, name) -> None:
 
 @lead_only  # host-side: process 0 alone (docs/multihost.md)
 def bestofn_stage(config, workdir, name) -> None:
-    from jaxrag.env.agents import get_agent
-    from jaxrag.env.mdp import write_episodes
-    from jaxrag.env.rollout import rollout
-    from jaxrag.pipelines.synthetic.evaluate import score_episodes, stratified
-    from jaxrag.pipelines.synthetic.preference import critic_select
-
     s = config[name]
     tok = load_tokenizer(workdir)
     retriever = make_retriever(config, workdir)

@@ -21,11 +21,22 @@ from pathlib import Path
 import numpy as np
 
 from jaxrag.console import num
+from jaxrag.data.synthetic import teacher as T
+from jaxrag.env.agents import get_agent
+from jaxrag.env.mdp import Action
 from jaxrag.jsonl import read_jsonl, write_jsonl
-from jaxrag.pipelines.common import log, stage_dir, write_json
+from jaxrag.pipelines.common import config_fail, log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
+from jaxrag.pipelines.synthetic.evaluate import stratified
+from jaxrag.pipelines.synthetic.preference import critic_scorer
 from jaxrag.pipelines.synthetic.world import (load_questions, load_tokenizer, make_retriever, rollout_config,
                                              stage_policy, teacher_config, world_seed)
+from jaxrag.supervision import credit_audit as CA
+from jaxrag.supervision.credit_audit import AuditContext, MCTSSignalConfig, get_signal, state_kind
+from jaxrag.supervision.judges import LocalJudge, get_judge
+from jaxrag.supervision.mcts import MCTSConfig
+from jaxrag.supervision.records import ScoredCandidate, write_records
+from jaxrag.supervision.rollout_values import RolloutValueConfig
 from jaxrag.train.distributed import lead_only
 
 DECISIONS = ("search/search", "answer/search", "answer/answer")
@@ -33,11 +44,6 @@ DECISIONS = ("search/search", "answer/search", "answer/answer")
 
 @lead_only  # host-side: process 0 alone (docs/multihost.md)
 def credit_audit_stage(config, workdir, name) -> None:
-    from jaxrag.env.agents import get_agent
-    from jaxrag.pipelines.synthetic.evaluate import stratified
-    from jaxrag.supervision import credit_audit as CA
-    from jaxrag.supervision.records import write_records
-
     s = config[name]
     out = stage_dir(workdir, name)
     tok = load_tokenizer(workdir)
@@ -82,16 +88,10 @@ def audit_context(config, workdir, name, policy, retriever, agent, cfg):
     """What the signals read, built as their own stages build it: the oracle judge at the index's k, the critic
     stage's scorer, the supervision stage's rollout-value settings (its M, temperature, batch and seed), the mcts
     stage's search settings and seed with the audit's per-candidate budget."""
-    from jaxrag.supervision.credit_audit import AuditContext
-    from jaxrag.supervision.judges import get_judge
-    from jaxrag.supervision.rollout_values import RolloutValueConfig
-
     s, k = config[name], config.index.k
     sup = config[s.rollout_from]
     critic = None
     if s.critic:
-        from jaxrag.pipelines.synthetic.preference import critic_scorer
-
         critic = critic_scorer(workdir, s.critic, agent, config.get("sampler"))
     rollout = (RolloutValueConfig(m=sup.rollout_m, temperature=sup.temperature, metric="em", max_steps=sup.max_steps,
                                   k=k, batch_size=sup.batch_size * sup.n_candidates,
@@ -105,8 +105,6 @@ def llm_judge(config, workdir, name, policy):
     """The llm_rank signal's judge: the rollout_from section's http_judge where it names an endpoint (as the
     supervision stage ranks its agreement states), else `llm_judge.policy`'s checkpoint through LocalJudge (greedy,
     `llm_judge.max_new_tokens`; the audited policy when it is the same stage); None when neither is set."""
-    from jaxrag.supervision.judges import LocalJudge, get_judge
-
     s = config[name]
     http = config[s.rollout_from].get("http_judge") or {}
     if http.get("base_url"):
@@ -123,9 +121,6 @@ def mcts_settings(s, seed: int):
     """The mcts signal's settings: `mcts` (the mcts stage's search: MCTSConfig fields under `search`; its
     temperature, max_new_tokens, batch_size), `mcts_rollouts` (simulations per distinct candidate) and the mcts
     stage's seed (the run's)."""
-    from jaxrag.supervision.credit_audit import MCTSSignalConfig
-    from jaxrag.supervision.mcts import MCTSConfig
-
     m = s.mcts
     return MCTSSignalConfig(search=MCTSConfig(**m.search.to_dict()), per_candidate=int(s.mcts_rollouts),
                             temperature=float(m.temperature), max_new_tokens=int(m.max_new_tokens),
@@ -135,8 +130,6 @@ def mcts_settings(s, seed: int):
 def choose_states(records: list, n: int, seed: int) -> list:
     """At most n records, spread evenly over the strata (question type, hops, step, state kind): round robin over
     the strata in a seeded order, each stratum's records in a seeded order; all when n = 0 or n >= len."""
-    from jaxrag.supervision.credit_audit import state_kind
-
     if not n or n >= len(records):
         return list(records)
     rng = np.random.default_rng([seed, 23])
@@ -157,10 +150,6 @@ def choose_states(records: list, n: int, seed: int) -> list:
 def add_reference_actions(records: list, agent, config, workdir, *, teacher: bool, oracle: bool) -> None:
     """Append the teacher's action (its flaws drawn as in the teacher stage, seeded per question and step) and the
     oracle's flawless action to every record's candidates, in the agent's own format (origin "teacher" | "oracle")."""
-    from jaxrag.data.synthetic import teacher as T
-    from jaxrag.env.mdp import Action
-    from jaxrag.supervision.records import ScoredCandidate
-
     if not (teacher or oracle):
         return
     tsec = config.teacher
@@ -189,8 +178,6 @@ def add_reference_actions(records: list, agent, config, workdir, *, teacher: boo
 
 def audit_results(truth: list, signals: dict, cfg, replay_stats: dict, **counts) -> dict:
     """Every signal scored against the replay and against the oracle's label (where the oracle ran)."""
-    from jaxrag.supervision import credit_audit as CA
-
     views = CA.replay_views(truth, cfg.z)
     n_states = max(len(truth), 1)
     res = {**counts, "states": len(truth), "candidates": sum(len(r.candidates) for r in truth),
@@ -223,8 +210,6 @@ def audit_results(truth: list, signals: dict, cfg, replay_stats: dict, **counts)
 def chance_band(truth: list, views: list, seed: int, draws: int = 200) -> dict:
     """What chance scores on these pairs: the pairwise accuracy of `draws` uniform random signals, overall and per
     decision kind (mean and 2.5-97.5 % quantiles). One random row is one draw; this is its null distribution."""
-    from jaxrag.supervision import credit_audit as CA
-
     rng = np.random.default_rng([seed, 31])
     acc = collections.defaultdict(list)
     for _ in range(draws):
@@ -322,9 +307,6 @@ def plot_audit(res: dict, path) -> None:
 
 def check_audit(config, name: str) -> None:
     """check_stage, every signal resolves, the sizes are in range and rollout_from names a sampling section."""
-    from jaxrag.pipelines.common import config_fail
-    from jaxrag.supervision.credit_audit import get_signal
-
     checks.check_stage(config, name)
     s = config[name]
     for i, sig in enumerate(s.signals):
