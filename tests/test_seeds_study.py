@@ -78,8 +78,25 @@ def test_comparisons_are_paired_differences_with_intervals(study):
     assert d["disagree"] == pytest.approx(np.mean(np.array(diff) != 0)) and d["boot_lo"] <= d["diff"] <= d["boot_hi"]
     from jaxrag.evaluate import paired_components
     assert d["se"] == pytest.approx(paired_components(np.reshape(diff, (2, -1)), np.zeros((2, len(diff) // 2)))["se"])
+    # per question type: the same interval on that type's questions alone
+    from jaxrag.pipelines.synthetic.seeds import question_types
+
+    types = question_types(workdir / "seed_0")
+    by_seed = []
+    for seed in (0, 1):
+        em = {system: {e.qid: exact_match(e.answer, e.gold) for e in read_episodes(
+            workdir / f"seed_{seed}" / "eval" / f"episodes_{system}_test.jsonl")} for system in ("dpo", "sft_react")}
+        by_seed.append(em)
+    t = sorted({types[q] for q in by_seed[0]["dpo"]})[0]
+    qs = sorted(q for q in by_seed[0]["dpo"] if types[q] == t)
+    a = np.array([[em["dpo"][q] for q in qs] for em in by_seed], float)
+    b = np.array([[em["sft_react"][q] for q in qs] for em in by_seed], float)
+    want = paired_components(a, b)
+    got_t = d["by_type"][t]
+    assert (got_t["diff"], got_t["mde"], got_t["n_questions"]) == (pytest.approx(want["diff"]),
+                                                                   pytest.approx(want["mde"]), len(qs))
     md = (workdir / "seeds" / "results.md").read_text()
-    assert all(x["text"] in md for x in res["comparisons"])
+    assert all(x["text"] in md for x in res["comparisons"]) and "## By question type" in md
     assert os.path.getsize(workdir / "seeds" / "seeds.png") > 0
 
 

@@ -144,9 +144,12 @@ def score_matrix(per_seed: list[dict], key: tuple[str, str], metric: int = 0) ->
     return np.array([[scores[key][q][metric] for q in qids] for scores in per_seed]), qids
 
 
-def study(per_seed: list[dict], comparisons, n_boot: int, level: float, metrics=("em",)) -> dict:
+def study(per_seed: list[dict], comparisons, n_boot: int, level: float, metrics=("em",),
+          types: dict[str, str] | None = None) -> dict:
     """The table (mean +/- SE over seeds of EM, F1 and the vague-query share, per system and split) and the
-    comparisons' intervals, one per comparison, split and metric (names of METRICS)."""
+    comparisons' intervals, one per comparison, split and metric (names of METRICS). types (qid -> question type):
+    each comparison also per type (`by_type`: the same variance-components interval on that type's questions), so
+    an effect can be read where it lives and types that carry no signal on their own."""
     from jaxrag.evaluate import describe_difference, mean_se, paired_bootstrap, paired_components
 
     keys = [k for k in per_seed[0] if all(k in s for s in per_seed)]
@@ -174,7 +177,33 @@ def study(per_seed: list[dict], comparisons, n_boot: int, level: float, metrics=
                 diffs.append({**r, "boot_lo": boot["lo"], "boot_hi": boot["hi"], "a": c["a"], "b": c["b"],
                               "label": c["label"], "split": split, "metric": metric,
                               "text": describe_difference(c["a"], c["b"], r)})
+                if types:
+                    diffs[-1]["by_type"] = by_type(a, b, qa, types, level)
     return {"seeds": len(per_seed), "table": table, "comparisons": diffs}
+
+
+def by_type(a: np.ndarray, b: np.ndarray, qids: list[str], types: dict[str, str], level: float) -> dict:
+    """{type: paired_components' diff, lo, hi, mde, disagree and n_questions on that type's columns} (types with
+    at least two questions)."""
+    from jaxrag.evaluate import paired_components
+
+    out = {}
+    for t in sorted({types[q] for q in qids}):
+        cols = [i for i, q in enumerate(qids) if types[q] == t]
+        if len(cols) >= 2:
+            r = paired_components(a[:, cols], b[:, cols], level=level)
+            out[t] = {k: r[k] for k in ("diff", "lo", "hi", "mde", "disagree", "n_questions")}
+    return out
+
+
+def question_types(run_dir: Path) -> dict[str, str]:
+    """qid -> question type over every split of a run's world (the same world in every seed's run)."""
+    from jaxrag.jsonl import read_jsonl
+
+    out = {}
+    for path in sorted((Path(run_dir) / "world").glob("questions_*.jsonl")):
+        out.update({q["id"]: q["metadata"]["type"] for q in read_jsonl(path)})
+    return out
 
 
 def markdown(res: dict, runs: list[dict], level: float) -> str:
@@ -204,6 +233,17 @@ def markdown(res: dict, runs: list[dict], level: float) -> str:
         lines.append(f"| {d['label']} | {d['split']} | {d['metric']} | {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] | "
                      f"{d['se']:.3f} | {d['mde']:.3f} | {d['disagree']:.3f} | [{d['boot_lo']:+.3f}, "
                      f"{d['boot_hi']:+.3f}] | {d['text']} |")
+    typed = [d for d in res["comparisons"] if d.get("by_type")]
+    if typed:
+        kinds = sorted({t for d in typed for t in d["by_type"]})
+        lines += ["", "## By question type", "", "Each comparison on each question type's questions alone: a - b "
+                  "[interval] (disagree). A type where the two systems never disagree carries no signal; its "
+                  "questions dilute the overall difference.", "",
+                  "| comparison | split | metric | " + " | ".join(kinds) + " |", "|---|---|---|" + "---|" * len(kinds)]
+        for d in typed:
+            cells = [f"{x['diff']:+.3f} [{x['lo']:+.3f}, {x['hi']:+.3f}] ({x['disagree']:.2f})" if x else ""
+                     for x in (d["by_type"].get(t) for t in kinds)]
+            lines.append(f"| {d['label']} | {d['split']} | {d['metric']} | " + " | ".join(cells) + " |")
     lines += ["", "## Runtime", "", "| seed | wall s (this study) | stage s (sum of DONE records) |", "|---|---|---|"]
     lines += [f"| {r['seed']} | {r['wall_seconds']:.0f} | {r['stage_seconds_total']:.0f} |" for r in runs]
     return "\n".join(lines) + "\n"
@@ -243,7 +283,8 @@ def seeds_study_stage(config, workdir, name) -> None:
     s = config[name]
     runs = json.loads((Path(workdir) / s.runs / "runs.json").read_text())["runs"]
     per_seed = [seed_scores(Path(r["workdir"]), s.eval, s.get("bestofn", "")) for r in runs]
-    res = study(per_seed, comparisons_of(s, runs), int(s.n_boot), float(s.level), tuple(s.get("metrics", ("em",))))
+    res = study(per_seed, comparisons_of(s, runs), int(s.n_boot), float(s.level), tuple(s.get("metrics", ("em",))),
+                types=question_types(Path(runs[0]["workdir"])) if runs else None)
     res["runs"] = runs
     out = stage_dir(workdir, name)
     write_json(out / "results.json", res)
