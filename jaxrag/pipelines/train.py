@@ -150,7 +150,7 @@ def train_stage(config, workdir: str, name: str) -> None:
     tok = _tokenizer(config, name, workdir)
     examples = load_examples(kind, resolve(sc.data, workdir), tok, cfg.vocab_size)
     pad = cfg.pad_id if cfg.pad_id is not None else 0
-    per_batch = tc.batch_size // tc.grpo.group_size if kind == "groups" else tc.batch_size
+    per_batch = examples_per_batch(tc, layout)
     if sc.get("epochs"):
         steps = epoch_steps(sc.epochs, len(examples), per_batch)
         print(f"[{name}] epochs={sc.epochs}: steps = ceil({sc.epochs} * {len(examples)} rows / {per_batch}) = {steps} "
@@ -172,21 +172,25 @@ def train_stage(config, workdir: str, name: str) -> None:
             write_json(out / "summary.json", summary)
 
 
+def examples_per_batch(tc, layout: str) -> int:
+    """Examples in one batch of the loss's layout: tc.batch_size rows, or of groups tc.batch_size / group_size."""
+    return tc.batch_size // tc.grpo.group_size if layout == "groups" else tc.batch_size
+
+
 def train_on_examples(cfg, params, examples: list, tc, workdir, name: str, *, layout: str = "auto", pad_id: int = 0,
-                      tokenizer_file=None, dtype: str | None = None, batch_size: int | None = None):
+                      tokenizer_file=None, dtype: str | None = None):
     """Train tc.loss on in-memory examples of its layout and save workdir/<name>/model: the one path of every
     file-fed training stage (train_stage, the demo's preference stage).
 
     Args:
       cfg, params: the model config and the initial params.
-      examples: SFTExample | PreferencePair | Group, as the loss's layout reads.
+      examples: SFTExample | LabeledExample | PreferencePair | Group, as the loss's layout reads.
       tc: the resolved trainer config.
       workdir, name: the stage's folder is workdir/<name> (checkpoints, metrics, model/).
       layout: "auto" | "rows" | "tree" (jaxrag.train.prefix_tree): pairs packed as a prefix tree where chosen. Groups
         only on "tree" (auto keeps their per-row batches, which also log reward/mean and reward/std).
       pad_id: the padding id of the batches.
       tokenizer_file, dtype: saved with the model (save_checkpoint).
-      batch_size: examples per batch; None = tc.batch_size (groups: batch_size / group_size).
 
     Returns:
       fit's FitResult.
@@ -200,9 +204,8 @@ def train_on_examples(cfg, params, examples: list, tc, workdir, name: str, *, la
         g = tc.grpo
         make = lambda ex, buckets, pad: group_batch_auto(ex, buckets, cfg, layout, pad, multiple, g.group_size,
                                                          g.adv_eps, g.std_ddof, g.aggregation)
-    if batch_size is None:
-        batch_size = tc.batch_size // tc.grpo.group_size if obj.layout == "groups" else tc.batch_size
-    stream = BatchStream(examples, batch_size, lambda ex: make(ex, tuple(tc.seq_buckets), pad_id), seed=tc.seed)
+    stream = BatchStream(examples, examples_per_batch(tc, obj.layout),
+                         lambda ex: make(ex, tuple(tc.seq_buckets), pad_id), seed=tc.seed)
     result = fit(cfg, params, stream, None, tc, Path(workdir) / name)
     # every process: sharded params are gathered, process 0 writes
     save_checkpoint(model_dir(workdir, name), cfg, result.params, tokenizer_file, head=result.head, dtype=dtype)
