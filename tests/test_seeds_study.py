@@ -81,7 +81,7 @@ def test_comparisons_are_paired_differences_with_intervals(study):
     # per question type: the same interval on that type's questions alone
     from jaxrag.pipelines.synthetic.seeds import question_types
 
-    types = question_types(workdir / "seed_0")
+    types = question_types(workdir / "seed_0", ["test"])
     by_seed = []
     for seed in (0, 1):
         em = {system: {e.qid: exact_match(e.answer, e.gold) for e in read_episodes(

@@ -196,13 +196,14 @@ def by_type(a: np.ndarray, b: np.ndarray, qids: list[str], types: dict[str, str]
     return out
 
 
-def question_types(run_dir: Path) -> dict[str, str]:
-    """qid -> question type over every split of a run's world (the same world in every seed's run)."""
+def question_types(run_dir: Path, splits) -> dict[str, str]:
+    """qid -> question type over the given splits of a run's world (the same world in every seed's run)."""
     from jaxrag.jsonl import read_jsonl
 
     out = {}
-    for path in sorted((Path(run_dir) / "world").glob("questions_*.jsonl")):
-        out.update({q["id"]: q["metadata"]["type"] for q in read_jsonl(path)})
+    for split in sorted(set(splits)):
+        out.update({q["id"]: q["metadata"]["type"] for q in read_jsonl(Path(run_dir) / "world" /
+                                                                       f"questions_{split}.jsonl")})
     return out
 
 
@@ -284,7 +285,7 @@ def seeds_study_stage(config, workdir, name) -> None:
     runs = json.loads((Path(workdir) / s.runs / "runs.json").read_text())["runs"]
     per_seed = [seed_scores(Path(r["workdir"]), s.eval, s.get("bestofn", "")) for r in runs]
     res = study(per_seed, comparisons_of(s, runs), int(s.n_boot), float(s.level), tuple(s.get("metrics", ("em",))),
-                types=question_types(Path(runs[0]["workdir"])) if runs else None)
+                types=question_types(Path(runs[0]["workdir"]), {split for _, split in per_seed[0]}) if runs else None)
     res["runs"] = runs
     out = stage_dir(workdir, name)
     write_json(out / "results.json", res)
