@@ -15,6 +15,16 @@ import os
 import re
 import sys
 
+from absl import flags
+
+from jaxrag.data.qa import QADataError
+from jaxrag.retrieval.corpus import CorpusError
+from jaxrag.stage_fn import StageError
+from jaxrag.train.checkpoint import CheckpointCorrupt
+from jaxrag.train.learner import ConfigChanged, NonFiniteLoss
+from jaxrag.train.preemption import Preempted
+from jaxrag.workdir import WorkdirError
+
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 _TEXT = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
@@ -112,14 +122,6 @@ def quiet_disk_errors() -> None:
 
 def user_error(e: BaseException, workdir: str | None = None) -> str | None:
     """The one line that reports `e` to the user, or None when it is a bug (its traceback is worth showing)."""
-    from jaxrag.data.qa import QADataError
-    from jaxrag.retrieval.corpus import CorpusError
-    from jaxrag.stage_fn import StageError
-    from jaxrag.train.checkpoint import CheckpointCorrupt
-    from jaxrag.train.learner import ConfigChanged, NonFiniteLoss
-    from jaxrag.train.preemption import Preempted
-    from jaxrag.workdir import WorkdirError
-
     stage = getattr(e, "stage", None)
     where = f"stage {stage!r} (config.{stage}): " if stage else ""
     found = _os_error(e)
@@ -144,8 +146,6 @@ def user_error(e: BaseException, workdir: str | None = None) -> str | None:
 def report(e: BaseException, workdir: str | None = None) -> None:
     """End the run with the one line of a user error; anything else (or --debug) goes on as a traceback. A stop on
     SIGTERM (jaxrag.train.preemption) exits with 143, the status of a process ended by it."""
-    from jaxrag.train.preemption import Preempted
-
     line = user_error(e, workdir)
     if line is None or debug():
         raise e
@@ -171,8 +171,6 @@ def _unknown_key(e: BaseException, argv: list[str]) -> str | None:
 def parse_flags(argv: list[str]):
     """absl's flag parsing with one-line errors (a --config override naming no key, a value of the wrong type, a
     config file that fails to load): what app.run passes to main."""
-    from absl import flags
-
     try:
         return flags.FLAGS(argv)
     except Exception as e:

@@ -2,6 +2,8 @@
 reports per stage and what a benchmark's timed run must show none of."""
 from __future__ import annotations
 
+import jax.monitoring
+
 _EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
            "/jax/core/compile/backend_compile_duration")
 _totals = {"compiles": 0, "seconds": 0.0, "listening": False}
@@ -17,8 +19,6 @@ def compilation() -> tuple[int, float]:
     """(XLA backend compilations, seconds of tracing + lowering + compiling) in this process since the first call;
     two readings around a piece of work give its share."""
     if not _totals["listening"]:
-        import jax.monitoring
-
         jax.monitoring.register_event_duration_secs_listener(_on_duration)
         _totals["listening"] = True
     return _totals["compiles"], _totals["seconds"]

@@ -10,6 +10,7 @@ import logging
 import math
 import re
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -58,8 +59,6 @@ class StageClock:
     this machine's pace on the stages done so far (their actual over their expected seconds)."""
 
     def __init__(self, names: list[str], expected: dict | None = None, clock=None):
-        import time
-
         expected = expected.to_dict() if hasattr(expected, "to_dict") else expected
         self.names, self.expected = list(names), dict(expected or {})
         self.clock = clock or time.perf_counter

@@ -6,12 +6,14 @@ The stage that runs it from a config is jaxrag.pipelines.eval:eval_stage.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import logging
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+from scipy import stats
 
 from jaxrag import metrics as M
 from jaxrag.env.mdp import Episode, write_episodes
@@ -160,7 +162,6 @@ def evaluate(policy, retriever, agent, examples: Sequence, *, cfg: RolloutConfig
     """Roll out `agent` on `examples`; returns (episodes, metrics). `overrides` update the RolloutConfig."""
     cfg = cfg or RolloutConfig()
     if overrides:
-        import dataclasses
         cfg = dataclasses.replace(cfg, **overrides)
     stats: dict = {}
     episodes = rollout(policy, retriever, agent, examples, cfg, select=select, summarizer=summarizer, stats=stats)
@@ -283,8 +284,6 @@ def paired_components(a, b, *, level: float = 0.95, power: float = 0.8) -> dict:
     `level`, `mde` the smallest true difference detected with probability `power` by a two-sided test at 1 - level
     with this SE ((t_{1-alpha/2} + t_power) * se), `disagree` the share of cells where a != b (for EM: the questions
     on which the two systems' answers differ in correctness)."""
-    from scipy import stats
-
     a, b = np.atleast_2d(np.asarray(a, np.float64)), np.atleast_2d(np.asarray(b, np.float64))
     if a.shape != b.shape:
         raise ValueError(f"paired_components: a is {a.shape}, b is {b.shape}; the two systems must be scored on the "

@@ -17,6 +17,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -194,7 +195,6 @@ class OpenAIJudge:
         """judge_answer_result of every (golds, response), `workers` requests at a time, in order."""
         if len(items) <= 1 or self.workers <= 1:
             return [self.judge_answer_result(g, r) for g, r in items]
-        from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=min(self.workers, len(items))) as pool:
             return list(pool.map(lambda item: self.judge_answer_result(*item), items))

@@ -19,22 +19,26 @@ the console's text is also appended to <workdir>/log.txt, progress-bar redraws c
 from __future__ import annotations
 
 import sys
+import time
+import uuid
 from pathlib import Path
 
 from jaxrag import cpu_numerics
 
 cpu_numerics.pin()  # before JAX starts its CPU backend: the CLI's runs compute the same bits on every x86-64 CPU
 
-from absl import app, flags  # noqa: E402
+import jax  # noqa: E402
+from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxrag import cli_errors
+from jaxrag import cli_errors, workdir as wd
 from jaxrag.compilation import compilation
 from jaxrag.console import LogFile, StageClock, quiet
 from jaxrag.provenance import stage_hash
 from jaxrag.settings import flatten
 from jaxrag.stage_fn import StageError, resolve_fn
-from jaxrag.train import preemption
+from jaxrag.train import config as tconfig, objectives, preemption
+from jaxrag.train.distributed import barrier, maybe_initialize
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file (get_config()).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for every stage's inputs and outputs.")
@@ -77,9 +81,6 @@ def check_train_sections(config, name: str) -> None:
     """Every trainer section of a stage (a dict with `loss`, `steps` and `optimizer`) passes the trainer's checks
     (train.config.validate) before any stage runs: a bad value (steps=-5) fails naming its key, not after the stages
     before it have run. In a stage with an `rl` section the loop sets the batch size itself; it is left out."""
-    from jaxrag.train import config as tconfig
-    from jaxrag.train import objectives
-
     def walk(v, key):
         if hasattr(v, "items"):
             if all(k in v for k in ("loss", "steps", "optimizer")):
@@ -108,14 +109,6 @@ def run(config, workdir: str | Path, only: list[str] | None = None, force: bool 
     it and everything after it) or `force` (rerun every planned stage and forget the DONE of every stage after the
     first one rerun); one made from an older generation of its inputs reruns. See jaxrag/workdir.py.
     """
-    import time
-    import uuid
-
-    import jax
-
-    from jaxrag import workdir as wd
-    from jaxrag.train.distributed import barrier, maybe_initialize
-
     maybe_initialize()
     compilation()
     workdir = Path(workdir)
@@ -197,8 +190,6 @@ def compilation_cache(workdir: Path) -> None:
     and a rerun in the workdir reuses them. The cached executables are the ones a compile would make, so results
     do not change (the tiny pipeline's results.csv is byte-identical with and without it; its compile seconds fell
     from 291 to 259 s)."""
-    import jax
-
     if jax.config.jax_compilation_cache_dir:
         return
     jax.config.update("jax_compilation_cache_dir", str(workdir / ".xla_cache"))
@@ -208,7 +199,6 @@ def compilation_cache(workdir: Path) -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from absl import logging
 
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     cli_errors.quiet_disk_errors()  # a full disk is reported in one line at the end, not by every failed write
@@ -226,11 +216,8 @@ def main(argv):
 def log_name() -> str:
     """log.txt: process 0's console, the run's log (one copy of each line); on several processes (docs/multihost.md)
     process p > 0 writes log.process<p>.txt beside it (its own errors stay readable)."""
-    from jaxrag.train.distributed import maybe_initialize
-
     if not maybe_initialize():
         return "log.txt"
-    import jax
 
     return "log.txt" if jax.process_index() == 0 else f"log.process{jax.process_index()}.txt"
 

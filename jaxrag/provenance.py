@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -185,8 +186,6 @@ def stage_order(workdir: str | Path) -> list[str]:
 
 def main(argv=None) -> None:
     """python -m jaxrag.provenance DIR [DIR2]: the stage hashes of a run (its stage directories), or where two part."""
-    import sys
-
     args = sys.argv[1:] if argv is None else argv
     if not args or len(args) > 2:
         raise SystemExit("usage: python -m jaxrag.provenance WORKDIR [OTHER_WORKDIR]")

@@ -9,7 +9,13 @@ import random
 import time
 from typing import Callable, Sequence
 
-from jaxrag.sampling import Completion
+import jax
+
+from jaxrag.env.mdp import INVALID
+from jaxrag.models.config import ModelConfig
+from jaxrag.models.transformer import init_params
+from jaxrag.sampling import Completion, JaxPolicy
+from jaxrag.supervision.judge_protocol import JudgeResult
 
 
 def completion(text: str, finish_reason: str = "stop") -> Completion:
@@ -99,12 +105,6 @@ def tiny_jax_policy(seed: int = 0, max_seq_len: int = 384, *, d_model: int = 32,
                     n_kv_heads: int = 1, d_ff: int | None = None, std: float = 0.5,
                     max_prompt_tokens: int | None = None):
     """A JaxPolicy over a random Llama with the byte tokenizer (garbage in, garbage out)."""
-    import jax
-
-    from jaxrag.models.config import ModelConfig
-    from jaxrag.models.transformer import init_params
-    from jaxrag.sampling import JaxPolicy
-
     cfg = ModelConfig(vocab_size=259, d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
                       head_dim=d_model // n_heads, d_ff=d_ff or 2 * d_model, max_seq_len=max_seq_len, bos_id=1,
                       eos_ids=(2,), pad_id=0)
@@ -120,9 +120,6 @@ class ShortestJudge:
     name = "shortest"
 
     def judge(self, requests):
-        from jaxrag.env.mdp import INVALID
-        from jaxrag.supervision.judge_protocol import JudgeResult
-
         out = []
         for req in requests:
             order = sorted(range(len(req.candidates)),

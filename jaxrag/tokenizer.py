@@ -14,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, Sequence
 
+import sentencepiece as spm
+
 
 class Tokenizer(Protocol):
     bos_id: int | None
@@ -47,8 +49,6 @@ class SentencePieceTokenizer:
     """A sentencepiece *.model file (trained by jaxrag for the synthetic world, or Llama-2-style models)."""
 
     def __init__(self, path: str | Path):
-        import sentencepiece as spm
-
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"{path}: no sentencepiece model")

@@ -25,15 +25,18 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import socket
 import subprocess
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from jaxrag.settings import as_before, is_neutral
+from jaxrag.settings import as_before, changed_keys, is_neutral
+from jaxrag.stage_fn import StageError
 
 
 class WorkdirError(RuntimeError):
@@ -53,8 +56,6 @@ class Lock:
         self.held = False
 
     def __enter__(self):
-        import fcntl
-
         workdir = self.path.parent
         workdir.mkdir(parents=True, exist_ok=True)
         me = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
@@ -191,8 +192,6 @@ def write_done(path: Path, record: dict) -> None:
 
 def save_effective_config(workdir: Path, config) -> None:
     """workdir/config.json: the config as run, with the package version and git commit (when there is one)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         ver = version("jaxrag")
     except PackageNotFoundError:
@@ -305,9 +304,6 @@ def plan_steps(config, workdir: Path, planned: list[str], force: bool = False,
     refused naming them unless rerun_changed; a done one made from an older generation of the stage before it (its
     DONE's `upstream_run` is not that stage's `run_id`: a forced run killed part way) runs again. A stage that is not
     planned but is stale in one of these ways refuses every planned stage after it."""
-    from jaxrag.settings import changed_keys
-    from jaxrag.stage_fn import StageError
-
     steps, upstream, upstream_run, invalidated, stale = [], "", "", False, None
     before = None
     for name in config.stages:
@@ -414,8 +410,6 @@ def input_paths(config, name: str | None, workdir: Path) -> dict[str, Path]:
 def missing_inputs(config, names: list[str], workdir: Path) -> None:
     """Every input path of the given stages (and the global keys) exists, or one StageError lists all the missing
     ones with their keys, before any stage runs (not hours later, when the stage that reads one starts)."""
-    from jaxrag.stage_fn import StageError
-
     missing = {}
     for name in [None, *names]:
         for key, p in input_paths(config, name, workdir).items():

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import tensorflow_datasets as tfds
 
+from jaxrag.data.qa import load_qa
+
 
 class QaJsonlConfig(tfds.core.BuilderConfig):
     def __init__(self, *, path: str, select: str | None = None, **kw):
@@ -32,7 +34,6 @@ class QaJsonl(tfds.core.GeneratorBasedBuilder):
         return {"train": self._generate_examples()}
 
     def _generate_examples(self):
-        from jaxrag.data.qa import load_qa
         for ex in load_qa(self.builder_config.path, self.builder_config.select):
             yield ex.id, {"id": ex.id, "question": ex.question, "golden_answers": list(ex.golden_answers),
                           "choices": list(ex.choices), "contexts_json": json.dumps(list(ex.contexts), ensure_ascii=False),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from jaxrag import metrics
 from jaxrag.jsonl import iter_jsonl, write_jsonl
 
 QUERY, ANSWER, INVALID = "query", "answer", "invalid"
@@ -156,7 +157,6 @@ def discounted_return(rewards: Sequence[float], gamma: float) -> float:
 def answer_reward(answer: str | None, gold: Sequence[str], metric: str = "f1",
                   choices: Sequence[str] = ()) -> float:
     """F(a, g(Q)) of METHODS.md §1: 'em' | 'f1' | 'cem' | 'acc' (multiple choice; letter or option text)."""
-    from jaxrag import metrics
     if answer is None:
         return 0.0
     if metric == "acc" or (choices and metric == "auto"):

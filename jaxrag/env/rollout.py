@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
+from tqdm.auto import tqdm
+
 from jaxrag.env.agents.base import Agent
 from jaxrag.env.mdp import (ANSWER, INVALID, QUERY, Action, Doc, Episode, State, Step, answer_reward,
                             discounted_return)
@@ -485,5 +487,4 @@ class _NoBar:
 def _progress(total: int, on: bool):
     if not on:
         return _NoBar()
-    from tqdm.auto import tqdm
     return tqdm(total=total, desc="episodes", unit="ep")

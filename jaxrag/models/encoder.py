@@ -20,6 +20,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from safetensors.numpy import load_file
 
 _ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
 _ACTIVATIONS = {
@@ -160,8 +161,6 @@ def detect_pooling(path: Path) -> str:
 
 def load_encoder(path: str | Path, pooling: str | None = None, normalize: bool = True) -> tuple[EncoderConfig, dict]:
     """Local HF dir -> (cfg, params). Errors name the file or tensor."""
-    from safetensors.numpy import load_file
-
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():

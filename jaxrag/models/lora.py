@@ -17,6 +17,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
+from jaxrag.models import save_hf
 from jaxrag.models.config import ModelConfig
 
 TARGETS = {"q": "wq", "k": "wk", "v": "wv", "o": "wo", "gate": "w_gate", "up": "w_up", "down": "w_down"}
@@ -113,6 +114,4 @@ def merge(params: dict, adapters: dict, scale: float) -> dict:
 
 def export_merged_hf(cfg: ModelConfig, params: dict, adapters: dict, scale: float, path: str) -> None:
     """Merge and write a Hugging Face checkpoint directory (config.json + safetensors) via jaxrag.models.save_hf."""
-    from jaxrag.models import save_hf
-
     save_hf(cfg, jax.device_get(merge(params, adapters, scale)), path)

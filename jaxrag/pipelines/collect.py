@@ -26,9 +26,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from jaxrag.data.qa import QADataError, load_qa, parse_select
+from jaxrag.env.agents import agent_module, get_agent
+from jaxrag.env.mdp import write_episodes
 from jaxrag.jsonl import write_atomic
 from jaxrag.pipelines.common import (config_fail, load_policy, load_retriever, log, plain, resolve, stage_dir,
                                      write_json)
+from jaxrag.stage_fn import resolve_fn
+from jaxrag.supervision.agreement import agreement_csv, agreement_markdown, agreement_table
+from jaxrag.supervision.judges import HttpJudge, LocalJudge
+from jaxrag.supervision.prompts import PromptOptions
+from jaxrag.supervision.ranking import RankingConfig, collect_ranking, ranking_pairs
+from jaxrag.supervision.records import failures_line, judge_failures, read_records, write_pairs, write_records
+from jaxrag.supervision.rollout_values import RolloutValueConfig, rollout_values
+from jaxrag.tokenizer import load_tokenizer
 from jaxrag.train.distributed import lead_only
 
 
@@ -38,9 +49,6 @@ LOAD_POLICY = "jaxrag.pipelines.common:load_policy"
 
 def make_judge(jc: dict, workdir, policy):
     """The judge of a `judge` section (see the module doc)."""
-    from jaxrag.supervision.judges import HttpJudge, LocalJudge
-    from jaxrag.supervision.prompts import PromptOptions
-
     kind = jc.get("kind")
     opts = PromptOptions(**(jc.get("options") or {}))  # e.g. {"rank_parse": "lenient", "step_score_variant": "code"}
     if kind == "http":
@@ -51,8 +59,6 @@ def make_judge(jc: dict, workdir, policy):
         return LocalJudge(judge_policy, name=jc.get("name") or "local", options=opts,
                           **{k: jc[k] for k in ("max_retries", "max_new_tokens", "temperature") if k in jc})
     if kind == "fn":
-        from jaxrag.stage_fn import resolve_fn
-
         return resolve_fn(jc["fn"], "judge.fn")(jc, workdir)
     raise ValueError(f"judge.kind={kind!r}: choose one of {JUDGE_KINDS}")
 
@@ -60,8 +66,6 @@ def make_judge(jc: dict, workdir, policy):
 def check_actor(config, name: str, keys) -> None:
     """What every collection stage reads as ranking_stage does: its `keys` present, the policy's checkpoint named,
     a known agent design (collect_mcts, collect_smartsearch use it too)."""
-    from jaxrag.env.agents import agent_module
-
     sc = config[name]
     for key in keys:
         if key not in sc:
@@ -76,8 +80,6 @@ def check_actor(config, name: str, keys) -> None:
 
 def check_questions(key: str, qs) -> None:
     """A questions section ({path, select}) at config key `key`."""
-    from jaxrag.data.qa import QADataError, parse_select
-
     if not isinstance(qs, dict) or not qs.get("path"):
         config_fail(f"{key}.path", "empty: a QA JSONL file")
     try:
@@ -95,8 +97,6 @@ def check_judge(name: str, jc: dict, http_example: str) -> None:
     if jc["kind"] == "fn" and not jc.get("fn"):
         config_fail(f"{name}.judge.fn", "empty: 'module:function'")
     try:
-        from jaxrag.supervision.prompts import PromptOptions
-
         PromptOptions(**(jc.get("options") or {}))
     except (TypeError, ValueError) as e:
         config_fail(f"{name}.judge.options", str(e))
@@ -104,8 +104,6 @@ def check_judge(name: str, jc: dict, http_example: str) -> None:
 
 def check_config(config, name: str) -> None:
     """Static checks run by jaxrag.main before any stage starts; errors name the key."""
-    from jaxrag.supervision.ranking import RankingConfig
-
     sc = config[name]
     check_actor(config, name, ("policy", "retriever", "questions", "agent", "judge", "ranking"))
     check_questions(f"{name}.questions", plain(sc.questions))
@@ -125,8 +123,6 @@ def training_rows(records, policy, max_new_tokens: int, dedup: bool = True) -> t
     """(dpo rows, sft rows, pairs) from kept records: pairs by RAG-Gym's rule (supervision.ranking.ranking_pairs;
     `dedup`: each text pair once per state);
     ids are the prompt as the policy encoded it and each candidate's sampled ids (text when ids are unknown)."""
-    from jaxrag.supervision.ranking import ranking_pairs
-
     dpo, sft, pairs = [], [], []
     for rec in records:
         ids = {c.raw: c.token_ids for c in rec.candidates}
@@ -158,9 +154,6 @@ def actor(sc, name: str, workdir):
     """(policy, retriever, agent) of a collection stage's section: the policy loader (`policy.fn`, default
     load_policy), the retriever, and the agent design rendered with the policy's chat template unless opts say
     otherwise."""
-    from jaxrag.env.agents import get_agent
-    from jaxrag.stage_fn import resolve_fn
-
     pcfg = plain(sc.policy)
     policy = resolve_fn(pcfg.get("fn", LOAD_POLICY), f"config.{name}.policy.fn")(pcfg, workdir)
     retriever = load_retriever(plain(sc.retriever), workdir)
@@ -172,11 +165,6 @@ def actor(sc, name: str, workdir):
 
 @lead_only  # host-side: process 0 alone (docs/multihost.md)
 def ranking_stage(config, workdir, name) -> None:
-    from jaxrag.data.qa import load_qa
-    from jaxrag.env.mdp import write_episodes
-    from jaxrag.supervision.ranking import RankingConfig, collect_ranking
-    from jaxrag.supervision.records import failures_line, judge_failures, write_pairs, write_records
-
     sc = config[name]
     out = stage_dir(workdir, name)
     policy, retriever, agent = actor(sc, name, workdir)
@@ -217,8 +205,6 @@ def critic_pairs(records, agent, tokenizer, max_len: int, add_bos: bool = True) 
     minus the state's longest action (the agent's shorter views), with BOS, each action on its own. A pair still
     longer than max_len is dropped, as the released code drops examples over max_length (4,096).
     -> ({prompt_ids, chosen_ids, rejected_ids, qid, step, margin} rows, pairs dropped)."""
-    from jaxrag.supervision.ranking import ranking_pairs
-
     rows, dropped = [], 0
     for rec in records:
         pairs = ranking_pairs([rec])
@@ -245,10 +231,6 @@ def critic_pairs_stage(config, workdir, name) -> None:
     absolute, relative to the workdir or stage:<s>; RAG-Gym's critic is Llama-3.1-8B-Instruct), max_len (default
     4,096: the released max_length). Writes
     workdir/<name>/pairs.jsonl (ids in the critic's tokens, for the train stage with loss "bt") and stats.json."""
-    from jaxrag.env.agents import get_agent
-    from jaxrag.supervision.records import read_records
-    from jaxrag.tokenizer import load_tokenizer
-
     sc = config[name]
     out = stage_dir(workdir, name)
     tok = load_tokenizer(resolve(sc.tokenizer, workdir))
@@ -268,8 +250,6 @@ def critic_pairs_stage(config, workdir, name) -> None:
 
 
 def check_critic_pairs(config, name: str) -> None:
-    from jaxrag.env.agents import agent_module
-
     sc = config[name]
     for key in ("records", "agent", "tokenizer"):
         if not sc.get(key):
@@ -295,10 +275,6 @@ def rollout_values_stage(config, workdir, name) -> None:
     same > 0.75 / < 0.5 rule via critic_pairs_stage), agreement.{md,csv}: pairwise ranking agreement of the rollout
     values with the collection's judge ranks on the same states (jaxrag.supervision.agreement; the paper's Agree
     column is against human annotators on MedQA, which jaxrag does not have), and stats.json."""
-    from jaxrag.supervision.agreement import agreement_csv, agreement_markdown, agreement_table
-    from jaxrag.supervision.records import read_records, write_records
-    from jaxrag.supervision.rollout_values import RolloutValueConfig, rollout_values
-
     sc = config[name]
     out = stage_dir(workdir, name)
     policy, retriever, agent = actor(sc, name, workdir)
@@ -321,9 +297,6 @@ def rollout_values_stage(config, workdir, name) -> None:
 
 
 def check_rollout_values(config, name: str) -> None:
-    from jaxrag.env.agents import agent_module
-    from jaxrag.supervision.rollout_values import RolloutValueConfig
-
     sc = config[name]
     for key in ("records", "policy", "retriever", "agent", "rollouts"):
         if key not in sc or not sc[key]:

@@ -4,9 +4,13 @@ are read as RAG-Gym's ranking_stage reads them (jaxrag.pipelines.collect)."""
 
 from __future__ import annotations
 
+from jaxrag.data.qa import load_qa
 from jaxrag.pipelines.collect import (actor, check_actor, check_judge, check_questions, encode_prompt, make_judge,
                                       write_rows)
 from jaxrag.pipelines.common import config_fail, log, plain, resolve, stage_dir, write_json
+from jaxrag.supervision.mcts import MCTSConfig, run_mcts, tree_pairs, tree_records, write_trees
+from jaxrag.supervision.mcts_env import PolicyTreeEnv
+from jaxrag.supervision.records import write_pairs, write_records
 from jaxrag.train.distributed import lead_only
 
 
@@ -16,8 +20,6 @@ def mcts_rows(trees, records, policy, min_margin: float, max_new_tokens: int) ->
     state (002 §3.4, "ReasonRAG (SFT)"). Ids: the prompt as the policy encodes it, an action's sampled ids; an evidence
     extraction (its ids are not kept by the tree), and everything of a policy that does not encode its prompts, go as
     text, which the train stage tokenizes with its `tokenizer`."""
-    from jaxrag.supervision.mcts import tree_pairs
-
     ids = {(r.prompt, c.raw): c.token_ids for r in records for c in r.candidates if c.token_ids}
     enc: dict = {}
     dpo, sft, pairs, seen = [], [], [], set()
@@ -57,11 +59,6 @@ def mcts_stage(config, workdir, name) -> None:
     Outputs under workdir/<name>/: trees.jsonl, records.jsonl, pairs.jsonl, dpo.jsonl and sft.jsonl (rows for
     jaxrag.pipelines.train: `mcts_rows`), questions.jsonl (the questions whose trees gave a pair: the training
     questions of the outcome-RL rows, "the same queries as RL-PRL", 002 §3.4), stats.json."""
-    from jaxrag.data.qa import load_qa
-    from jaxrag.supervision.mcts import MCTSConfig, run_mcts, tree_records, write_trees
-    from jaxrag.supervision.mcts_env import PolicyTreeEnv
-    from jaxrag.supervision.records import write_pairs, write_records
-
     sc = config[name]
     out = stage_dir(workdir, name)
     policy, retriever, agent = actor(sc, name, workdir)
@@ -98,9 +95,6 @@ def mcts_stage(config, workdir, name) -> None:
 
 
 def check_mcts(config, name: str) -> None:
-    from jaxrag.supervision.mcts import MCTSConfig
-    from jaxrag.supervision.mcts_env import PolicyTreeEnv
-
     sc = config[name]
     check_actor(config, name, ("policy", "retriever", "questions", "agent", "mcts", "env", "trees_per_round"))
     for i, qs in enumerate(_question_sets(sc)):

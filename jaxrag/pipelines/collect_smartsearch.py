@@ -4,17 +4,22 @@ read as RAG-Gym's ranking_stage reads them (jaxrag.pipelines.collect)."""
 
 from __future__ import annotations
 
+import dataclasses
+
+from jaxrag.data.qa import load_qa
+from jaxrag.env.mdp import write_episodes
+from jaxrag.env.rollout import RolloutConfig, rollout
 from jaxrag.pipelines.collect import actor, check_actor, check_judge, check_questions, make_judge, write_rows
 from jaxrag.pipelines.common import config_fail, log, plain, resolve, stage_dir, write_json
+from jaxrag.supervision import smartsearch as SS
+from jaxrag.supervision.records import Pair, write_records
+from jaxrag.supervision.smartsearch import SmartSearchConfig
 from jaxrag.train.distributed import lead_only
 
 
 def outcome_pairs(episodes, agent, cfg) -> list:
     """Stage 2 "w/o process rewards" (004 §5.3: preference "based exclusively on the final answer correctness"): per
     question, the first correct trajectory ≻ the first incorrect one (input order: sampled, then refined); margin 1."""
-    from jaxrag.supervision import smartsearch as SS
-    from jaxrag.supervision.records import Pair
-
     groups: dict = {}
     for ep in episodes:
         groups.setdefault(ep.qid, []).append(ep)
@@ -43,14 +48,6 @@ def smartsearch_stage(config, workdir, name) -> None:
     "w/o process rewards": correct and well formed), dpo.jsonl (stage 2: dpo_pairs over the sampled and refined
     trajectories), dpo_outcome.jsonl (stage 2 "w/o process rewards": `outcome_pairs`), episodes.jsonl,
     records.jsonl (per-step credit), stats.json."""
-    import dataclasses
-
-    from jaxrag.data.qa import load_qa
-    from jaxrag.env.mdp import write_episodes
-    from jaxrag.env.rollout import RolloutConfig, rollout
-    from jaxrag.supervision import smartsearch as SS
-    from jaxrag.supervision.records import write_records
-
     sc = config[name]
     out = stage_dir(workdir, name)
     policy, retriever, agent = actor(sc, name, workdir)
@@ -94,9 +91,6 @@ def smartsearch_stage(config, workdir, name) -> None:
 
 
 def check_smartsearch(config, name: str) -> None:
-    from jaxrag.env.rollout import RolloutConfig
-    from jaxrag.supervision.smartsearch import SmartSearchConfig
-
     sc = config[name]
     check_actor(config, name, ("policy", "retriever", "questions", "agent", "judge", "rollout", "samples", "refine",
                                "smartsearch"))

@@ -14,7 +14,15 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
+
+from jaxrag import retrieval
+from jaxrag.env.agents import get_agent
 from jaxrag.jsonl import write_atomic
+from jaxrag.models import load_hf, save_hf
+from jaxrag.sampling import JaxPolicy, MIN_SHARED
+from jaxrag.tokenizer import load_tokenizer
+from jaxrag.train.distributed import barrier, is_lead, to_host
 
 
 def config_fail(key: str, msg: str):
@@ -88,11 +96,6 @@ def save_checkpoint(path, mcfg, params, tokenizer_file: str | Path | None = None
     Every process calls it (multi-host: params sharded over other processes' devices are gathered, a collective);
     process 0 writes, and all wait at a barrier until the directory is in place, so no process reads a half-written
     model."""
-    import numpy as np
-
-    from jaxrag.models import save_hf
-    from jaxrag.train.distributed import barrier, is_lead, to_host
-
     path = Path(path)
     host_params, host_head = to_host(params), (to_host(head) if head is not None else None)
     if is_lead():
@@ -117,10 +120,6 @@ def save_checkpoint(path, mcfg, params, tokenizer_file: str | Path | None = None
 
 def load_checkpoint(path, with_head: bool = False):
     """-> (ModelConfig, params[, head or None]) from a directory written by save_checkpoint (or any HF dir)."""
-    import numpy as np
-
-    from jaxrag.models import load_hf
-
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: no model checkpoint here (no config.json; has its stage run?)")
@@ -148,10 +147,6 @@ def load_policy(pc, workdir):
     `min_rows`, `min_prompt`:
     the sampler's shape floors (generate.sample; defaults 1 and 16).
     `policy.tokenizer_path` says where the tokenizer came from (stages copy it beside the models they train)."""
-    from jaxrag.models import load_hf
-    from jaxrag.sampling import MIN_SHARED, JaxPolicy
-    from jaxrag.tokenizer import load_tokenizer
-
     if not pc.get("path"):
         raise ValueError("policy needs 'path' (a Hugging Face checkpoint dir, or stage:<name>)")
     path = resolve(pc["path"], workdir)
@@ -179,8 +174,6 @@ def load_retriever(rc, workdir):
     `backend`; optional `encoder` / `query_encoder`: where the dense index's document / query encoder now lives,
     relative to the workdir, e.g. MedCPT's two; optional `rrf_k` and `depth` of the hybrid fusion) or `corpus` (a
     JSONL; BM25 built in memory over its first `max_passages`, 0 = all)."""
-    from jaxrag import retrieval
-
     if rc.get("index_dir"):
         enc, q_enc = rc.get("encoder"), rc.get("query_encoder")
         return retrieval.load_retriever(resolve(rc["index_dir"], workdir), kind=rc.get("kind") or "bm25",
@@ -197,8 +190,6 @@ def load_retriever(rc, workdir):
 def load_agent(ac, tokenizer):
     """The agent design of a stage's `agent` section (name, mode, max_docs, max_doc_chars, opts: the design's own
     fields, e.g. ARENA's stop_at); in chat mode it renders prompts with `tokenizer`'s chat template."""
-    from jaxrag.env.agents import get_agent
-
     mode = ac.get("mode", "chat")
     opts = {**plain(ac.get("opts", None) or {}), "mode": mode,
             "max_doc_chars": ac.get("max_doc_chars") or None}  # 0 = no cut (the papers)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jaxrag.jsonl import iter_jsonl
+from jaxrag.paths import BENCHMARKS
 from jaxrag.pipelines.published import PAPERS, PUBLISHED, TABLE_INFO
 
 SCORES = ("em", "cem", "f1", "acc", "lj")   # metrics shown for a dataset the paper's table does not have
@@ -73,8 +74,6 @@ def model_key(name: str | None) -> str:
 
 def protocol_of(cfg: dict) -> str:
     """The run's protocol: its recorded `variant`, else what its config shows (see the module docstring)."""
-    from jaxrag.paths import BENCHMARKS
-
     if isinstance(cfg.get("variant"), str):
         return cfg["variant"] or "paper"
     sections = [v for v in cfg.values() if isinstance(v, dict)]

@@ -28,12 +28,21 @@ import json
 import logging
 from pathlib import Path
 
-from jaxrag.env.agents import get_agent
+import numpy as np
+
+from jaxrag.data.qa import QADataError, load_qa, parse_select
+from jaxrag.env.agents import agent_module, get_agent
 from jaxrag.env.rollout import RolloutConfig
 from jaxrag.env.mdp import write_episodes
-from jaxrag.evaluate import episode_metrics, evaluate, results_table
+from jaxrag.evaluate import episode_metrics, evaluate, index_recall, recall_table, results_table
 from jaxrag.judge import judge_from_config
-from jaxrag.pipelines.common import config_fail, load_agent, plain, write_json
+from jaxrag.metrics import title_key
+from jaxrag.paths import BENCHMARKS
+from jaxrag.pipelines.common import config_fail, load_agent, load_checkpoint, plain, resolve, write_json
+from jaxrag.retrieval import iter_corpus
+from jaxrag.stage_fn import resolve_fn
+from jaxrag.supervision.critic import CriticScorer, critic_select
+from jaxrag.tokenizer import load_tokenizer
 from jaxrag.train.distributed import allgather_objects, barrier, gather_shares, is_lead, process_count, \
     process_index, share
 
@@ -43,8 +52,6 @@ _LOAD_POLICY = "jaxrag.pipelines.common:load_policy"
 
 
 def _check_file(key: str, path: str) -> None:
-    from jaxrag.paths import BENCHMARKS
-
     p = Path(path)
     if not p.is_file():
         if str(p).startswith(str(BENCHMARKS)) and not BENCHMARKS.is_dir():
@@ -106,9 +113,6 @@ def _check_critic_dir(key: str, p: Path) -> None:
 def _critic_checkpoint(path: str, key: str, workdir):
     """(model config, params, head, tokenizer) of the critic checkpoint at `path` (relative to the workdir, or
     stage:<name>); a dir that is not a critic checkpoint is an error naming `key`."""
-    from jaxrag.pipelines.common import load_checkpoint, resolve
-    from jaxrag.tokenizer import load_tokenizer
-
     path = resolve(path, workdir)
     try:
         _check_critic_dir(key, path)
@@ -121,12 +125,8 @@ def _critic_checkpoint(path: str, key: str, workdir):
 def load_critic(spec, key: str, workdir, agent_name: str, agent_opts: dict):
     """The rollout `select` of a critic entry: CriticScorer over the checkpoint (its own tokenizer renders the
     states with the same agent design) -> argmax_a r_φ(s, a) (jaxrag.supervision.critic.critic_select)."""
-    from jaxrag.supervision.critic import CriticScorer, critic_select
-
     spec = {"path": spec} if isinstance(spec, str) else dict(spec)
     if spec.get("fn"):
-        from jaxrag.stage_fn import resolve_fn
-
         return resolve_fn(spec["fn"], f"{key}.fn")(spec, workdir, agent_name)
     mcfg, params, head, tok = _critic_checkpoint(spec["path"], key, workdir)
     opts = dict(agent_opts)
@@ -142,8 +142,6 @@ def load_prm(spec, key: str, workdir, agent_section):
     generated actions"): episodes -> per-step rewards r_φ(s_t, a_t) from a critic checkpoint, each state rendered
     by the agent design in the critic's own chat template, one batched pass over every step of every episode.
     agent_section: the rl stage's agent section (name, mode, max_docs, max_doc_chars)."""
-    from jaxrag.supervision.critic import CriticScorer
-
     mcfg, params, head, tok = _critic_checkpoint(_critic_dir(spec), key, workdir)
     scorer = CriticScorer(mcfg, params, head, tok, load_agent(agent_section, tok))
 
@@ -163,8 +161,6 @@ def load_prm(spec, key: str, workdir, agent_section):
 def random_critic(spec, workdir, agent_name: str):
     """RAG-Gym Table 4's "PRM (Random)": a `select` that executes one of the N candidates uniformly at random
     (seeded by spec["seed"], default 0); use as an agent entry's critic: {"fn": "jaxrag.pipelines.eval:random_critic"}."""
-    import numpy as np
-
     rng = np.random.default_rng(int(spec.get("seed", 0)))
     return lambda states, cands: [int(rng.integers(len(cs))) for cs in cands]
 
@@ -172,9 +168,6 @@ def random_critic(spec, workdir, agent_name: str):
 def check_config(config, name: str) -> None:
     """Static checks run by jaxrag.main before any stage starts: agent names, unique methods, dataset files that
     exist and are not empty, their select specs, the rollout fields, the default loaders' paths."""
-    from jaxrag.data.qa import QADataError, parse_select
-    from jaxrag.env.agents import agent_module
-
     ec = config[name]
     for key in ("agents", "datasets", "policy", "retriever"):
         if key not in ec:
@@ -224,10 +217,6 @@ def check_config(config, name: str) -> None:
 def corpus_titles(rcfg: dict, workdir) -> set[str] | None:
     """The title keys (metrics.title_key) of the retriever's corpus, streamed: `index_dir`/corpus.jsonl or `corpus`
     (its first `max_passages`); None for a custom retriever `fn` or a corpus without titles."""
-    from jaxrag.metrics import title_key
-    from jaxrag.pipelines.common import resolve
-    from jaxrag.retrieval import iter_corpus
-
     if rcfg.get("fn", "jaxrag.pipelines.common:load_retriever") != "jaxrag.pipelines.common:load_retriever":
         return None
     if rcfg.get("index_dir"):
@@ -247,11 +236,6 @@ def corpus_titles(rcfg: dict, workdir) -> set[str] | None:
 
 def eval_stage(config, workdir: str | Path, name: str) -> dict:
     """For every (agent, dataset) in config[name]: episodes JSONL + metrics + tables under workdir/<name>/."""
-    from jaxrag.data.qa import load_qa
-    from jaxrag.evaluate import index_recall, recall_table
-    from jaxrag.stage_fn import resolve_fn
-    from jaxrag.pipelines.common import resolve
-
     ec = config[name]
     datasets = [dict(d, path=str(resolve(d["path"], workdir))) for d in plain(ec.datasets)]
     for j, d in enumerate(datasets):

@@ -13,8 +13,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import jax
+import ml_collections
 
+from jaxrag.data.qa import load_qa
+from jaxrag.env.agents import arena, get_agent, smartsearch
+from jaxrag.judge import judge_from_config
+from jaxrag.models import ModelConfig, init_params, save_hf
+from jaxrag.models.hf import stored_dtype
 from jaxrag.pipelines import common
+from jaxrag.pipelines.collect import check_judge, make_judge
+from jaxrag.pipelines.eval import load_prm
+from jaxrag.retrieval import load_corpus
+from jaxrag.rl import train_rl
+from jaxrag.rl.config import RLConfig, default_rl_config, rl_layout, rl_train_config
+from jaxrag.supervision.rewards import reward_fn
+from jaxrag.train.config import default_train_config
+from jaxrag.train.distributed import barrier, is_lead
 
 STAGE_FN = "rl_stage"
 
@@ -31,11 +45,6 @@ def stage_name(config, fn_name: str, name: str | None) -> str:
 
 def stage_config() -> "ml_collections.ConfigDict":
     """The stage section with every key typed (a config file sets what differs; unknown keys fail)."""
-    import ml_collections
-
-    from jaxrag.rl.config import default_rl_config
-    from jaxrag.train.config import default_train_config
-
     train = default_train_config()
     train.loss = "grpo"
     return ml_collections.ConfigDict({
@@ -56,8 +65,6 @@ def stage_config() -> "ml_collections.ConfigDict":
 
 def tiny_checkpoint_config(corpus: str) -> "ml_collections.ConfigDict":
     """The smoke variants' setup stage: a random 2-layer Llama (d 64) with a 1k byte-level BPE."""
-    import ml_collections
-
     arch = {"model_type": "llama", "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16,
             "d_ff": 128, "max_seq_len": 512, "vocab_size": 0}
     return ml_collections.ConfigDict({"fn": "jaxrag.pipelines.rl:tiny_checkpoint_stage", "arch": arch,
@@ -76,10 +83,6 @@ def check_config(config, name: str) -> None:
 def resolve_section(config, name: str):
     """The stage's section checked and resolved, in one place for jaxrag.main's check and for the stage itself:
     returns (RLConfig, the reward spec as configured, the reward function with its answer judge)."""
-    from jaxrag.env.agents import get_agent
-    from jaxrag.rl.config import RLConfig, rl_layout, rl_train_config
-    from jaxrag.supervision.rewards import reward_fn
-
     sc = config[name]
     for key in ("policy", "retriever", "questions", "agent", "reward", "rl", "train"):
         if key not in sc:
@@ -122,23 +125,16 @@ def resolve_section(config, name: str):
         _fail(name, "judge", "rl.group_rollout 'smartsearch_refine' needs a judge section (the query refiner and "
                              "usefulness judge: kind http | local | fn)")
     if sc.get("judge"):
-        from jaxrag.pipelines.collect import check_judge
-
         check_judge(name, common.plain(sc.judge), "the process-reward model's endpoint")
     return rc, reward, reward_f
 
 
 def answer_judge(sc):
     """The stage's answer judge (jaxrag.judge.OpenAIJudge), None without an answer_judge.base_url."""
-    from jaxrag.judge import judge_from_config
-
     return judge_from_config(common.plain(sc.answer_judge)) if sc.get("answer_judge") else None
 
 
 def rl_stage(config, workdir: str, name: str | None = None) -> None:
-    from jaxrag.data.qa import load_qa
-    from jaxrag.rl import train_rl
-
     name = stage_name(config, STAGE_FN, name)
     rc, reward, reward_f = resolve_section(config, name)
     sc = config[name]
@@ -151,18 +147,13 @@ def rl_stage(config, workdir: str, name: str | None = None) -> None:
     common.log(name, f"{sc.train.loss} over {len(questions)} questions, agent {sc.agent.name}, reward {reward}")
     judge = None
     if sc.get("judge"):   # the refinement rollout's refiner and judge, or the usefulness judge of independent groups
-        from jaxrag.pipelines.collect import make_judge
 
         judge = make_judge(common.plain(sc.judge), workdir, policy)
     step_rewards = None
     if sc.get("prm"):
-        from jaxrag.pipelines.eval import load_prm
-
         step_rewards = load_prm(sc.prm, f"config.{name}.prm", workdir, sc.agent)
     result = train_rl(policy, retriever, agent, questions, reward_f, rc, sc.train, out, step_rewards=step_rewards,
                       judge=judge, refiner=judge)
-    from jaxrag.models.hf import stored_dtype
-    from jaxrag.train.distributed import is_lead
 
     # every process (sharded params are gathered; process 0 writes), in the dtype the policy checkpoint is stored in
     common.save_checkpoint(common.model_dir(workdir, name), policy.cfg, result.params, policy.tokenizer_path,
@@ -200,8 +191,6 @@ def train_byte_bpe(texts: list[str], vocab_size: int, out_dir: Path):
 
 def tiny_checkpoint_stage(config, workdir: str, name: str | None = None) -> None:
     """config.<name>: arch (ModelConfig fields), corpus (JSONL), corpus_lines, vocab_size, seed."""
-    from jaxrag.train.distributed import barrier, is_lead
-
     name = stage_name(config, "tiny_checkpoint_stage", name)
     sc = config[name]
     out = common.model_dir(workdir, name)
@@ -211,10 +200,6 @@ def tiny_checkpoint_stage(config, workdir: str, name: str | None = None) -> None
 
 
 def _tiny_checkpoint(sc, workdir: str, out: Path) -> None:
-    from jaxrag.env.agents import arena, smartsearch
-    from jaxrag.models import ModelConfig, init_params, save_hf
-    from jaxrag.retrieval import load_corpus
-
     out.mkdir(parents=True, exist_ok=True)
     texts = [p.title + "\n" + p.text for p in load_corpus(common.resolve(sc.corpus, workdir), sc.corpus_lines)]
     texts += [arena.SYSTEM, smartsearch.SYSTEM]

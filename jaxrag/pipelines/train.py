@@ -38,6 +38,7 @@ from jaxrag.models import ModelConfig, init_params
 from jaxrag.models.hf import stored_dtype
 from jaxrag.pipelines.common import load_checkpoint, model_dir, resolve, save_checkpoint, write_json
 from jaxrag.rl.rows import group_batch_auto
+from jaxrag.tokenizer import load_tokenizer
 from jaxrag.train import config as tconfig
 from jaxrag.train.batching import (BatchStream, Group, LabeledExample, PreferencePair, SFTExample, group_batch,
                                    labeled_batch, pair_batch, sft_batch)
@@ -127,7 +128,6 @@ def _tokenizer(config, stage, workdir):
     path = config[stage].get("tokenizer", "")
     if not path:
         return None
-    from jaxrag.tokenizer import load_tokenizer
 
     return load_tokenizer(resolve(path, workdir))
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from jaxrag.retrieval.base import RetrievalIndexError, ScorerRetriever, require_file
 from jaxrag.retrieval.corpus import Passage, check_unique
+from jaxrag.retrieval.lucene_jvm import autoclass
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +125,6 @@ class Bm25sScorer:
 
 
 def _java_list(items):
-    from jaxrag.retrieval.lucene_jvm import autoclass
-
     jlist = autoclass("java.util.ArrayList")()
     for x in items:
         jlist.add(x)
@@ -134,8 +133,6 @@ def _java_list(items):
 
 class LuceneScorer:
     def __init__(self, index_dir: Path, id_to_index: dict[str, int], threads: int = 2):
-        from jaxrag.retrieval.lucene_jvm import autoclass
-
         require_file(index_dir, "Lucene index")
         try:
             self.searcher = autoclass("io.anserini.search.SimpleSearcher")(str(index_dir))
@@ -148,8 +145,6 @@ class LuceneScorer:
     @staticmethod
     def build(passages: Iterable[Passage], out_dir: Path, threads: int = 2, batch: int = 10_000) -> None:
         """Index passages (any iterable: a stream is read `batch` passages at a time)."""
-        from jaxrag.retrieval.lucene_jvm import autoclass
-
         indexer = autoclass("io.anserini.index.SimpleIndexer")(str(out_dir), False, threads)
         passages = iter(passages)
         while chunk := list(itertools.islice(passages, batch)):

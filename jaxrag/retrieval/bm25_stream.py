@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import multiprocessing
 import shutil
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -45,7 +46,6 @@ def _analyzed(passages: Iterable[Passage], chunk: int, workers: int) -> Iterator
     if workers <= 1:
         yield from map(analyze_chunk, texts)
         return
-    import multiprocessing
 
     # spawn, not fork: the parent may already run JAX's threads
     with multiprocessing.get_context("spawn").Pool(workers) as pool:

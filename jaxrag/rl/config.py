@@ -9,6 +9,7 @@ import ml_collections
 
 from jaxrag.env.rollout import RolloutConfig
 from jaxrag.train import config as tconfig
+from jaxrag.train.objectives import get
 
 # RLConfig's fields that are the rollout engine's own (same name, same meaning): rollout_config passes them on
 ROLLOUT_FIELDS = ("temperature", "max_new_tokens", "max_steps", "k", "max_invalid", "continuous",
@@ -31,8 +32,6 @@ RL_LAYOUTS = ("groups", "ppo")   # the losses online RL trains: group-normalized
 def rl_layout(tc) -> str:
     """The layout of the trainer config's loss ("groups": GRPO or any group loss of the table or a user module;
     "ppo"): what the RL loop builds its rows for. Another layout fails in one line."""
-    from jaxrag.train.objectives import get
-
     layout = get(tc.loss).layout
     if layout not in RL_LAYOUTS:
         raise ValueError(f"train config: loss: online RL trains losses of layout {' | '.join(RL_LAYOUTS)} (grpo, "

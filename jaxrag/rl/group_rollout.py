@@ -19,6 +19,8 @@ from typing import Callable, Sequence
 from jaxrag.env.mdp import Episode
 from jaxrag.env.rollout import RolloutConfig, rollout
 from jaxrag.rl.config import GROUP_ROLLOUTS
+from jaxrag.supervision import smartsearch as SS
+from jaxrag.supervision.smartsearch import REFINED_KEY
 GROUP_KEY = "group_rollout"  # Episode.metadata: {"round", "set", "member"} of a refine-strategy episode
 PHASES = ("generate_s", "retrieve_s", "summarize_s", "judge_s")
 
@@ -53,8 +55,6 @@ def independent(gs: GroupSampler, questions: Sequence, rc, rcfg: RolloutConfig, 
     items = [q for q in questions for _ in range(rc.group_size)]
     episodes = rollout(gs.policy, gs.retriever, gs.agent, items, rcfg, stats=stats, summarizer=gs.summarizer)
     if gs.judge is not None:
-        from jaxrag.supervision import smartsearch as SS
-
         tj = time.perf_counter()
         SS.assess(episodes, gs.judge)
         stats["judge_s"] = stats.get("judge_s", 0.0) + time.perf_counter() - tj
@@ -78,8 +78,6 @@ def expansion_sets(y0: Sequence[Episode], refined: Sequence[Episode], keep_m: in
 def train_refined_query(gs: GroupSampler, episodes: Sequence[Episode]) -> None:
     """rc.refine_query_loss: give each refined step (action.extra["refined"], no generated ids) token ids of its
     text, the prompt ids the sampler would see and the current policy's own log-probs of them (one scoring call)."""
-    from jaxrag.supervision.smartsearch import REFINED_KEY
-
     if gs.encode is None or gs.tokenize is None or gs.score is None:
         raise ValueError("refine_query_loss needs the sampler's encode, tokenize and score (a JaxPolicy in train_rl)")
     todo = []
@@ -102,8 +100,6 @@ def train_refined_query(gs: GroupSampler, episodes: Sequence[Episode]) -> None:
 def smartsearch_refine(gs: GroupSampler, questions: Sequence, rc, rcfg: RolloutConfig,
                        stats: dict) -> list[Episode]:
     """SmartSearch's stage-3 groups (see the module docstring): y0 rounds, credit, refinement, ≤ M per set, until G."""
-    from jaxrag.supervision import smartsearch as SS
-
     if gs.refiner is None:
         raise ValueError("rl.group_rollout='smartsearch_refine' needs a refiner (the stage's `judge` section)")
     cfg = SS.SmartSearchConfig()

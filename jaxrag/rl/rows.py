@@ -43,9 +43,9 @@ import numpy as np
 
 from jaxrag.env.mdp import Episode
 from jaxrag import losses
-from jaxrag.losses import GRPO_AGGREGATIONS
+from jaxrag.losses import GRPO_AGGREGATIONS, group_advantages as device_advantages
 from jaxrag.train import prefix_tree as PT
-from jaxrag.train.batching import bucket_size, pick_bucket
+from jaxrag.train.batching import bucket_size, group_batch, pick_bucket
 
 
 class GroupError(ValueError):
@@ -628,9 +628,6 @@ def group_batch_auto(groups, buckets: Sequence[int], mcfg, mode: str = "auto", p
     Raises:
       ValueError: if `mode` is not a known layout or a row exceeds every bucket.
     """
-    from jaxrag.losses import group_advantages as device_advantages
-    from jaxrag.train.batching import group_batch
-
     PT.check_layout(mode, "train_layout")
     rows_b = group_batch(groups, buckets, pad_id)
     if mode == "rows":

@@ -19,6 +19,7 @@ import dataclasses
 import time
 from typing import Callable, Sequence
 
+import jax
 import numpy as np
 
 from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Episode, State, Step, answer_reward
@@ -365,8 +366,6 @@ def teacher_forced_logprobs(policy, records: Sequence[ProcessRecord], max_new_to
     """Per-token log-probs (temperature 1) of each candidate's tokens after its record's prompt, as the policy
     encodes prompts for sampling; a candidate without token ids (a teacher's or oracle's action) is tokenized from
     its text. Rows are padded to powers of two in length (few compiled shapes)."""
-    import jax
-
     seqs, spans = [], []
     for rec in records:
         p = policy.encode_prompt(rec.prompt, max_new_tokens)

@@ -23,6 +23,7 @@ import dataclasses
 import time
 from typing import Callable, Sequence
 
+from jaxrag.data.synthetic.teacher import QUERY_TEMPLATES
 from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Doc, Step
 from jaxrag.env.parsing import canon
 from jaxrag.env.rollout import RolloutConfig
@@ -376,8 +377,6 @@ class OracleJudge:
 
     @staticmethod
     def _refine(req: JudgeRequest, chain: list[dict], resolved: list[bool]) -> JudgeResult:
-        from jaxrag.data.synthetic.teacher import QUERY_TEMPLATES
-
         nxt = next((h for h, ok in zip(chain, resolved) if not ok), None)
         if nxt is None:
             return JudgeResult(None, failure="oracle refine: every hop is resolved, nothing left to search")

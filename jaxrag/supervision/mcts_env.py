@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from jaxrag.env.mdp import ANSWER, INVALID, QUERY, Action, Episode, State, Step, answer_reward
+from jaxrag.env.rollout import RolloutConfig, candidates, execute, rollout
 from jaxrag.supervision.mcts import GROUNDING, REASONING, TERMINAL, Child, Node, Outcome, Tree, new_tree
 
 
@@ -85,8 +86,6 @@ class PolicyTreeEnv:
 
     # ---- expand -----------------------------------------------------------------------------------------
     def expand(self, items: Sequence[tuple[Tree, Node]], n: int, max_depth: int) -> list[list[Child]]:
-        from jaxrag.env.rollout import candidates
-
         self.calls["expand"] += 1
         out: list[list[Child]] = [[] for _ in items]
         reason = [i for i, (_, nd) in enumerate(items) if nd.stage == REASONING]
@@ -172,8 +171,6 @@ class PolicyTreeEnv:
         """Children from (raw text, Step) proposals per Reasoning node: on a must-answer state a query carrying a
         predicted answer becomes that answer; queries are executed in ONE batched search (+ summaries when
         grounding is not a tree stage)."""
-        from jaxrag.env.rollout import execute
-
         out: list[list[Child]] = [[] for _ in items]
         q_states, q_steps = [], []
         for j, (t, nd) in enumerate(items):
@@ -208,8 +205,6 @@ class PolicyTreeEnv:
 
     # ---- rollout ----------------------------------------------------------------------------------------
     def rollout(self, items: Sequence[tuple[Tree, Node]], k: int, max_depth: int) -> list[list[Outcome]]:
-        from jaxrag.env.rollout import RolloutConfig, rollout
-
         self.calls["rollout"] += 1
         episodes, owner = [], []
         pending_ev: list[tuple[Episode, State, Step]] = []

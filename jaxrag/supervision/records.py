@@ -20,6 +20,7 @@ from typing import Iterable, Sequence
 
 from jaxrag.env.mdp import Action, Episode, State, Step
 from jaxrag.jsonl import iter_jsonl, write_jsonl
+from jaxrag.train.batching import PreferencePair
 
 # RAG-Gym code: chosen candidates have reward > 0.75, rejected < 0.5, at the same state.
 CHOSEN_ABOVE, REJECTED_BELOW = 0.75, 0.5
@@ -142,8 +143,6 @@ def read_pairs(path: str | Path) -> list[Pair]:
 
 def pair_examples(pairs: Sequence[Pair], tokenizer, add_bos: bool = True):
     """Pairs -> jaxrag.train.batching.PreferencePair token ids (prompt masked, action tokens trained)."""
-    from jaxrag.train.batching import PreferencePair
-
     out = []
     for p in pairs:
         prompt = tokenizer.encode(p.prompt, add_bos=add_bos)

@@ -17,6 +17,7 @@ reward function may have a `prepare(episodes)` attribute: the RL loop calls it o
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Callable, Mapping
 
 from jaxrag.env.mdp import Episode, answer_reward
@@ -100,8 +101,6 @@ def f1_search_penalty(penalty: float = 0.05, floor: float = 0.0) -> RewardFn:
 
 def _load_papers_rewards() -> None:
     """Import the modules whose rewards register themselves (kept lazy: they import more of the package)."""
-    import importlib
-
     for mod in ("jaxrag.supervision.arena_reward", "jaxrag.supervision.smartsearch"):
         try:
             importlib.import_module(mod)

@@ -39,6 +39,7 @@ from typing import Sequence
 from jaxrag import metrics
 from jaxrag.env.mdp import QUERY, Action, Doc, Episode, Step, answer_reward
 from jaxrag.env.parsing import code_boxed_answer
+from jaxrag.env.rollout import RolloutConfig, execute, rollout
 from jaxrag.supervision.judge_protocol import Judge, JudgeRequest
 from jaxrag.supervision.records import Pair, ProcessRecord, ScoredCandidate
 from jaxrag.supervision.rewards import Reward, register
@@ -343,8 +344,6 @@ def refine(episodes: Sequence[Episode], refiner: Judge, policy, retriever, agent
     keep_per_episode: regenerate only the first N successful refinements of each episode, earliest step first (the
     stage-3 rollout: the released generate_new_prompts.py rewrites every bad query, then keeps the first usable
     prefix); None = all. stats: the regeneration rollout's phase seconds (jaxrag.env.rollout.rollout's)."""
-    from jaxrag.env.rollout import RolloutConfig, execute, rollout
-
     cfg = rollout_cfg or RolloutConfig()
     reqs, where = [], []
     for e, ep in enumerate(episodes):

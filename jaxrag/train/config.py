@@ -9,6 +9,7 @@ from __future__ import annotations
 import ml_collections
 
 from jaxrag import losses
+from jaxrag.models.lora import TARGETS
 from jaxrag.train import objectives
 
 
@@ -98,7 +99,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if not 0.0 < c.optimizer.decay_fraction <= 1.0:
         _fail("optimizer.decay_fraction", f"must be in (0, 1], got {c.optimizer.decay_fraction}")
     if c.lora.enabled:
-        from jaxrag.models.lora import TARGETS
         bad = [t for t in c.lora.targets if t not in TARGETS]
         if bad:
             _fail("lora.targets", f"unknown {bad}; choose from {tuple(TARGETS)}")

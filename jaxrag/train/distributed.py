@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
+
+import jax
+import numpy as np
+from jax._src import distributed as jax_distributed  # the client orbax's multihost barriers use
+from jax.experimental import multihost_utils
 
 _done = False
 
@@ -17,7 +23,6 @@ def maybe_initialize() -> bool:
     global _done
     if _done:
         return True
-    import jax
 
     addr = os.environ.get("JAX_COORDINATOR_ADDRESS")
     if addr:
@@ -37,14 +42,10 @@ def maybe_initialize() -> bool:
 
 # ------------------------------------------------------------------------------ who writes, who waits, who holds what
 def process_index() -> int:
-    import jax
-
     return jax.process_index()
 
 
 def process_count() -> int:
-    import jax
-
     return jax.process_count()
 
 
@@ -57,8 +58,6 @@ def barrier(name: str) -> None:
     """Every process waits here until all have arrived (no-op on one process): after process 0 writes a file the
     others will read, and before anyone reads it. `name` must be the same string on every process."""
     if process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices(name)
 
 
@@ -66,13 +65,8 @@ def to_host(tree):
     """A pytree of (possibly sharded, multi-process) jax arrays -> numpy on this process. An array that spans other
     processes' devices is gathered (process_allgather: a collective, so every process must call this together);
     process-local arrays are simply copied."""
-    import jax
-    import numpy as np
-
     def one(x):
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
-            from jax.experimental import multihost_utils
-
             return np.asarray(multihost_utils.process_allgather(x, tiled=True))
         return np.asarray(jax.device_get(x))
 
@@ -83,8 +77,6 @@ def to_local(tree):
     """A pytree of global (multi-process) arrays -> the same values on this process's first device (gathered:
     collective). Process-local code (each process's own sampler) needs arrays it holds whole; on one process the
     arrays are returned as they are."""
-    import jax
-
     if process_count() == 1:
         return tree
     dev = jax.local_devices()[0]
@@ -105,11 +97,6 @@ def allgather_objects(obj) -> list:
     """Every process's picklable `obj`, in process order, on every process (collective; [obj] on one process)."""
     if process_count() == 1:
         return [obj]
-    import pickle
-
-    import numpy as np
-    from jax.experimental import multihost_utils
-
     blob = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
     sizes = np.asarray(multihost_utils.process_allgather(np.asarray([blob.size], np.int64))).reshape(-1)
     padded = np.zeros(int(sizes.max()), np.uint8)
@@ -132,9 +119,7 @@ def wait_all(name: str, timeout_s: float = WAIT_FOR_LEAD_S) -> None:
     while process 0 works alone (sampling, judging) for as long as it takes, which a collective's own timeout (XLA's
     CPU collectives) would not allow. `name` must be the same string on every process and used once per run."""
     if process_count() > 1:
-        from jax._src import distributed  # the client orbax's multihost barriers use too
-
-        distributed.global_state.client.wait_at_barrier(name, timeout_in_ms=int(timeout_s * 1000))
+        jax_distributed.global_state.client.wait_at_barrier(name, timeout_in_ms=int(timeout_s * 1000))
 
 
 def lead_only(stage):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -135,6 +136,4 @@ def fit(
 
 
 def save_summary(path: str | Path, result: FitResult) -> None:
-    import json
-
     Path(path).write_text(json.dumps({"step": result.step, "metrics": result.metrics}, indent=2))

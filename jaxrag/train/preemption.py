@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import signal
 
+import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 _FLAG = {"set": False, "installed": False, "armed": 0}
 
@@ -57,11 +59,9 @@ def requested() -> bool:
     step)."""
     if not _FLAG["installed"]:
         return False
-    import jax
 
     if jax.process_count() == 1:
         return _FLAG["set"]
-    from jax.experimental import multihost_utils
 
     return bool(np.max(multihost_utils.process_allgather(np.int32(_FLAG["set"]))))
 

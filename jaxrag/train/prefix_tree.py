@@ -35,7 +35,8 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxrag.train.batching import bucket_size, pick_bucket
+from jaxrag.models.transformer import causal_blocks, tree_attention_unsupported
+from jaxrag.train.batching import bucket_size, pair_batch, pick_bucket
 
 LAYOUTS = ("auto", "rows", "tree")
 # "auto" takes the tree when its estimated FLOPs are at most this share of the rows' (the gather of the reads, the
@@ -231,8 +232,6 @@ def distinct_tokens(seqs: Sequence[Sequence[int]]) -> int:
 def attention_entries(T: int) -> int:
     """Score entries block-causal attention computes for one row of T tokens (query block i of n reads keys
     [0, (i+1)T/n): T²(n+1)/(2n)); jaxrag.models.transformer.causal_blocks picks n."""
-    from jaxrag.models.transformer import causal_blocks
-
     n = causal_blocks(T)
     return T * T * (n + 1) // (2 * n)
 
@@ -289,8 +288,6 @@ def best_tree(rows, buckets: Sequence[int], mcfg, pad_id: int = 0, pack_multiple
 def choose_layout(mode: str, rows: Work, tree: Work | None, mcfg) -> tuple[str, str]:
     """(layout, why) for `mode` "rows" | "tree" | "auto". auto: the tree when the attention path takes its mask
     (jaxrag.models.transformer.tree_attention_unsupported) and its FLOPs are at most AUTO_MARGIN of the rows'."""
-    from jaxrag.models.transformer import tree_attention_unsupported
-
     check_layout(mode, "train_layout")
     if mode != "auto":
         return mode, "forced"
@@ -347,8 +344,6 @@ def pair_batch_auto(pairs, buckets: Sequence[int], mcfg, mode: str = "auto", pad
     pair_tree_batch. reads: what the loss reads of a row (its Objective's `reads`): "logprobs" of the completion
     tokens (DPO and other paired policy losses) or "last", a head on the last token (the critic), which computes no
     LM head, so its cost model weighs the layers and attention alone."""
-    from jaxrag.train.batching import pair_batch
-
     check_layout(mode, "train_layout")
     if reads not in ("logprobs", "last"):
         raise ValueError(f"pair_batch_auto: reads {reads!r} is not 'logprobs' or 'last'")

@@ -9,6 +9,7 @@ packed into one sequence with the loss on every action segment; otherwise each s
 from __future__ import annotations
 
 import dataclasses
+import heapq
 
 import numpy as np
 
@@ -101,8 +102,6 @@ def to_arrays(seqs: list[Sequence_], length: int, pad_id: int) -> dict[str, np.n
 def pack_rows(seqs: list[Sequence_], length: int, pad_id: int) -> dict[str, np.ndarray]:
     """Pack sequences into [R, length] rows (worst-fit decreasing): segment_ids 1, 2, ... per row (0 = padding),
     positions restart at 0 in every segment, so the model sees each sequence exactly as if it were alone."""
-    import heapq
-
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i].tokens))
     rows: list[list[int]] = []
     room: list[tuple[int, int]] = []  # max-heap of (-free slots, row)

@@ -7,6 +7,7 @@ import importlib
 import pkgutil
 
 from jaxrag.env.agents.base import Agent
+from jaxrag.stage_fn import StageError, resolve_attr
 
 _ALIASES = {"search-o1": "search_o1", "searcho1": "search_o1", "re²search": "re2search",
             "re2-search": "re2search", "reason_rag": "reasonrag", "smart_search": "smartsearch"}
@@ -18,15 +19,12 @@ def _module_name(name: str) -> str:
 
 
 def available() -> list[str]:
-    import jaxrag.env.agents as pkg
-    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)
+    return sorted(m.name for m in pkgutil.iter_modules(__path__)
                   if m.name != "base" and not m.name.startswith("_"))
 
 
 def _agent_class(spec: str):
     """The Agent subclass a "module.path:Class" names; KeyError in one line otherwise."""
-    from jaxrag.stage_fn import StageError, resolve_attr
-
     try:
         return resolve_attr(spec, f"agent {spec!r}", "Agent class",
                             lambda x: isinstance(x, type) and issubclass(x, Agent))

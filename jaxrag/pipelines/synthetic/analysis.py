@@ -24,6 +24,7 @@ from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.evaluate import score_episodes, stratified
 from jaxrag.pipelines.synthetic.preference import critic_scorer, critic_select
+from jaxrag.pipelines.synthetic.report import binomial_bars, plt, save_figure
 from jaxrag.pipelines.synthetic.world import (load_questions, load_tokenizer, make_retriever, rollout_config,
                                               stage_policy)
 from jaxrag.supervision.agreement import agreement_table, write_agreement
@@ -102,8 +103,6 @@ def bestofn_comparisons(em: dict, qids: list[str]) -> list[dict]:
 def plot_bestofn(rows: list[dict], path, split: str) -> None:
     """EM vs N on a linear axis, the critic's pick and the first valid sample (N = 1: the one greedy run, shared),
     with binomial SE bars over the split's questions (one seed)."""
-    from jaxrag.pipelines.synthetic.report import binomial_bars, plt, save_figure
-
     fig, ax = plt.subplots(figsize=(5.5, 4))
     greedy = [r for r in rows if r["n"] == 1]
     for i, (selector, label) in enumerate((("critic", "critic argmax (PRM best-of-N)"),

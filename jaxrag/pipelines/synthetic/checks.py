@@ -4,6 +4,7 @@ stages before it have trained for a quarter of an hour."""
 
 from __future__ import annotations
 
+from jaxrag.env.agents import agent_module
 from jaxrag.pipelines.common import config_fail
 
 # keys of a stage's section whose (non-empty) value names an earlier stage of the same config
@@ -21,8 +22,6 @@ def _stage_ref(config, name: str, key: str, value) -> None:
 
 
 def _agent(key: str, value) -> None:
-    from jaxrag.env.agents import agent_module
-
     try:
         agent_module(value)
     except KeyError as e:

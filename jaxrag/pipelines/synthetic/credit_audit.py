@@ -29,6 +29,7 @@ from jaxrag.pipelines.common import config_fail, log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.evaluate import stratified
 from jaxrag.pipelines.synthetic.preference import critic_scorer
+from jaxrag.pipelines.synthetic.report import plt, save_figure
 from jaxrag.pipelines.synthetic.world import (load_questions, load_tokenizer, make_retriever, rollout_config,
                                              stage_policy, teacher_config, world_seed)
 from jaxrag.supervision import credit_audit as CA
@@ -276,8 +277,6 @@ def results_markdown(res: dict) -> str:
 def plot_audit(res: dict, path) -> None:
     """Pairwise accuracy vs replay per signal, overall and per decision kind, with bootstrap intervals; 0.5 marks
     chance."""
-    from jaxrag.pipelines.synthetic.report import plt, save_figure
-
     names = [n for n, r in res["signals"].items() if "replay" in r]
     groups = ["all"] + [d for d in DECISIONS if any(d in res["signals"][n]["replay"]["by"]["decision"] for n in names)]
     fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(names) + 2), 4))

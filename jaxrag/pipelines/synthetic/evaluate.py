@@ -15,8 +15,13 @@ import dataclasses
 import time
 
 from jaxrag.console import num, standard_error
+from jaxrag.env.agents import get_agent
+from jaxrag.env.mdp import write_episodes
+from jaxrag.env.rollout import rollout
+from jaxrag.evaluate import episode_metrics
 from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
+from jaxrag.pipelines.synthetic.preference import critic_select
 from jaxrag.pipelines.synthetic.taxonomy import taxonomy
 from jaxrag.pipelines.synthetic.world import (load_questions, load_tokenizer, make_retriever, rollout_config,
                                               stage_policy)
@@ -40,8 +45,6 @@ class ForcedAnswerPolicy:
 
 def score_episodes(episodes, questions: dict[str, dict]) -> dict:
     """jaxrag.evaluate.episode_metrics over all episodes, per question type and per hop count."""
-    from jaxrag.evaluate import episode_metrics
-
     by_type, by_hops = collections.defaultdict(list), collections.defaultdict(list)
     for ep in episodes:
         meta = questions[ep.qid]["metadata"]
@@ -74,10 +77,6 @@ def selected_systems(s) -> list[dict]:
 
 @lead_only  # host-side: process 0 alone (docs/multihost.md)
 def eval_stage(config, workdir, name) -> None:
-    from jaxrag.env.agents import get_agent
-    from jaxrag.env.mdp import write_episodes
-    from jaxrag.env.rollout import rollout
-
     s = config[name]
     tok = load_tokenizer(workdir)
     retriever = make_retriever(config, workdir)
@@ -93,8 +92,6 @@ def eval_stage(config, workdir, name) -> None:
             policy = ForcedAnswerPolicy(policy)
         select, rcfg = None, rollout_config(config, s, progress=True)
         if system.get("critic"):
-            from jaxrag.pipelines.synthetic.preference import critic_select
-
             select = critic_select(workdir, system["critic"], tok, agent, config.get("sampler"))
             rcfg = dataclasses.replace(rcfg, n_candidates=system["n"], temperature=system.get("temperature", 1.0))
         entry = {k: v for k, v in system.items() if k != "name"}

@@ -13,8 +13,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jaxrag.env.mdp import read_episodes
+from jaxrag.jsonl import iter_jsonl
 from jaxrag.pipelines.common import log, read_json, stage_dir
 from jaxrag.pipelines.synthetic import checks
+from jaxrag.pipelines.synthetic.report import plt, save_figure
+from jaxrag.pipelines.synthetic.world import load_questions, make_retriever
+from jaxrag.supervision import smartsearch as SS
+from jaxrag.supervision.judges import get_judge
 from jaxrag.train.distributed import lead_only
 
 
@@ -33,8 +39,6 @@ def _em_f1(systems: dict, name: str, split: str) -> str:
 
 
 def _rl_rows(workdir, stage: str) -> list[dict]:
-    from jaxrag.jsonl import iter_jsonl
-
     p = Path(workdir) / stage / "metrics.jsonl"
     if not p.exists():
         return []
@@ -43,8 +47,6 @@ def _rl_rows(workdir, stage: str) -> list[dict]:
 
 
 def plot_grpo(curves: dict[str, list[dict]], path) -> None:
-    from jaxrag.pipelines.synthetic.report import plt, save_figure
-
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4))
     for label, rows in curves.items():
         steps = [r["step"] for r in rows]
@@ -117,8 +119,6 @@ def search_quality_of(episodes, chains: dict, oracle) -> dict:
     """SmartSearch's Perfect / Partial / SQ of eval episodes, every search credited by the oracle (novelty + does
     the query's result resolve an open hop of the gold chain, `chains[qid]`), as the curriculum's data stage credits
     them."""
-    from jaxrag.supervision import smartsearch as SS
-
     for ep in episodes:
         ep.metadata["gold_chain"] = chains[ep.qid]
     SS.assess(episodes, oracle)
@@ -126,10 +126,6 @@ def search_quality_of(episodes, chains: dict, oracle) -> dict:
 
 
 def smartsearch_section(config, workdir, ss, systems: dict, eval_stages) -> list[str]:
-    from jaxrag.env.mdp import read_episodes
-    from jaxrag.pipelines.synthetic.world import load_questions, make_retriever
-    from jaxrag.supervision.judges import get_judge
-
     chains = {q["id"]: q["metadata"]["gold_chain"] for q in load_questions(workdir, "test")}
     oracle = get_judge("oracle", retriever=make_retriever(config, workdir), k=config.index.k)
 

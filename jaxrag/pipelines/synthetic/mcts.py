@@ -16,9 +16,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tqdm import tqdm
+
 from jaxrag.pipelines.common import log, read_json, write_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.supervise import sampling_setup
+from jaxrag.supervision.mcts import MCTSConfig, run_mcts, tree_pairs, tree_records, write_trees
+from jaxrag.supervision.mcts_env import PolicyTreeEnv
+from jaxrag.supervision.records import write_pairs, write_records
 from jaxrag.train.distributed import lead_only
 
 SUMMED = ("iterations", "expand_calls", "rollout_calls", "expanded", "rollouts", "revisits", "nodes", "expand_s",
@@ -27,12 +32,6 @@ SUMMED = ("iterations", "expand_calls", "rollout_calls", "expanded", "rollouts",
 
 @lead_only  # host-side: process 0 alone (docs/multihost.md)
 def mcts_stage(config, workdir, name) -> None:
-    from tqdm import tqdm
-
-    from jaxrag.supervision.mcts import MCTSConfig, run_mcts, tree_pairs, tree_records, write_trees
-    from jaxrag.supervision.mcts_env import PolicyTreeEnv
-    from jaxrag.supervision.records import write_pairs, write_records
-
     s = config[name]
     if s.trees_per_round < 1:
         raise ValueError(f"config.{name}.trees_per_round={s.trees_per_round} must be >= 1")

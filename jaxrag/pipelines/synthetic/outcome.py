@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jaxrag.env.agents import get_agent
+from jaxrag.env.mdp import write_episodes
+from jaxrag.env.rollout import rollout
+from jaxrag.metrics import f1_score
 from jaxrag.pipelines.common import read_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.sft import sft_on_episodes
@@ -21,9 +25,6 @@ from jaxrag.train.distributed import from_lead
 
 
 def outcome_stage(config, workdir, name) -> None:
-    from jaxrag.env.agents import get_agent
-    from jaxrag.metrics import f1_score
-
     s = config[name]
     budget = int(read_json(Path(workdir) / s.budget_from / "stats.json")["sampled_actions_all"])
     # multi-host: process 0 samples (one stream, as on one process) and writes episodes.jsonl; every process then
@@ -40,9 +41,6 @@ def outcome_stage(config, workdir, name) -> None:
 def sample_budget(config, workdir, name, budget: int) -> tuple[list, int, int]:
     """Whole trajectories from the policy until `budget` actions are sampled (at most 100 rounds over the
     questions, each with its own seed); writes them to episodes.jsonl. -> (episodes, actions sampled, rounds)."""
-    from jaxrag.env.mdp import write_episodes
-    from jaxrag.env.rollout import rollout
-
     s, out, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
     episodes, sampled, rounds = [], 0, 0
     while sampled < budget and rounds < 100:

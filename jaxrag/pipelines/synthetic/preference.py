@@ -9,18 +9,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jaxrag import tokenizer
 from jaxrag.console import summary
 from jaxrag.pipelines.common import load_checkpoint, log, model_dir, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.world import load_tokenizer, tokenizer_path
+from jaxrag.pipelines.train import train_on_examples
+from jaxrag.supervision import critic
+from jaxrag.supervision.critic import CriticScorer
+from jaxrag.supervision.records import pair_examples, read_pairs
+from jaxrag.train import config as tconfig, objectives
 from jaxrag.train.distributed import is_lead
 
 
 def pair_examples_of(workdir, s, tok) -> tuple[list, dict]:
     """The supervision stage's pairs as PreferencePair ids (prompt masked); over-long pairs (prompt + the longer
     action > max_len) are dropped and counted."""
-    from jaxrag.supervision.records import pair_examples, read_pairs
-
     pairs = read_pairs(Path(workdir) / s.pairs / "pairs.jsonl")
     if not pairs:
         raise ValueError(f"{Path(workdir) / s.pairs / 'pairs.jsonl'}: empty (the supervision stage found no pairs)")
@@ -35,10 +39,6 @@ def preference_stage(config, workdir, name) -> None:
     """A paired loss (train.loss: "dpo", the Bradley–Terry critic "bt", or any Objective whose layout is "pairs",
     e.g. "module:simpo") on the supervision stage's pairs, through the generic stage's training path
     (jaxrag.pipelines.train.train_on_examples; `train_layout`, default "rows")."""
-    from jaxrag.pipelines.train import train_on_examples
-    from jaxrag.train import config as tconfig
-    from jaxrag.train import objectives
-
     s = config[name]
     tc = tconfig.resolve(s.train)
     layout = objectives.objective(tc).layout
@@ -64,23 +64,18 @@ def preference_stage(config, workdir, name) -> None:
 def critic_scorer(workdir, stage: str, agent=None, shapes=None):
     """A CriticScorer over workdir/<stage>/model (backbone + head.npz) with the checkpoint's own tokenizer; shapes:
     the config's optional `sampler` section (its min_rows floors the scorer's batches too: world.stage_policy)."""
-    from jaxrag.supervision.critic import CriticScorer
-    from jaxrag.tokenizer import load_tokenizer as load
-
     mcfg, params, head = load_checkpoint(model_dir(workdir, stage), with_head=True)
     if head is None:
         raise FileNotFoundError(f"{model_dir(workdir, stage)}: no head.npz (is '{stage}' a critic stage?)")
     # each state's prompt computed once for its N candidates (share_prefix, the library default): the same picks in
     # less than half the scoring time on the demo's best-of-4 (docs/demo.md, "Where the rest of the time goes")
-    return CriticScorer(mcfg, params, head, load(model_dir(workdir, stage)), agent, batch_size=128,
+    return CriticScorer(mcfg, params, head, tokenizer.load_tokenizer(model_dir(workdir, stage)), agent, batch_size=128,
                         min_rows=dict(shapes or {}).get("min_rows", 1))
 
 
 def critic_select(workdir, stage: str, tok, agent, shapes=None):
     """The rollout engine's `select` for PRM-guided best-of-N (RAG-Gym Alg. 1): execute argmax_a r_φ(s, a)."""
-    from jaxrag.supervision.critic import critic_select as select
-
-    return select(critic_scorer(workdir, stage, agent, shapes))
+    return critic.critic_select(critic_scorer(workdir, stage, agent, shapes))
 
 
 # jaxrag.main checks the config before any stage runs

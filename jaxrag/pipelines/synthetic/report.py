@@ -9,12 +9,23 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 
 import matplotlib
 
+from jaxrag.cpu_numerics import PORTABLE
+from jaxrag.env.agents import get_agent
+from jaxrag.env.mdp import read_episodes
+from jaxrag.evaluate import binomial_se
+from jaxrag.jsonl import iter_jsonl
+from jaxrag.machine import cpu
+from jaxrag.pipelines.common import log, read_json, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic import diagnostics as D
 from jaxrag.pipelines.synthetic.taxonomy import taxonomy_table
+from jaxrag.pipelines.synthetic.world import load_tokenizer, stage_policy
+from jaxrag.provenance import collect, short
+from jaxrag.supervision.records import read_pairs
 from jaxrag.train.distributed import lead_only
 
 matplotlib.use("Agg")
@@ -107,8 +118,6 @@ def write_csv(rows: list[dict], path: str) -> None:
 
 def binomial_bars(shares, ns):
     """Binomial standard errors of shares measured on ns items (0 where n is unknown)."""
-    from jaxrag.evaluate import binomial_se
-
     return [binomial_se(p, n) if n else 0.0 for p, n in zip(shares, ns)]
 
 
@@ -210,13 +219,6 @@ def curve_size(section) -> int:
 def report_stage(config, workdir, name) -> None:
     """results.md/csv + plots of every system, the training curves of every stage, and (when those stages ran) the
     annotator-agreement table and the best-of-N curve."""
-    import shutil
-
-    from jaxrag.cpu_numerics import PORTABLE
-    from jaxrag.jsonl import iter_jsonl
-    from jaxrag.machine import cpu
-    from jaxrag.pipelines.common import log, read_json, stage_dir
-
     wd = str(workdir)
     results = read_json(os.path.join(wd, "eval", "results.json"))
     curves = {}
@@ -268,8 +270,6 @@ def method_signal_section(config, workdir, results: dict, base: str = "sft_react
     """Did each method have signal, and how far did it move the policy (jaxrag/pipelines/synthetic/diagnostics.py):
     every training stage's data, update budget and end-of-training figures; every system's trajectories and
     answers against `base` (else the first system) on the test split (else the first)."""
-    from jaxrag.env.mdp import read_episodes
-
     rows = [r for r in (D.training_signal(workdir, st) for st in config.stages) if r is not None]
     targets: dict = {}
     for r in rows:   # a pair-trained stage: is its rejected (chosen) action the initial policy's greedy one?
@@ -300,10 +300,6 @@ def method_signal_section(config, workdir, results: dict, base: str = "sft_react
 def pair_targets_of(config, workdir, pairs_stage: str, init: str) -> dict:
     """diagnostics.pair_targets for one pairs file and the policy a stage starts from (its rollout agent and step
     length are the pairs stage's)."""
-    from jaxrag.env.agents import get_agent
-    from jaxrag.pipelines.synthetic.world import load_tokenizer, stage_policy
-    from jaxrag.supervision.records import read_pairs
-
     s = config[pairs_stage]
     policy = stage_policy(workdir, init, load_tokenizer(workdir), config.get("sampler"))
     pairs = read_pairs(os.path.join(str(workdir), pairs_stage, "pairs.jsonl"))
@@ -314,9 +310,6 @@ def pair_targets_of(config, workdir, pairs_stage: str, init: str) -> dict:
 def provenance_section(config, workdir, out: str) -> str:
     """The content hash of every finished stage (from its DONE record; jaxrag/provenance.py) as a markdown table,
     and all of them (with the per-file hashes) in out/provenance.json: two runs part at the first differing row."""
-    from jaxrag.pipelines.common import write_json
-    from jaxrag.provenance import collect, short
-
     stages = collect(workdir, config.stages)
     write_json(os.path.join(out, "provenance.json"), stages)
     lines = ["| stage | content hash | files |", "|---|---|---|"]

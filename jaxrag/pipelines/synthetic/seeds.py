@@ -30,9 +30,16 @@ from pathlib import Path
 
 import numpy as np
 
+import jaxrag
+from jaxrag.env.mdp import read_episodes
+from jaxrag.evaluate import describe_difference, mean_se, paired_bootstrap, paired_components
+from jaxrag.jsonl import read_jsonl
+from jaxrag.metrics import exact_match, f1_score
 from jaxrag.pipelines.common import config_fail, log, stage_dir, write_json
 from jaxrag.pipelines.synthetic.report import plt, save_figure
+from jaxrag.pipelines.synthetic.taxonomy import vague
 from jaxrag.train.distributed import lead_only
+from jaxrag.workdir import read_done
 
 
 def seed_dir(workdir, seed: int) -> Path:
@@ -52,9 +59,6 @@ def seed_command(s, seed: int, workdir) -> list[str]:
 def launch(name: str, label: str, cmd: list[str], run_dir: Path, stages=()) -> dict:
     """Run one pipeline command line (a jaxrag.main subprocess, the same jaxrag as this process) and return its
     record: wall seconds here and the seconds of each planned stage read off its DONE records."""
-    import jaxrag
-    from jaxrag.workdir import read_done
-
     root = Path(jaxrag.__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
     log(name, f"{label}: {' '.join(cmd[1:])}")
@@ -104,10 +108,6 @@ METRICS = ("em", "f1", "vague")
 def per_question_scores(path: Path) -> dict[str, tuple[float, float, float]]:
     """qid -> (EM, F1, vague) of every episode in an episodes JSONL; vague: 1 where the episode issued a vague query
     (jaxrag.pipelines.synthetic.taxonomy.vague, the positive control's planted flaw)."""
-    from jaxrag.env.mdp import read_episodes
-    from jaxrag.metrics import exact_match, f1_score
-    from jaxrag.pipelines.synthetic.taxonomy import vague
-
     return {ep.qid: (float(exact_match(ep.answer, ep.gold)), float(f1_score(ep.answer, ep.gold)), float(vague(ep)))
             for ep in read_episodes(path)}
 
@@ -150,8 +150,6 @@ def study(per_seed: list[dict], comparisons, n_boot: int, level: float, metrics=
     comparisons' intervals, one per comparison, split and metric (names of METRICS). types (qid -> question type):
     each comparison also per type (`by_type`: the same variance-components interval on that type's questions), so
     an effect can be read where it lives and types that carry no signal on their own."""
-    from jaxrag.evaluate import describe_difference, mean_se, paired_bootstrap, paired_components
-
     keys = [k for k in per_seed[0] if all(k in s for s in per_seed)]
     table = []
     for system, split in keys:
@@ -185,8 +183,6 @@ def study(per_seed: list[dict], comparisons, n_boot: int, level: float, metrics=
 def by_type(a: np.ndarray, b: np.ndarray, qids: list[str], types: dict[str, str], level: float) -> dict:
     """{type: paired_components' diff, lo, hi, mde, disagree and n_questions on that type's columns} (types with
     at least two questions)."""
-    from jaxrag.evaluate import paired_components
-
     out = {}
     for t in sorted({types[q] for q in qids}):
         cols = [i for i, q in enumerate(qids) if types[q] == t]
@@ -198,8 +194,6 @@ def by_type(a: np.ndarray, b: np.ndarray, qids: list[str], types: dict[str, str]
 
 def question_types(run_dir: Path, splits) -> dict[str, str]:
     """qid -> question type over the given splits of a run's world (the same world in every seed's run)."""
-    from jaxrag.jsonl import read_jsonl
-
     out = {}
     for split in sorted(set(splits)):
         out.update({q["id"]: q["metadata"]["type"] for q in read_jsonl(Path(run_dir) / "world" /

@@ -10,22 +10,27 @@ every train question when that is 0).
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from jaxrag.data.synthetic import sft_data
 from jaxrag.console import num, summary as fmt_summary
+from jaxrag.env.agents import get_agent
 from jaxrag.jsonl import write_jsonl
+from jaxrag.models import ModelConfig, init_params
 from jaxrag.pipelines.common import load_checkpoint, log, model_dir, save_checkpoint, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.world import (load_questions, load_teacher_episodes, load_tokenizer, tokenizer_path,
                                               unseen_pool)
+from jaxrag.train import config as tconfig
 from jaxrag.train.distributed import is_lead
+from jaxrag.train.loop import fit
+from jaxrag.train.metrics_log import read_eval_metrics
+from jaxrag.train.teacher_forced import make_eval_fn, rows_batch, teacher_forced
 
 
 def model_config(config, tok):
     """config.model (ModelConfig fields) completed with the tokenizer's vocabulary and special ids."""
-    from jaxrag.models import ModelConfig
-
     return ModelConfig(**config.model.to_dict(), vocab_size=tok.vocab_size, bos_id=tok.bos_id,
                        eos_ids=tuple(tok.eos_ids), pad_id=tok.pad_id)
 
@@ -60,8 +65,6 @@ class RandomRows:
         self.position = position
 
     def __iter__(self):
-        from jaxrag.train.teacher_forced import rows_batch
-
         n = len(self.arrays["tokens"])
         while True:
             rows = np.random.default_rng([self.seed, self.position]).integers(0, n, self.batch_size)
@@ -79,14 +82,6 @@ def teacher_forced_evals(workdir, splits, agent, tok, max_len: int, limit: int) 
 
 
 def sft_stage(config, workdir, name) -> None:
-    import jax
-
-    from jaxrag.env.agents import get_agent
-    from jaxrag.models import init_params
-    from jaxrag.train import config as tconfig
-    from jaxrag.train.loop import fit
-    from jaxrag.train.teacher_forced import make_eval_fn, teacher_forced
-
     s = config[name]
     tc = tconfig.resolve(s.train)
     tok = load_tokenizer(workdir)
@@ -122,7 +117,6 @@ def sft_stage(config, workdir, name) -> None:
     save_checkpoint(model_dir(workdir, name), mcfg, result.params, tokenizer_path(workdir))  # every process
     if not is_lead():  # process 0 wrote metrics.jsonl and writes the summary
         return
-    from jaxrag.train.metrics_log import read_eval_metrics
 
     last = {r["split"]: r for r in read_eval_metrics(stage_dir(workdir, name) / "metrics.jsonl")}
     summary = {"agent": s.agent, "params": n_params, "train": train_info, "unseen_kept_out": len(held),
@@ -142,9 +136,6 @@ def summary_line(s: dict) -> str:
 def sft_on_episodes(workdir, name: str, episodes, agent, init: str, max_len: int, train, info: dict | None = None):
     """SFT of stage `init`'s model on `episodes` (packed rows, loss on action tokens) through jaxrag.train.fit;
     saves workdir/<name>/model and summary.json; returns the summary."""
-    from jaxrag.train import config as tconfig
-    from jaxrag.train.loop import fit
-
     tc = tconfig.resolve(train)
     arrays, data = sft_arrays(episodes, agent, load_tokenizer(workdir), max_len, pack=True)
     summary = {**(info or {}), **data, "episodes": len(episodes)}

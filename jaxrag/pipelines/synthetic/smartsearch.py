@@ -17,22 +17,22 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from jaxrag.env.agents import get_agent
+from jaxrag.env.mdp import read_episodes, write_episodes
+from jaxrag.env.rollout import rollout
 from jaxrag.pipelines.common import load_checkpoint, log, model_dir, save_checkpoint, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.sft import sft_on_episodes
 from jaxrag.pipelines.synthetic.supervise import sampling_setup
 from jaxrag.pipelines.synthetic.world import rollout_config, tokenizer_path
+from jaxrag.supervision import smartsearch as SS
+from jaxrag.supervision.judges import get_judge
+from jaxrag.supervision.records import write_pairs, write_records
 from jaxrag.train.distributed import is_lead, lead_only
 
 
 @lead_only  # host-side: process 0 alone (docs/multihost.md)
 def curriculum_data_stage(config, workdir, name) -> None:
-    from jaxrag.env.mdp import write_episodes
-    from jaxrag.env.rollout import rollout
-    from jaxrag.supervision import smartsearch as SS
-    from jaxrag.supervision.judges import get_judge
-    from jaxrag.supervision.records import write_pairs, write_records
-
     s, out, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
     rc = rollout_config(config, s, temperature=s.temperature, reward="f1", seed=config.seed + 31)
     items = [q for q in questions for _ in range(s.samples)]  # contiguous samples per question
@@ -65,9 +65,6 @@ def curriculum_data_stage(config, workdir, name) -> None:
 
 def episodes_sft_stage(config, workdir, name) -> None:
     """Stage 1: SFT of `init`'s model on the data stage's sft_episodes.jsonl (packed, loss on action tokens)."""
-    from jaxrag.env.agents import get_agent
-    from jaxrag.env.mdp import read_episodes
-
     s = config[name]
     path = Path(workdir) / s.data / "sft_episodes.jsonl"
     episodes = read_episodes(path)

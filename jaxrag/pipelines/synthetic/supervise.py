@@ -17,10 +17,16 @@ import dataclasses
 from pathlib import Path
 from typing import NamedTuple
 
+from jaxrag.env.agents import get_agent
+from jaxrag.env.mdp import write_episodes
 from jaxrag.pipelines.common import log, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.world import (load_questions, load_tokenizer, make_retriever, sampling_questions,
                                               stage_policy)
+from jaxrag.supervision.judges import get_judge, judge_records
+from jaxrag.supervision.ranking import RankingConfig, collect_ranking, ranking_pairs
+from jaxrag.supervision.records import failures_line, judge_failures, write_pairs, write_records
+from jaxrag.supervision.rollout_values import RolloutValueConfig, rollout_values
 from jaxrag.train.distributed import lead_only
 
 
@@ -36,8 +42,6 @@ class Sampling(NamedTuple):
 
 
 def sampling_setup(config, workdir, name) -> Sampling:
-    from jaxrag.env.agents import get_agent
-
     s = config[name]
     return Sampling(s, stage_dir(workdir, name), make_retriever(config, workdir), get_agent(s.agent, mode="plain"),
                     stage_policy(workdir, s.policy, load_tokenizer(workdir), config.get("sampler")),
@@ -46,11 +50,6 @@ def sampling_setup(config, workdir, name) -> Sampling:
 
 @lead_only  # host-side: process 0 alone (docs/multihost.md)
 def supervision_stage(config, workdir, name) -> None:
-    from jaxrag.env.mdp import write_episodes
-    from jaxrag.supervision.judges import get_judge
-    from jaxrag.supervision.ranking import RankingConfig, collect_ranking, ranking_pairs
-    from jaxrag.supervision.records import write_pairs, write_records
-
     s, out, retriever, agent, policy, questions = sampling_setup(config, workdir, name)
     judge = get_judge("oracle", retriever=retriever, k=config.index.k)
     rc = RankingConfig(n_candidates=s.n_candidates, temperature=s.temperature, max_steps=s.max_steps,
@@ -73,15 +72,10 @@ def supervision_stage(config, workdir, name) -> None:
         agree["oracle"], _ = collect_ranking(policy, retriever, agent, judge, dev,
                                              dataclasses.replace(rc, outcome_threshold=-1.0, seed=config.seed + 1))
     if dev and s.rollout_m:
-        from jaxrag.supervision.rollout_values import RolloutValueConfig, rollout_values
-
         agree["rollout"] = rollout_values(policy, retriever, agent, agree["oracle"], RolloutValueConfig(
             m=s.rollout_m, temperature=s.temperature, metric="em", max_steps=s.max_steps, k=config.index.k,
             batch_size=s.batch_size * s.n_candidates, max_new_tokens=s.max_new_tokens, seed=config.seed + 2))
     if dev and s.http_judge.get("base_url"):
-        from jaxrag.supervision.judges import judge_records
-        from jaxrag.supervision.records import judge_failures
-
         hj = get_judge("http", base_url=s.http_judge.base_url, model=s.http_judge.model)
         agree["http"] = judge_records(hj, agree["oracle"], kind="rank", source=f"rank:{hj.name}")
         stats["http_judge_failures"] = judge_failures(agree["http"])
@@ -94,7 +88,6 @@ def supervision_stage(config, workdir, name) -> None:
               f"{stats['trajectories_kept']}/{stats['questions']} trajectories kept (F1 > {s.outcome_threshold}), "
               f"{stats['states_per_s']:.1f} states/s")
     if stats.get("http_judge_failed_states"):  # the last line of the stage: what the judge did not score, and why
-        from jaxrag.supervision.records import failures_line
 
         log(name, f"http judge {s.http_judge.model}: {failures_line(stats['http_judge_failures'])} of the dev "
                   f"agreement states; each candidate's failure is in {out / 'agreement' / 'records_http.jsonl'}")

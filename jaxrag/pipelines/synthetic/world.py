@@ -11,10 +11,17 @@ import numpy as np
 
 from jaxrag.data.synthetic import export, questions as Q, sft_data, teacher as T
 from jaxrag.data.synthetic.world import generate_world
+from jaxrag import tokenizer
 from jaxrag.jsonl import read_jsonl
 from jaxrag.console import num, summary
-from jaxrag.pipelines.common import log, stage_dir, write_json
+from jaxrag.data.synthetic.spm import train_sentencepiece
+from jaxrag.env.agents import get_agent
+from jaxrag.env.mdp import read_episodes, write_episodes
+from jaxrag.env.rollout import RolloutConfig
+from jaxrag.pipelines.common import load_checkpoint, log, model_dir, stage_dir, write_json
 from jaxrag.pipelines.synthetic import checks
+from jaxrag.retrieval import build_bm25, load_corpus
+from jaxrag.sampling import JaxPolicy
 from jaxrag.train.distributed import lead_only
 
 
@@ -78,8 +85,6 @@ def corpus_path(workdir) -> Path:
 
 def make_retriever(config, workdir, out_dir: str | None = None):
     """BM25 over the world's corpus, built in-process (sub-second for the synthetic corpus)."""
-    from jaxrag.retrieval import build_bm25, load_corpus
-
     return build_bm25(load_corpus(corpus_path(workdir)), backend=config.index.backend, out_dir=out_dir)
 
 
@@ -87,16 +92,11 @@ def stage_policy(workdir, stage: str, tok, shapes=None):
     """A JaxPolicy over the model that stage `stage` trained (workdir/<stage>/model), with the world's tokenizer.
     shapes: the config's optional `sampler` section (min_rows, min_prompt: the sampler's shape floors, which the
     tiny preset sets so its stages share a few compiled programs; absent = the sampler's own buckets)."""
-    from jaxrag.pipelines.common import load_checkpoint, model_dir
-    from jaxrag.sampling import JaxPolicy
-
     mcfg, params = load_checkpoint(model_dir(workdir, stage))
     return JaxPolicy(mcfg, params, tok, **dict(shapes or {}))   # keys checked before any stage: checks.SAMPLER_KEYS
 
 
 def load_teacher_episodes(workdir, split: str):
-    from jaxrag.env.mdp import read_episodes
-
     return read_episodes(Path(workdir) / "teacher" / f"episodes_{split}.jsonl")
 
 
@@ -105,9 +105,7 @@ def tokenizer_path(workdir) -> Path:
 
 
 def load_tokenizer(workdir):
-    from jaxrag.tokenizer import load_tokenizer as load
-
-    return load(tokenizer_path(workdir))
+    return tokenizer.load_tokenizer(tokenizer_path(workdir))
 
 
 # ------------------------------------------------------------------------------------------------ stages
@@ -151,8 +149,6 @@ def index_stage(config, workdir, name) -> None:
 def rollout_config(config, s, **over):
     """The rollout engine's settings for a sampling or eval section `s`: the index's k, the section's max_steps,
     batch_size and max_new_tokens, EM reward, the run's seed; `over` replaces any of them (temperature, seed, ...)."""
-    from jaxrag.env.rollout import RolloutConfig
-
     base = dict(k=config.index.k, max_steps=s.max_steps, batch_size=s.batch_size, max_new_tokens=s.max_new_tokens,
                 reward="em", seed=config.seed)
     return RolloutConfig(**{**base, **over})
@@ -165,9 +161,6 @@ def teacher_config(section) -> T.TeacherConfig:
 
 @lead_only  # host-side: process 0 alone (docs/multihost.md)
 def teacher_stage(config, workdir, name) -> None:
-    from jaxrag.env.mdp import write_episodes
-    from jaxrag.retrieval import load_corpus
-
     s = config[name]
     retriever = make_retriever(config, workdir)
     passages = {p.doc_id: p for p in load_corpus(corpus_path(workdir))}
@@ -198,9 +191,6 @@ def teacher_stage(config, workdir, name) -> None:
 def tokenizer_stage(config, workdir, name) -> None:
     """sentencepiece on the non-held-out passages, the train questions and the train SFT texts of every agent
     named in config[name].agents (the formats the policies will be trained in)."""
-    from jaxrag.data.synthetic.spm import train_sentencepiece
-    from jaxrag.env.agents import get_agent
-
     s = config[name]
     metas = read_jsonl(Path(workdir) / "world" / "passages_meta.jsonl")
     entities = {e["id"]: e for e in read_jsonl(Path(workdir) / "world" / "entities.jsonl")}
