@@ -13,7 +13,6 @@ from jaxrag.pipelines.collect import actor, check_actor, check_judge, check_ques
 from jaxrag.pipelines.common import config_fail, log, plain, resolve, stage_dir, write_json
 from jaxrag.supervision import smartsearch as SS
 from jaxrag.supervision.records import Pair, write_records
-from jaxrag.supervision.smartsearch import SmartSearchConfig
 from jaxrag.train.distributed import lead_only
 
 
@@ -95,7 +94,7 @@ def check_smartsearch(config, name: str) -> None:
     check_actor(config, name, ("policy", "retriever", "questions", "agent", "judge", "rollout", "samples", "refine",
                                "smartsearch"))
     check_questions(f"{name}.questions", plain(sc.questions))
-    for key, cls in (("rollout", RolloutConfig), ("smartsearch", SmartSearchConfig)):
+    for key, cls in (("rollout", RolloutConfig), ("smartsearch", SS.SmartSearchConfig)):
         try:
             obj = cls(**plain(sc[key]))
         except (TypeError, ValueError) as e:

@@ -20,7 +20,6 @@ from jaxrag.env.mdp import Episode
 from jaxrag.env.rollout import RolloutConfig, rollout
 from jaxrag.rl.config import GROUP_ROLLOUTS
 from jaxrag.supervision import smartsearch as SS
-from jaxrag.supervision.smartsearch import REFINED_KEY
 GROUP_KEY = "group_rollout"  # Episode.metadata: {"round", "set", "member"} of a refine-strategy episode
 PHASES = ("generate_s", "retrieve_s", "summarize_s", "judge_s")
 
@@ -82,7 +81,7 @@ def train_refined_query(gs: GroupSampler, episodes: Sequence[Episode]) -> None:
         raise ValueError("refine_query_loss needs the sampler's encode, tokenize and score (a JaxPolicy in train_rl)")
     todo = []
     for ep in episodes:
-        at = ep.metadata.get(REFINED_KEY, {}).get("step")
+        at = ep.metadata.get(SS.REFINED_KEY, {}).get("step")
         if at is None:
             continue
         st = ep.steps[at]

@@ -43,7 +43,7 @@ import numpy as np
 
 from jaxrag.env.mdp import Episode
 from jaxrag import losses
-from jaxrag.losses import GRPO_AGGREGATIONS, group_advantages as device_advantages
+from jaxrag.losses import GRPO_AGGREGATIONS
 from jaxrag.train import prefix_tree as PT
 from jaxrag.train.batching import bucket_size, group_batch, pick_bucket
 
@@ -640,7 +640,7 @@ def group_batch_auto(groups, buckets: Sequence[int], mcfg, mode: str = "auto", p
     N, T = rows_b["tokens"].shape
     if mode == "auto" and PT.choose_layout("auto", PT.rows_work([(N, T)]), PT.tree_work(tree), mcfg)[0] == "rows":
         return rows_b
-    adv = np.asarray(device_advantages(rows_b["rewards"], G, adv_eps, std_ddof))
+    adv = np.asarray(losses.group_advantages(rows_b["rewards"], G, adv_eps, std_ddof))
     b = grpo_tree_batch(rows, adv, aggregation, T, tree)
     if on_policy:
         del b["old_logp"]

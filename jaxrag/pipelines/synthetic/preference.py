@@ -16,7 +16,6 @@ from jaxrag.pipelines.synthetic import checks
 from jaxrag.pipelines.synthetic.world import load_tokenizer, tokenizer_path
 from jaxrag.pipelines.train import train_on_examples
 from jaxrag.supervision import critic
-from jaxrag.supervision.critic import CriticScorer
 from jaxrag.supervision.records import pair_examples, read_pairs
 from jaxrag.train import config as tconfig, objectives
 from jaxrag.train.distributed import is_lead
@@ -69,8 +68,9 @@ def critic_scorer(workdir, stage: str, agent=None, shapes=None):
         raise FileNotFoundError(f"{model_dir(workdir, stage)}: no head.npz (is '{stage}' a critic stage?)")
     # each state's prompt computed once for its N candidates (share_prefix, the library default): the same picks in
     # less than half the scoring time on the demo's best-of-4 (docs/demo.md, "Where the rest of the time goes")
-    return CriticScorer(mcfg, params, head, tokenizer.load_tokenizer(model_dir(workdir, stage)), agent, batch_size=128,
-                        min_rows=dict(shapes or {}).get("min_rows", 1))
+    tok = tokenizer.load_tokenizer(model_dir(workdir, stage))
+    return critic.CriticScorer(mcfg, params, head, tok, agent, batch_size=128,
+                               min_rows=dict(shapes or {}).get("min_rows", 1))
 
 
 def critic_select(workdir, stage: str, tok, agent, shapes=None):
