@@ -2,8 +2,8 @@
 
 SAMPLE is the repository's own `data/benchmarks/`: slices of the benchmark files under the full files' names
 (100 or 50 questions each and the corpus passages they need; NOTICE.md there), which the tests and the configs' smoke
-variants read. BENCHMARKS is a folder of the full files, optional: `$JAXRAG_BENCHMARKS`, else `../shared/benchmarks`
-beside the repository; the configs' "shared" variant reads it and stops at once when it is missing.
+variants read. BENCHMARKS is a folder of the full files, optional: `$JAXRAG_BENCHMARKS`, else `data/benchmarks_full/`
+(git-ignored; put or link the files there); the configs' "shared" variant reads it and stops at once when it is missing.
 """
 
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "benchmarks"
-BENCHMARKS = Path(os.environ.get("JAXRAG_BENCHMARKS", REPO.parent / "shared" / "benchmarks"))
+BENCHMARKS = Path(os.environ.get("JAXRAG_BENCHMARKS", REPO / "data" / "benchmarks_full"))
 
 
 class MissingBenchmarks(ValueError):

@@ -5,7 +5,7 @@ Variants (`--config=configs/<paper>/<table>.py:<variant>`):
   ""        the paper's protocol: its model, retriever, k, step budget and dataset selections; the data and index
             paths are config fields (relative to the workdir, or absolute), e.g. `indexes/wiki18` built by
             `python -m jaxrag.retrieval.prepare` and the full dev sets in the shared record format.
-  "shared"  the same protocol over the full benchmark files in $JAXRAG_BENCHMARKS (default ../shared/benchmarks;
+  "shared"  the same protocol over the full benchmark files in $JAXRAG_BENCHMARKS (default data/benchmarks_full;
             data/benchmarks/NOTICE.md lists them and their sources): their question files and their 11k-paragraph
             multi-hop corpus with BM25 built on the fly, with no index to build; without that folder the config stops
             at once naming the variable. That corpus
